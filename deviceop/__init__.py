@@ -1,0 +1,60 @@
+"""deviceop: composable, awaitable GPU work for Python.
+
+Lazy, typed :class:`DeviceOp` values compose with ``then``, ``map``, ``zip`` and ``shared``
+into pipelines that run synchronously (``sync``), or are submitted (``submit``) across a pool
+of CUDA streams. The ``host`` backend emulates a device where no GPU is present.
+"""
+
+from . import combinators as _combinators  # noqa: F401  (registers then/map/shared)
+from . import kernels
+from ._dtypes import DType, bfloat16, float16, float32, int32, int64, uint8
+from ._errors import (
+    BackendError,
+    BorrowError,
+    CaptureError,
+    CompileError,
+    CudaError,
+    DeviceOpError,
+    DTypeError,
+    ShapeError,
+    UsageError,
+)
+from .combinators import zip
+from .device import (
+    DeviceOpWarning,
+    Partition,
+    Tensor,
+    backend_name,
+    borrow_policy,
+    next_stream,
+    set_borrow_policy,
+    set_host_chaos,
+    use_backend,
+)
+from .device._dlpack import from_dlpack
+from .device._select import current as _current
+from .executors import DeviceFuture
+from .ops import DeviceOp, empty, from_numpy, full, ones, to_numpy, value, zeros
+
+
+def streams() -> list:
+    """The current device's stream pool."""
+    return list(_current().streams)
+
+
+def used_bytes() -> int:
+    """Bytes of device memory deviceop currently holds in its pool (host: live allocations)."""
+    return int(_current().used_bytes())
+
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeviceOp", "DeviceFuture", "Tensor", "Partition", "DType",
+    "float16", "bfloat16", "float32", "int32", "int64", "uint8",
+    "value", "zeros", "ones", "full", "empty", "from_numpy", "to_numpy", "from_dlpack", "zip",
+    "backend_name", "use_backend", "next_stream", "streams", "used_bytes",
+    "set_borrow_policy", "borrow_policy", "set_host_chaos", "kernels",
+    "DeviceOpError", "BackendError", "BorrowError", "CaptureError", "CompileError", "CudaError",
+    "ShapeError", "DTypeError", "UsageError", "DeviceOpWarning",
+]

@@ -1,0 +1,77 @@
+"""The deviceop error tree. Every error raised by deviceop derives from DeviceOpError.
+
+    DeviceOpError
+    ├── BackendError        no usable backend / device, or a backend used after it failed
+    ├── BorrowError         a buffer accessed while GPU work that uses it is in flight
+    ├── CaptureError        work that cannot be recorded into a CUDA graph
+    ├── CompileError        NVRTC rejected a kernel (carries the log)
+    ├── CudaError           the driver reported an error (carries its name and explanation)
+    ├── ShapeError          shapes, views or partitions that do not fit (also a ValueError)
+    ├── DTypeError          an element type that is not accepted (also a TypeError)
+    └── UsageError          an API used the wrong way (terminal twice, bad callback result...)
+
+Messages say what happened and what to do instead.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DeviceOpError",
+    "BackendError",
+    "BorrowError",
+    "CaptureError",
+    "CompileError",
+    "CudaError",
+    "ShapeError",
+    "DTypeError",
+    "UsageError",
+]
+
+
+class DeviceOpError(Exception):
+    """Root of every error deviceop raises."""
+
+
+class BackendError(DeviceOpError):
+    """No usable backend or device, or an unknown backend name."""
+
+
+class BorrowError(DeviceOpError):
+    """A buffer was accessed while GPU work that uses it is still in flight."""
+
+
+class CaptureError(DeviceOpError):
+    """Work that cannot be recorded into a CUDA graph (allocation, nested sync...)."""
+
+
+class CompileError(DeviceOpError):
+    """NVRTC failed to compile a kernel; ``log`` holds the compiler's output."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log
+
+
+class CudaError(DeviceOpError):
+    """The CUDA driver reported an error.
+
+    ``name`` is the driver's error name (e.g. ``CUDA_ERROR_ILLEGAL_ADDRESS``) and ``code`` its
+    numeric value; the message includes the driver's explanation.
+    """
+
+    def __init__(self, message: str, name: str = "", code: int = -1) -> None:
+        super().__init__(message)
+        self.name = name
+        self.code = code
+
+
+class ShapeError(DeviceOpError, ValueError):
+    """Shapes, views or partitions that do not fit together."""
+
+
+class DTypeError(DeviceOpError, TypeError):
+    """An element type that is not accepted where it was given."""
+
+
+class UsageError(DeviceOpError):
+    """The API was used in a way it does not support."""

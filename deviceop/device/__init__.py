@@ -1,0 +1,12 @@
+"""The device layer: backends (cuda, host), buffers, tensors, partitions and the access ledger."""
+
+from ._buffer import Buffer
+from ._host import set_host_chaos
+from ._ledger import borrow_policy, set_borrow_policy
+from ._select import DeviceOpWarning, backend_name, current, next_stream, use_backend
+from ._tensor import Partition, Tensor
+
+__all__ = [
+    "Buffer", "Tensor", "Partition", "DeviceOpWarning", "backend_name", "current", "next_stream",
+    "use_backend", "set_host_chaos", "set_borrow_policy", "borrow_policy",
+]

@@ -1,0 +1,216 @@
+"""DLPack both ways: Tensor.__dlpack__ (export) and from_dlpack (wrap foreign memory, no copy).
+
+The structs follow dlpack.h (unversioned ``dltensor`` capsules, which every consumer accepts).
+On the host backend export delegates to numpy; import wraps numpy memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+import numpy as np
+
+from .._dtypes import from_dl
+from .._errors import DTypeError, ShapeError, UsageError
+from ._buffer import Buffer
+from ._tensor import Tensor
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.PYFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_api.PyCapsule_IsValid.restype = ctypes.c_int
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+# exported tensors stay alive here until their consumer calls the deleter
+_live: dict[int, tuple[Any, ...]] = {}
+_live_lock = threading.Lock()
+
+
+@_DELETER
+def _deleter(mt: Any) -> None:
+    with _live_lock:
+        _live.pop(ctypes.addressof(mt.contents), None)
+
+
+# The destructor gets the dying capsule as a raw pointer: wrapping it in a py_object would
+# resurrect an object whose refcount is already zero.
+_CAPSULE_DTOR = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+_raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
+_raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
+
+
+@_CAPSULE_DTOR
+def _capsule_dtor(cap: int) -> None:
+    # a capsule nobody consumed still owns its tensor: release it
+    if _raw_is_valid(cap, b"dltensor"):
+        addr = _raw_get_pointer(cap, b"dltensor")
+        with _live_lock:
+            _live.pop(addr, None)
+
+
+def export(t: Tensor, stream: Any) -> Any:
+    """A ``dltensor`` capsule for ``t``; orders the consumer's ``stream`` after work in flight."""
+    be = t.buffer.backend
+    from . import _ledger
+
+    if be.name == "host":
+        t.check_host_access("export")  # a host consumer reads at once: nothing may be in flight
+        if t.dtype.name == "bfloat16":
+            raise DTypeError(
+                "a bfloat16 tensor on the host backend cannot be exported through DLPack (numpy has no "
+                "bfloat16 DLPack type); use t.numpy(), which returns an ml_dtypes.bfloat16 array"
+            )
+        from ..kernels._launch import host_array
+
+        return host_array(t).__dlpack__()  # numpy owns the capsule's lifetime
+    ex = _ledger.in_flight(t.buffer, *t.span)
+    if ex is not None and stream != -1:
+        from cuda.bindings import driver
+
+        handle = {None: driver.CU_STREAM_LEGACY, 1: driver.CU_STREAM_LEGACY, 2: driver.CU_STREAM_PER_THREAD}.get(stream, stream)
+        with _ledger.LOCK:
+            ev = ex.completion_event()
+        driver.cuStreamWaitEvent(handle, ev.handle, 0)
+    n = t.ndim
+    shape = (ctypes.c_int64 * max(n, 1))(*t.shape)
+    strides = (ctypes.c_int64 * max(n, 1))(*t.strides)
+    mt = _DLManagedTensor()
+    dl = mt.dl_tensor
+    dl.data = t.ptr
+    dl.device = _DLDevice(*be.dlpack_device)
+    dl.ndim = n
+    dl.dtype = _DLDataType(t.dtype.dl_code, t.dtype.itemsize * 8, 1)
+    dl.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    dl.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
+    dl.byte_offset = 0
+    mt.deleter = _deleter
+    addr = ctypes.addressof(mt)
+    with _live_lock:
+        _live[addr] = (mt, shape, strides, t)
+    return _api.PyCapsule_New(addr, b"dltensor", ctypes.cast(_capsule_dtor, ctypes.c_void_p))
+
+
+class _Imported:
+    """Owner of imported DLPack memory: calls the producer's deleter when dropped."""
+
+    def __init__(self, addr: int, keep: Any) -> None:
+        self.addr = addr
+        self.keep = keep
+
+    def __del__(self) -> None:
+        mt = _DLManagedTensor.from_address(self.addr)
+        if mt.deleter:
+            mt.deleter(ctypes.pointer(mt))
+
+
+def from_dlpack(obj: Any) -> Tensor:
+    """Wrap an array that speaks DLPack (PyTorch, CuPy, JAX; numpy on the host) without a copy.
+
+    The producer's memory stays alive as long as the tensor (or work using it) does. On cuda the
+    producer orders its pending work before a pool stream, and the ledger makes later work on
+    any stream wait for that.
+    """
+    from ._select import current, next_stream
+
+    be = current()
+    if be.name == "host" and isinstance(obj, np.ndarray):
+        from .._dtypes import as_dtype
+
+        return _wrap_host(be, obj, as_dtype(obj.dtype, "array dtype"), obj)
+    if not hasattr(obj, "__dlpack__"):
+        raise UsageError(f"do.from_dlpack() needs an object with __dlpack__, got {type(obj).__name__}")
+    stream = next_stream()
+    be.make_current()
+    cap = obj.__dlpack__() if be.name == "host" else obj.__dlpack__(stream=stream.handle_int)
+    if not _api.PyCapsule_IsValid(cap, b"dltensor"):
+        raise UsageError(f"{type(obj).__name__}.__dlpack__() did not return an unconsumed 'dltensor' capsule")
+    addr = _api.PyCapsule_GetPointer(cap, b"dltensor")
+    mt = _DLManagedTensor.from_address(addr)
+    dl = mt.dl_tensor
+    dev = (dl.device.device_type, dl.device.device_id)
+    if dev != tuple(be.dlpack_device) and not (be.name == "host" and dev[0] in (1, 3)):
+        raise UsageError(
+            f"the array lives on DLPack device {dev}, but the {be.name} backend takes {be.dlpack_device}; "
+            "move it there first (or select the other backend)"
+        )
+    if dl.dtype.lanes != 1:
+        raise ShapeError("vector (multi-lane) DLPack dtypes are not supported")
+    dtype = from_dl(dl.dtype.code, dl.dtype.bits)
+    shape = tuple(dl.shape[i] for i in range(dl.ndim))
+    strides = tuple(dl.strides[i] for i in range(dl.ndim)) if dl.strides else None
+    _api.PyCapsule_SetName(cap, _USED)
+    owner = _Imported(addr, cap)
+    t0 = Tensor(Buffer(be, 0, 0, owner=owner), shape, dtype, strides)
+    if any(s < 0 for s in t0.strides):
+        raise ShapeError("arrays with negative strides are not supported; make a contiguous copy first")
+    ptr = int(dl.data or 0) + int(dl.byte_offset)
+    if be.name == "host":
+        it = dtype.itemsize
+        arr = np.lib.stride_tricks.as_strided(
+            _raw(ptr, t0.span[1]).view(dtype.np_dtype), shape=shape, strides=tuple(s * it for s in t0.strides)
+        ) if t0.span[1] else np.empty(shape, dtype.np_dtype)
+        return _wrap_host(be, arr, dtype, owner)
+    buf = Buffer(be, ptr, t0.span[1], owner=owner, stream=stream)
+    t = Tensor(buf, shape, dtype, strides)
+    _register_import(stream, buf)
+    return t
+
+
+_USED = b"used_dltensor"  # the capsule keeps this pointer: it must live as long as the module
+
+
+def _raw(ptr: int, nbytes: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr))
+
+
+def _wrap_host(be: Any, arr: np.ndarray, dt: Any, owner: Any) -> Tensor:
+    it = arr.itemsize
+    if any(s % it for s in arr.strides) or any(s < 0 for s in arr.strides):
+        raise ShapeError("arrays with negative or unaligned strides are not supported; make a contiguous copy first")
+    strides = tuple(s // it for s in arr.strides)
+    span = 0 if arr.size == 0 else (sum((n - 1) * s for n, s in zip(arr.shape, strides)) + 1) * it
+    buf = Buffer(be, arr.ctypes.data, span, host=_raw(arr.ctypes.data, span), owner=(owner, arr))
+    return Tensor(buf, tuple(arr.shape), dt, strides)
+
+
+def _register_import(stream: Any, buf: Buffer) -> None:
+    """Record the producer's pending work as a write on ``stream`` in the ledger."""
+    from ..executors._context import ExecutionContext
+    from ..executors._future import DeviceFuture, watch
+    from . import _ledger
+
+    cx = ExecutionContext(stream, "from_dlpack")
+    _ledger.touch(cx, buf, 0, buf.nbytes, True, "from_dlpack")
+    watch(stream, cx.seal(), cx, DeviceFuture(cx, None))
+
+

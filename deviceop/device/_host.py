@@ -1,0 +1,236 @@
+"""The host backend: an emulated device for machines without a GPU, and for CI.
+
+Each stream is a worker thread executing its queue in order; events, cross-stream waits and
+host functions (on one callback thread of their own) behave as on CUDA. A failure inside
+enqueued work becomes a sticky context error, as a kernel fault does on CUDA: later work is
+skipped, and every synchronize / event wait reports it. Chaos mode delays each queued item by
+a random time so that a missing cross-stream dependency shows up as a wrong result.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from .._errors import CudaError
+from ._buffer import Buffer
+
+__all__ = ["HostBackend", "set_host_chaos"]
+
+_chaos = {"max_delay": float(os.environ.get("DEVICEOP_HOST_CHAOS", "0") or 0)}
+
+
+def set_host_chaos(max_delay_s: float) -> None:
+    """Delay every item a host stream executes by a random time in [0, max_delay_s] (0: off)."""
+    if max_delay_s < 0:
+        raise ValueError("max_delay_s must be >= 0")
+    _chaos["max_delay"] = float(max_delay_s)
+
+
+class HostEvent:
+    """An event on the host backend: complete when the stream reaches the point it was recorded at."""
+
+    __slots__ = ("backend", "_flag")
+
+    def __init__(self, backend: "HostBackend") -> None:
+        self.backend = backend
+        self._flag = threading.Event()
+        self._flag.set()  # an event never recorded counts as complete, as on CUDA
+
+    def query(self) -> bool:
+        self.backend.raise_if_error()
+        return self._flag.is_set()
+
+    def synchronize(self, timeout: float | None = None) -> bool:
+        ok = self._flag.wait(timeout)
+        self.backend.raise_if_error()
+        return ok
+
+
+class HostStream:
+    """An in-order work queue executed by one worker thread."""
+
+    def __init__(self, backend: "HostBackend", index: int) -> None:
+        self.backend = backend
+        self.index = index
+        self.handle_int = 0x5000 + index
+        self._q: "queue.SimpleQueue[tuple[Callable[[], Any], bool]]" = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._pending = 0
+        t = threading.Thread(target=self._work, name=f"deviceop-host-stream-{index}", daemon=True)
+        t.start()
+
+    def __repr__(self) -> str:
+        return f"<Stream {self.index} of host>"
+
+    def enqueue(self, fn: Callable[[], Any], always: bool = False) -> None:
+        """Queue ``fn``; ``always`` items (event markers) run even after a context error."""
+        with self._cond:
+            self._pending += 1
+        self._q.put((fn, always))
+
+    def _work(self) -> None:
+        be = self.backend
+        while True:
+            fn, always = self._q.get()
+            delay = _chaos["max_delay"]
+            if delay:
+                time.sleep(random.random() * delay)
+            try:
+                if always or be.error is None:
+                    fn()
+            except BaseException as e:  # the emulated device faults; the context is now broken
+                be.set_error(e)
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    if not self._pending:
+                        self._cond.notify_all()
+                fn = None  # type: ignore[assignment]  # drop closure references promptly
+
+    # -- the Stream interface ------------------------------------------------------------------
+    def synchronize(self) -> None:
+        with self._cond:
+            while self._pending:
+                self._cond.wait()
+        self.backend.raise_if_error()
+
+    def query(self) -> bool:
+        self.backend.raise_if_error()
+        return self._pending == 0
+
+    def record(self, event: HostEvent) -> None:
+        flag = threading.Event()
+        event._flag = flag
+        self.enqueue(flag.set, always=True)
+
+    def wait(self, event: HostEvent) -> None:
+        flag = event._flag
+        if not flag.is_set():
+            self.enqueue(flag.wait, always=True)
+
+    def launch_host_func(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the callback thread once prior work is done; the stream waits for it."""
+        be = self.backend
+
+        def run() -> None:
+            done = threading.Event()
+            be.callbacks.put((fn, done))
+            done.wait()
+
+        self.enqueue(run)
+
+
+class HostBackend:
+    """The emulated device (see module docstring)."""
+
+    name = "host"
+    device_label = "host"
+    dlpack_device = (1, 0)  # kDLCPU
+    device_name = "host (emulated device)"
+    compute_capability = (0, 0)
+    driver_version = "none"
+    arch = "sm_90"  # what built-in kernels are compiled for when asked, e.g. in CI
+
+    def __init__(self, pool_size: int = 4) -> None:
+        self.error: CudaError | None = None
+        self._lock = threading.Lock()
+        self._used = 0
+        self.callbacks: "queue.SimpleQueue[tuple[Callable[[], Any], threading.Event]]" = queue.SimpleQueue()
+        threading.Thread(target=self._callback_loop, name="deviceop-host-callbacks", daemon=True).start()
+        self.streams = [HostStream(self, i) for i in range(pool_size)]
+
+    def _callback_loop(self) -> None:
+        while True:
+            fn, done = self.callbacks.get()
+            try:
+                if self.error is None:  # as on CUDA: no host function after a context error
+                    fn()
+            except BaseException as e:
+                self.set_error(e)
+            finally:
+                done.set()
+                fn = None  # type: ignore[assignment]
+
+    # -- errors --------------------------------------------------------------------------------
+    def set_error(self, e: BaseException) -> None:
+        if self.error is None:
+            self.error = CudaError(
+                f"CUDA_ERROR_LAUNCH_FAILED: work on the host backend raised "
+                f"{type(e).__name__}: {e}. The context is unusable from now on; fix the failing "
+                "kernel and start a new process (or do.use_backend('host') for a fresh host device).",
+                name="CUDA_ERROR_LAUNCH_FAILED",
+                code=719,
+            )
+            self.error.__cause__ = e
+
+    def raise_if_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def make_current(self) -> None:
+        """Nothing to do on the host; present for symmetry with the cuda backend."""
+
+    # -- streams and events --------------------------------------------------------------------
+    def new_stream(self, index: int) -> HostStream:
+        return HostStream(self, index)
+
+    def new_event(self) -> HostEvent:
+        return HostEvent(self)
+
+    # -- memory --------------------------------------------------------------------------------
+    def alloc(self, nbytes: int, stream: HostStream) -> Buffer:
+        self.raise_if_error()
+        arr = np.empty(max(nbytes, 1), dtype=np.uint8)
+        with self._lock:
+            self._used += nbytes
+        return Buffer(self, arr.ctypes.data, nbytes, host=arr, stream=stream)
+
+    def free(self, buf: Buffer) -> None:
+        with self._lock:
+            self._used -= buf.nbytes
+
+    def used_bytes(self) -> int:
+        """Bytes of deviceop-owned memory currently allocated."""
+        return self._used
+
+    @staticmethod
+    def array(buf: Buffer, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A numpy view of host-backend memory."""
+        it = dtype.itemsize
+        return np.ndarray(shape, dtype, buffer=buf.host, offset=offset, strides=tuple(s * it for s in strides))
+
+    def memset(self, buf: Buffer, offset: int, nbytes: int, pattern: bytes, stream: HostStream) -> None:
+        dst = buf.host[offset : offset + nbytes]
+        pat = np.frombuffer(pattern, dtype=np.uint8)
+
+        def run() -> None:
+            dst.reshape(-1, len(pat))[:] = pat
+
+        stream.enqueue(run)
+
+    def htod(self, buf: Buffer, offset: int, src: np.ndarray, stream: HostStream, cx: Any) -> None:
+        # snapshot now, as CUDA's staging copy does: later host writes to src do not leak in
+        data = np.frombuffer(np.ascontiguousarray(src).tobytes(), dtype=np.uint8)
+        dst = buf.host[offset : offset + data.size]
+        stream.enqueue(lambda: np.copyto(dst, data))
+
+    def dtoh(self, buf: Buffer, offset: int, nbytes: int, stream: HostStream, cx: Any) -> np.ndarray:
+        out = np.empty(nbytes, dtype=np.uint8)
+        src = buf.host[offset : offset + nbytes]
+        stream.enqueue(lambda: np.copyto(out, src))
+        return out
+
+    def dtod(self, dst: Buffer, doff: int, src: Buffer, soff: int, nbytes: int, stream: HostStream) -> None:
+        d = dst.host[doff : doff + nbytes]
+        s = src.host[soff : soff + nbytes]
+        stream.enqueue(lambda: np.copyto(d, s))
+
+    def launch_host_kernel(self, fn: Callable[..., Any], arrays: tuple[Any, ...], stream: HostStream) -> None:
+        stream.enqueue(lambda: fn(*arrays))

@@ -1,0 +1,262 @@
+"""Tensor (a typed, strided view of a Buffer) and Partition (an exclusive split into tiles)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from .._dtypes import DType
+from .._errors import BorrowError, DTypeError, ShapeError
+from . import _ledger
+from ._buffer import Buffer
+
+__all__ = ["Tensor", "Partition", "as_shape"]
+
+
+def as_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
+    """Normalize an int or a sequence of ints into a shape tuple, rejecting bad input."""
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        out = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise ShapeError(f"{what} must be an int or a sequence of ints, got {shape!r}") from None
+    if any(s < 0 for s in out) or any(not isinstance(s, (int, np.integer)) for s in shape):
+        raise ShapeError(f"{what} {shape!r} must contain non-negative integers")
+    return out
+
+
+def _contig_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+class Tensor:
+    """A typed view of device memory: ``shape``, ``dtype``, element ``strides``, byte ``offset``.
+
+    Views (``view``, ``t[...]``) share the buffer. Tensors are produced by ops (``zeros``,
+    ``from_numpy``...) and returned by ops that use them; while work that uses one is in flight,
+    host access (``numpy()``) raises :class:`BorrowError`.
+    """
+
+    __slots__ = ("buffer", "offset", "shape", "strides", "dtype", "size", "_span", "__weakref__")
+
+    def __init__(
+        self, buffer: Buffer, shape: tuple[int, ...], dtype: DType,
+        strides: tuple[int, ...] | None = None, offset: int = 0,
+    ) -> None:
+        self.buffer = buffer
+        self.shape = shape
+        self.dtype = dtype
+        self.strides = _contig_strides(shape) if strides is None else strides
+        self.offset = offset
+        self.size = math.prod(shape)
+        if self.size == 0:
+            self._span = (offset, offset)
+        else:
+            lo = sum((n - 1) * s for n, s in zip(shape, self.strides) if s < 0)
+            hi = sum((n - 1) * s for n, s in zip(shape, self.strides) if s > 0)
+            it = dtype.itemsize
+            self._span = (offset + lo * it, offset + (hi + 1) * it)
+
+    # ---- metadata -------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Bytes covered by the elements (size * itemsize)."""
+        return self.size * self.dtype.itemsize
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def device(self) -> str:
+        """Where the memory lives: ``"cuda:0"`` or ``"host"``."""
+        return self.buffer.backend.device_label
+
+    @property
+    def ptr(self) -> int:
+        """Address of the first element (host backend: address in host memory)."""
+        return self.buffer.ptr + self.offset
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """The byte range [lo, hi) of the buffer that this view can touch."""
+        return self._span
+
+    def is_contiguous(self) -> bool:
+        """True when elements are laid out densely in row-major order."""
+        return self.size <= 1 or self.strides == _contig_strides(self.shape)
+
+    def __repr__(self) -> str:
+        return f"Tensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device!r})"
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    # ---- views ----------------------------------------------------------------------------
+    def view(self, shape: Any) -> "Tensor":
+        """The same memory with another shape (one dimension may be -1). Needs a contiguous tensor."""
+        if isinstance(shape, (int, np.integer)):
+            shape = (int(shape),)
+        shape = tuple(int(s) for s in shape)
+        if shape.count(-1) > 1:
+            raise ShapeError(f"view {shape}: at most one dimension may be -1")
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            if known == 0 or self.size % known:
+                raise ShapeError(f"cannot view {self.shape} as {shape}: sizes do not divide")
+            shape = tuple(self.size // known if s == -1 else s for s in shape)
+        shape = as_shape(shape, "view shape")
+        if math.prod(shape) != self.size:
+            raise ShapeError(
+                f"cannot view a tensor of shape {self.shape} ({self.size} elements) as {shape} "
+                f"({math.prod(shape)} elements); the element counts must match"
+            )
+        if not self.is_contiguous():
+            raise ShapeError(
+                f"view needs a contiguous tensor, but this one has strides {self.strides}; "
+                "copy it first (do.kernels.copy or to_numpy/from_numpy)"
+            )
+        return Tensor(self.buffer, shape, self.dtype, None, self.offset)
+
+    def __getitem__(self, key: Any) -> "Tensor":
+        if not isinstance(key, tuple):
+            key = (key,)
+        if any(k is Ellipsis for k in key):
+            i = key.index(Ellipsis)
+            key = key[:i] + (slice(None),) * (self.ndim - len(key) + 1) + key[i + 1 :]
+        if len(key) > self.ndim:
+            raise ShapeError(f"too many indices ({len(key)}) for a tensor of {self.ndim} dimensions")
+        offset = self.offset
+        shape: list[int] = []
+        strides: list[int] = []
+        it = self.dtype.itemsize
+        for d, k in enumerate(key):
+            n, st = self.shape[d], self.strides[d]
+            if isinstance(k, (int, np.integer)):
+                i = int(k) + (n if k < 0 else 0)
+                if not 0 <= i < n:
+                    raise ShapeError(f"index {int(k)} is out of range for dimension {d} of size {n}")
+                offset += i * st * it
+            elif isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                if step <= 0:
+                    raise ShapeError("negative or zero slice steps are not supported; use numpy for that")
+                cnt = max(0, (stop - start + step - 1) // step)
+                offset += start * st * it if cnt else 0
+                shape.append(cnt)
+                strides.append(st * step)
+            else:
+                raise ShapeError(f"index {k!r} is not supported; use ints and slices")
+        shape.extend(self.shape[len(key) :])
+        strides.extend(self.strides[len(key) :])
+        return Tensor(self.buffer, tuple(shape), self.dtype, tuple(strides), offset)
+
+    def partition(self, tile: Any) -> "Partition":
+        """Split this tensor into exclusive tiles of shape ``tile``; gives a kernel's launch grid."""
+        return Partition(self, tile)
+
+    # ---- host access ----------------------------------------------------------------------
+    def check_host_access(self, verb: str = "read") -> None:
+        """Raise BorrowError if work that touches this tensor's memory is still in flight."""
+        ex = _ledger.in_flight(self.buffer, *self._span)
+        if ex is not None:
+            raise BorrowError(
+                f"cannot {verb} {self!r} from the host: {ex.describe()} that uses it is still in "
+                "flight. sync()/await the op that produced it first, or read it with "
+                "do.to_numpy(t) as part of the pipeline."
+            )
+
+    def numpy(self) -> np.ndarray:
+        """Copy to a new numpy array (blocking). Raises BorrowError while the tensor is in flight."""
+        self.check_host_access()
+        from ..ops._transfer import to_numpy
+
+        return to_numpy(self).sync()
+
+    # ---- interop --------------------------------------------------------------------------
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if self.buffer.backend.name != "cuda":
+            raise AttributeError("__cuda_array_interface__ exists only for tensors on the cuda backend")
+        if self.dtype.name == "bfloat16":
+            raise DTypeError(
+                "__cuda_array_interface__ has no bfloat16 type; use DLPack (torch.from_dlpack(t))"
+            )
+        it = self.dtype.itemsize
+        ex = _ledger.in_flight(self.buffer, *self._span)
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.np_dtype.str,
+            "data": (self.ptr, False),
+            "strides": None if self.is_contiguous() else tuple(s * it for s in self.strides),
+            "version": 3,
+            "stream": ex.stream.handle_int if ex is not None else None,
+        }
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Any = None) -> Any:
+        from ._dlpack import export
+
+        return export(self, stream)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.buffer.backend.dlpack_device
+
+
+class Partition:
+    """An exclusive split of ``tensor`` into tiles of shape ``tile``.
+
+    Passed to a kernel, a partition is written (each program owns one tile) and gives the grid:
+    ``grid[d] = tensor.shape[d] // tile[d]``. Tiles must divide the tensor exactly.
+    """
+
+    __slots__ = ("tensor", "tile", "grid", "__weakref__")
+
+    def __init__(self, tensor: Tensor, tile: Any) -> None:
+        if isinstance(tensor, Partition):
+            raise ShapeError("cannot partition a partition; partition its .tensor instead")
+        tile = as_shape(tile, "tile shape")
+        if len(tile) != tensor.ndim:
+            raise ShapeError(
+                f"tile shape {tile} has {len(tile)} dimensions but the tensor has shape "
+                f"{tensor.shape}; give one tile extent per dimension"
+            )
+        if any(t == 0 for t in tile):
+            raise ShapeError(f"tile shape {tile} has a zero extent; tiles must be non-empty")
+        bad = [d for d, (s, t) in enumerate(zip(tensor.shape, tile)) if s % t]
+        if bad:
+            d = bad[0]
+            raise ShapeError(
+                f"tile shape {tile} does not divide tensor shape {tensor.shape}: dimension {d} has "
+                f"{tensor.shape[d]} elements, not a multiple of {tile[d]}. Pick a tile that divides "
+                "it, or pad the tensor."
+            )
+        if len(tile) > 3:
+            raise ShapeError(f"partitions have at most 3 dimensions (a CUDA grid), got {len(tile)}")
+        self.tensor = tensor
+        self.tile = tile
+        self.grid = tuple(s // t for s, t in zip(tensor.shape, tile))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The partitioned tensor's shape."""
+        return self.tensor.shape
+
+    @property
+    def dtype(self) -> DType:
+        """The partitioned tensor's dtype."""
+        return self.tensor.dtype
+
+    def __repr__(self) -> str:
+        return f"Partition({self.tensor!r}, tile={self.tile}, grid={self.grid})"

@@ -1,0 +1,127 @@
+"""DeviceFuture: the result of ``op.submit()``, completed by a per-stream watcher thread."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Generic, TypeVar
+
+from .._errors import CudaError
+
+__all__ = ["DeviceFuture"]
+
+T = TypeVar("T")
+
+_PENDING = object()
+
+
+class DeviceFuture(Generic[T]):
+    """A thread-safe handle on submitted GPU work.
+
+    ``done()`` says whether it completed; ``result(timeout)`` waits (raising ``TimeoutError`` if
+    it did not complete in time) and returns the op's output, or raises its error (a
+    :class:`CudaError` if the device failed). Dropping a future does not cancel or free
+    anything early: the work runs to completion and its buffers stay alive until then.
+    """
+
+    __slots__ = ("_cx", "_value", "_error", "_event", "_callbacks", "_lock")
+
+    def __init__(self, cx: Any, value: Any) -> None:
+        self._cx = cx
+        self._value = value
+        self._error: BaseException | None = None
+        self._event = threading.Event()
+        self._callbacks: list[Callable[["DeviceFuture[T]"], Any]] = []
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        """True once the work has completed (successfully or not)."""
+        return self._event.is_set()
+
+    def result(self, timeout: float | None = None) -> T:
+        """Wait for completion and return the output; raise its error if it failed."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(
+                f"submitted work ({self._cx.describe()}) did not complete within {timeout} s; "
+                "it keeps running: call result() again to keep waiting"
+            )
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[no-any-return]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait for completion and return the error, or None if it succeeded."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"submitted work did not complete within {timeout} s")
+        return self._error
+
+    def add_done_callback(self, fn: Callable[["DeviceFuture[T]"], Any]) -> None:
+        """Call ``fn(self)`` on completion (at once if already complete), on the completing thread."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _complete(self, error: BaseException | None) -> None:
+        if error is not None:
+            self._error = error
+            self._value = None
+        with self._lock:
+            self._event.set()
+            cbs, self._callbacks = self._callbacks, []
+        for fn in cbs:
+            try:
+                fn(self)
+            except Exception:  # a callback's failure must not stop the watcher
+                pass
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<DeviceFuture {self._cx.describe()} {state}>"
+
+
+class _Watcher:
+    """One thread per stream: waits on each sealed execution's event in stream order.
+
+    Executions on one stream complete in submission order, so waiting FIFO is exact. The
+    events are BLOCKING_SYNC on cuda: the thread sleeps in the driver, costing no CPU.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self.q: "queue.SimpleQueue[tuple[Any, Any, DeviceFuture[Any]]]" = queue.SimpleQueue()
+        self.stream = stream
+        threading.Thread(target=self._run, name=f"deviceop-watch-{stream.index}", daemon=True).start()
+
+    def _run(self) -> None:
+        self.stream.backend.make_current()
+        while True:
+            ev, cx, fut = self.q.get()
+            err: BaseException | None = None
+            try:
+                ev.synchronize()
+            except CudaError as e:
+                err = e
+            except BaseException as e:  # pragma: no cover - defensive: never leave a future hanging
+                err = CudaError(f"waiting for {cx.describe()} failed: {e!r}")
+            try:
+                cx.finish(ok=err is None)
+            except BaseException as e:
+                err = err or e
+            fut._complete(err)
+            ev = cx = fut = None  # type: ignore[assignment]
+
+
+_watchers: dict[int, _Watcher] = {}
+_wlock = threading.Lock()
+
+
+def watch(stream: Any, event: Any, cx: Any, fut: DeviceFuture[Any]) -> None:
+    """Complete ``fut`` and finish ``cx`` once ``event`` (recorded on ``stream``) completes."""
+    w = _watchers.get(id(stream))
+    if w is None or w.stream is not stream:
+        with _wlock:
+            w = _watchers.get(id(stream))
+            if w is None or w.stream is not stream:
+                w = _watchers[id(stream)] = _Watcher(stream)
+    w.q.put((event, cx, fut))

@@ -1,0 +1,179 @@
+"""The launch path shared by user kernels and built-ins.
+
+``KernelCall`` is the op a kernel call returns: its output is its arguments, same type in, same
+type out. ``Launchable`` validates arguments, registers their accesses with the ledger and
+enqueues the work: cuLaunchKernel with a prepacked parameter block on cuda, the numpy
+implementation on the host backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from .._errors import UsageError
+from ..device import _ledger
+from ..device._tensor import Partition, Tensor
+from ..ops._base import DeviceOp
+
+__all__ = ["KernelCall", "Packer", "launch_cuda", "launch_host", "weak", "same", "has_op"]
+
+try:
+    from cuda.bindings.driver import cuLaunchKernel as _cuLaunchKernel
+except Exception:  # pragma: no cover
+    _cuLaunchKernel = None
+
+#: the ctypes fast path (deviceop.device._fastlaunch), set when the cuda backend starts
+_FAST: list[Any] = [None]
+
+
+class Packer:
+    """A kernel's parameter block, laid out once; values are written in place per launch.
+
+    Writes and the launch happen under the ledger lock, so one block per kernel suffices
+    (cuLaunchKernel copies the values before it returns).
+    """
+
+    __slots__ = ("struct", "names", "addr", "_ptrs", "last_ptrs", "last_scalars", "fn_int")
+
+    def __init__(self, ctypes_list: Sequence[Any]) -> None:
+        fields = [(f"a{i}", c) for i, c in enumerate(ctypes_list)]
+        S = type("KernelParams", (ctypes.Structure,), {"_fields_": fields})
+        self.struct = S()
+        base = ctypes.addressof(self.struct)
+        n = len(fields)
+        self._ptrs = (ctypes.c_void_p * max(n, 1))(*[base + getattr(S, f"a{i}").offset for i in range(n)])
+        self.addr = ctypes.addressof(self._ptrs) if n else 0
+        self.names = tuple(f"a{i}" for i in range(n))
+        self.last_ptrs: Any = None
+        self.last_scalars: Any = None
+        self.fn_int = 0  # the CUfunction as an integer, for the ctypes fast path
+
+
+class KernelCall(DeviceOp[tuple]):
+    """The op returned by calling a kernel; its output is the (resolved) argument tuple.
+
+    Arguments that are ops (``lazy``) run first, in the same execution; plain arguments were
+    validated when the call was made, before any GPU work.
+    """
+
+    __slots__ = ("_k", "_args", "_opts", "_lazy")
+
+    def __init__(self, kernel: Any, args: tuple[Any, ...], opts: Any, lazy: bool) -> None:
+        self._used = None
+        self._k = kernel
+        self._args = args
+        self._opts = opts
+        self._lazy = lazy
+        if lazy:
+            for i, a in enumerate(args):
+                if isinstance(a, DeviceOp):
+                    a._take(f"argument {i} of {kernel.name}()")
+
+    def __repr__(self) -> str:
+        return f"<{self._k.name}() call>"
+
+    def _run(self, cx: Any) -> tuple:
+        args = self._args
+        if self._lazy:
+            args = tuple(a._run(cx) if isinstance(a, DeviceOp) else a for a in args)
+            self._k.check(args, self._opts)
+        self._k.enqueue(cx, args, self._opts)
+        return args
+
+
+def has_op(args: tuple[Any, ...]) -> bool:
+    """True if any argument is an op (to be run before the launch)."""
+    for a in args:
+        if isinstance(a, DeviceOp):
+            return True
+    return False
+
+
+def weak(args: Sequence[Any]) -> tuple[Any, ...]:
+    """Weak references to ``args`` (tensors, partitions): caches must not keep memory alive."""
+    return tuple(weakref.ref(a) for a in args)
+
+
+def same(refs: tuple[Any, ...], args: tuple[Any, ...]) -> bool:
+    """True if ``refs`` (from :func:`weak`) still point at exactly the leading ``args``."""
+    if not refs:
+        return False
+    for i in range(len(refs)):
+        if refs[i]() is not args[i]:
+            return False
+    return True
+
+
+def launch_cuda(
+    cx: Any, k: Any, fn: Any, packer: Packer, grid: tuple[int, int, int], block: tuple[int, int, int],
+    shmem: int, tensors: Sequence[Tensor], writes: Sequence[bool], ptrs: Sequence[int], scalars: Sequence[Any],
+    tail: Any = None,
+) -> None:
+    """Register the tensors' accesses with the ledger and launch ``fn`` with ``ptrs + scalars (+ tail)``.
+
+    The parameter block is rewritten only when it last served other arguments.
+    """
+    touch = _ledger.touch
+    with _ledger.LOCK:
+        for t, write in zip(tensors, writes):
+            buf = t.buffer
+            lo, hi = t._span
+            acc = buf.accesses
+            if acc:
+                e = acc[-1]  # the chained case: this execution already holds the region
+                if e[0] is cx and e[1] <= lo and e[2] >= hi and (e[3] or not write) and _ledger.ENABLED[0]:
+                    continue
+            touch(cx, buf, lo, hi, write, k)
+        if packer.last_ptrs is not ptrs or packer.last_scalars != scalars:
+            st = packer.struct
+            names = packer.names
+            for name, v in zip(names, ptrs):
+                setattr(st, name, v)
+            i = len(ptrs)
+            for v in scalars:
+                setattr(st, names[i], v)
+                i += 1
+            if tail is not None:
+                setattr(st, names[i], tail)
+            packer.last_ptrs = ptrs
+            packer.last_scalars = scalars
+        fast = _FAST[0]
+        if fast is not None:
+            err = fast(packer.fn_int, grid[0], grid[1], grid[2], block[0], block[1], block[2], shmem, cx.stream.handle_int, packer.addr, None)
+        else:
+            err = _cuLaunchKernel(
+                fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shmem, cx.stream.handle, packer.addr, 0
+            )[0]
+    if err:
+        from ..device._cuda import cuda_error
+
+        raise cuda_error(err, f"cuLaunchKernel({k.name})")
+
+
+def launch_host(
+    cx: Any, k: Any, host_fn: Any, arrays: tuple[Any, ...], tensors: Sequence[Tensor], writes: Sequence[bool]
+) -> None:
+    """Register the tensors' accesses and enqueue ``host_fn(*arrays)`` on the host backend's stream."""
+    if host_fn is None:
+        raise UsageError(
+            f"kernel {k.name!r} has no numpy implementation, so it cannot run on the host backend; "
+            "pass host=fn to Kernel(...) or run on a CUDA device"
+        )
+    with _ledger.LOCK:
+        for t, write in zip(tensors, writes):
+            _ledger.touch(cx, t.buffer, t._span[0], t._span[1], write, k)
+        cx.backend.launch_host_kernel(host_fn, arrays, cx.stream)
+
+
+def host_array(t: Tensor) -> np.ndarray:
+    """The numpy view of a host-backend tensor."""
+    b = t.buffer
+    return b.backend.array(b, t.offset, t.shape, t.strides, t.dtype.np_dtype)
+
+
+def tensor_of(x: Any) -> Tensor:
+    return x.tensor if type(x) is Partition else x

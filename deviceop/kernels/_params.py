@@ -1,0 +1,56 @@
+"""Kernel parameter declarations: In, Out, InOut tensors, and scalars by dtype."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+from .._dtypes import DType, as_dtype
+
+__all__ = ["In", "Out", "InOut", "TensorParam", "ctype_of"]
+
+
+@dataclass(frozen=True)
+class TensorParam:
+    """A tensor parameter: passed to the kernel as a pointer to its first element."""
+
+    dtype: DType
+    write: bool
+    read: bool
+    kind: str
+
+    def __repr__(self) -> str:
+        return f"{self.kind}({self.dtype.name})"
+
+
+def In(dtype: Any) -> TensorParam:
+    """A read-only tensor parameter (``const T*``): pass a Tensor."""
+    return TensorParam(as_dtype(dtype), False, True, "In")
+
+
+def Out(dtype: Any) -> TensorParam:
+    """A written tensor parameter (``T*``): pass a Partition (or a Tensor with an explicit grid)."""
+    return TensorParam(as_dtype(dtype), True, False, "Out")
+
+
+def InOut(dtype: Any) -> TensorParam:
+    """A read-and-written tensor parameter (``T*``): pass a Partition (or a Tensor with a grid)."""
+    return TensorParam(as_dtype(dtype), True, True, "InOut")
+
+
+_CTYPES = {
+    "float16": ctypes.c_uint16,
+    "bfloat16": ctypes.c_uint16,
+    "float32": ctypes.c_float,
+    "int32": ctypes.c_int32,
+    "int64": ctypes.c_int64,
+    "uint8": ctypes.c_uint8,
+}
+
+
+def ctype_of(p: Any) -> Any:
+    """The ctypes type a parameter is packed as."""
+    if isinstance(p, TensorParam):
+        return ctypes.c_uint64
+    return _CTYPES[p.name]

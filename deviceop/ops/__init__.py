@@ -1,0 +1,7 @@
+"""Ops: the DeviceOp base class and the leaf ops (value, allocation, transfers)."""
+
+from ._base import DeviceOp, is_op
+from ._leaf import empty, full, ones, value, zeros
+from ._transfer import from_numpy, to_numpy
+
+__all__ = ["DeviceOp", "is_op", "value", "zeros", "ones", "full", "empty", "from_numpy", "to_numpy"]

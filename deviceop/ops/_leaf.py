@@ -1,0 +1,107 @@
+"""Leaf ops: value, and the allocating ops zeros / ones / full / empty."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .._dtypes import DType, as_dtype, float32
+from .._errors import DTypeError
+from ..device import _ledger
+from ..device._tensor import Tensor, as_shape
+from ._base import DeviceOp
+
+__all__ = ["Value", "Alloc", "value", "zeros", "ones", "full", "empty", "new_tensor"]
+
+T = TypeVar("T")
+
+
+class Value(DeviceOp[T]):
+    """An op whose output is a given Python value."""
+
+    __slots__ = ("_x",)
+
+    def __init__(self, x: T) -> None:
+        super().__init__()
+        self._x = x
+
+    def __repr__(self) -> str:
+        return f"<value {type(self._x).__name__}>"
+
+    def _run(self, cx: Any) -> T:
+        return self._x
+
+
+def value(x: T) -> DeviceOp[T]:
+    """An op that yields ``x``."""
+    return Value(x)
+
+
+def new_tensor(cx: Any, shape: tuple[int, ...], dtype: DType) -> Tensor:
+    """Allocate a tensor on ``cx``'s stream and register the execution as its writer."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = cx.backend.alloc(nbytes, cx.stream)
+    # a brand-new buffer is visible to no other thread: no ledger lock needed
+    _ledger.touch(cx, buf, 0, nbytes, True, "allocation")
+    return Tensor(buf, shape, dtype)
+
+
+class Alloc(DeviceOp[Tensor]):
+    """Allocate a tensor from the stream-ordered pool and optionally fill it."""
+
+    __slots__ = ("shape", "dtype", "fill", "_name")
+
+    allocates = True
+
+    def __init__(self, name: str, shape: Any, dtype: Any, fill: Any) -> None:
+        super().__init__()
+        self._name = name
+        self.shape = as_shape(shape)
+        self.dtype = as_dtype(dtype)
+        if fill is not None:
+            try:
+                arr = np.array(fill, dtype=self.dtype.np_dtype)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise DTypeError(f"{name}: fill value {fill!r} does not fit {self.dtype.name}: {e}") from None
+            if arr.shape != ():
+                raise DTypeError(f"{name}: fill value must be a scalar, got shape {arr.shape}")
+            if not self.dtype.is_float and arr != fill:
+                raise DTypeError(f"{name}: fill value {fill!r} is not representable in {self.dtype.name}")
+            fill = arr
+        self.fill = fill
+
+    def __repr__(self) -> str:
+        return f"<{self._name}{self.shape} {self.dtype.name}>"
+
+    def _run(self, cx: Any) -> Tensor:
+        t = new_tensor(cx, self.shape, self.dtype)
+        fill = self.fill
+        if fill is not None and t.nbytes:
+            pattern = fill.tobytes()
+            if len(pattern) <= 4:
+                cx.backend.memset(t.buffer, 0, t.nbytes, pattern, cx.stream)
+            else:
+                cx.backend.htod(t.buffer, 0, np.full(self.shape, fill, dtype=self.dtype.np_dtype), cx.stream, cx)
+        return t
+
+
+def zeros(shape: Any, dtype: Any = float32) -> DeviceOp[Tensor]:
+    """An op that allocates a tensor filled with zeros."""
+    return Alloc("zeros", shape, dtype, 0)
+
+
+def ones(shape: Any, dtype: Any = float32) -> DeviceOp[Tensor]:
+    """An op that allocates a tensor filled with ones."""
+    return Alloc("ones", shape, dtype, 1)
+
+
+def full(shape: Any, value: Any, dtype: Any = float32) -> DeviceOp[Tensor]:
+    """An op that allocates a tensor filled with ``value``."""
+    return Alloc("full", shape, dtype, value)
+
+
+def empty(shape: Any, dtype: Any = float32) -> DeviceOp[Tensor]:
+    """An op that allocates a tensor without initializing it."""
+    return Alloc("empty", shape, dtype, None)

@@ -1,0 +1,97 @@
+"""Host <-> device transfers as ops: from_numpy, to_numpy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._dtypes import as_dtype
+from .._errors import UsageError
+from ..device import _ledger
+from ..device._tensor import Partition, Tensor
+from ._base import DeviceOp
+from ._leaf import new_tensor
+
+__all__ = ["FromNumpy", "ToNumpy", "from_numpy", "to_numpy", "resolve_tensor"]
+
+
+class FromNumpy(DeviceOp[Tensor]):
+    """Allocate a tensor and copy a numpy array into it (read when the op runs)."""
+
+    __slots__ = ("_array", "dtype")
+
+    allocates = True
+
+    def __init__(self, array: Any) -> None:
+        super().__init__()
+        if not isinstance(array, np.ndarray):
+            raise UsageError(
+                f"do.from_numpy() needs a numpy.ndarray, got {type(array).__name__}; "
+                "use numpy.asarray(x) first, or do.from_dlpack(x) for GPU arrays"
+            )
+        self.dtype = as_dtype(array.dtype, "array dtype")
+        self._array = array
+
+    def __repr__(self) -> str:
+        return f"<from_numpy{self._array.shape} {self.dtype.name}>"
+
+    def _run(self, cx: Any) -> Tensor:
+        a = self._array
+        t = new_tensor(cx, tuple(a.shape), self.dtype)
+        if t.nbytes:
+            cx.backend.htod(t.buffer, 0, a, cx.stream, cx)
+        return t
+
+
+def from_numpy(array: Any) -> DeviceOp[Tensor]:
+    """An op that copies a numpy array to a new device tensor."""
+    return FromNumpy(array)
+
+
+def resolve_tensor(x: Any, what: str) -> Tensor:
+    """A Tensor from a Tensor or a Partition; raise UsageError otherwise."""
+    if type(x) is Tensor:
+        return x
+    if type(x) is Partition:
+        return x.tensor
+    raise UsageError(f"{what} needs a Tensor (or a Partition of one), got {type(x).__name__}")
+
+
+class ToNumpy(DeviceOp[np.ndarray]):
+    """Copy a tensor (or the tensor an op produces) into a new numpy array."""
+
+    __slots__ = ("_src",)
+
+    def __init__(self, src: Any) -> None:
+        super().__init__()
+        if isinstance(src, DeviceOp):
+            src._take("do.to_numpy()")
+        else:
+            resolve_tensor(src, "do.to_numpy()")
+        self._src = src
+
+    def _run(self, cx: Any) -> np.ndarray:
+        src = self._src
+        t = resolve_tensor(src._run(cx) if isinstance(src, DeviceOp) else src, "do.to_numpy()")
+        if t.buffer.backend is not cx.backend:
+            raise UsageError(f"{t!r} lives on another backend than this execution ({cx.backend.name})")
+        lo, hi = t.span
+        with _ledger.LOCK:
+            _ledger.touch(cx, t.buffer, lo, hi, False, "to_numpy")
+        raw = cx.backend.dtoh(t.buffer, lo, hi - lo, cx.stream, cx)
+        npdt = t.dtype.np_dtype
+        if t.is_contiguous():
+            return raw.view(npdt).reshape(t.shape)
+        it = npdt.itemsize
+        strided = np.lib.stride_tricks.as_strided(
+            raw.view(npdt), shape=t.shape, strides=tuple(s * it for s in t.strides)
+        )
+        out = np.empty(t.shape, dtype=npdt)
+        cx.on_done(lambda: np.copyto(out, strided))
+        return out
+
+
+def to_numpy(tensor: Any) -> DeviceOp[np.ndarray]:
+    """An op that copies a tensor (or an op's tensor output) to a new numpy array."""
+    return ToNumpy(tensor)

@@ -1,0 +1,157 @@
+"""Execution-mode overhead (paper Fig. 6, sync columns): per-op µs for N chained `scale` launches.
+
+deviceop's `sync_on` per op and a `then`-chain with one sync (the chain is built inside the
+timed region: building is part of the cost a user pays), beside raw cuda.bindings, CuPy,
+PyTorch, cuda.core and a CUDA C++ program doing the same, all in one run. The ledger-off
+variant measures the access ledger's cost per op. Writes JSON with the machine, versions and date.
+
+    python experiments/exec_modes.py --reps 200 --out results.json [--chain-bin experiments/ref/chain]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import _refs  # noqa: E402
+
+import deviceop as do  # noqa: E402
+
+N_ELEMS = 2048
+G = 0.5
+
+
+def measure_deviceop(n_ops: int, reps: int, warmup: int) -> list[dict]:
+    K = do.kernels
+    s = do.next_stream()
+    x0 = np.full(N_ELEMS, 1.5, dtype=np.float16)
+    x = do.from_numpy(x0).sync_on(s)
+    y = do.zeros(N_ELEMS, do.float16).sync_on(s)
+    yp = y.partition((128,))
+
+    def step(o: tuple) -> do.DeviceOp:
+        return K.scale(*o)
+
+    def sync_each() -> None:
+        for _ in range(n_ops):
+            K.scale(yp, x, G).sync_on(s)
+
+    def chained() -> None:
+        op = K.scale(yp, x, G)
+        for _ in range(n_ops - 1):
+            op = op.then(step)
+        op.sync_on(s)
+
+    out = []
+    for mode, fn in (("sync_each", sync_each), ("chained", chained)):
+        samples = _refs._time_reps(fn, reps, warmup)
+        out.append(_refs._summary("deviceop", mode, n_ops, samples, reps))
+    from deviceop.kernels import _launch
+
+    fast, _launch._FAST[0] = _launch._FAST[0], None  # the same chain through cuda.bindings' cuLaunchKernel
+    try:
+        if fast is not None:
+            samples = _refs._time_reps(chained, reps, warmup)
+            out.append(_refs._summary("deviceop", "chained_bindings_launch", n_ops, samples, reps))
+    finally:
+        _launch._FAST[0] = fast
+    do.set_borrow_policy("off")
+    try:
+        samples = _refs._time_reps(chained, reps, warmup)
+        out.append(_refs._summary("deviceop", "chained_ledger_off", n_ops, samples, reps))
+    finally:
+        do.set_borrow_policy("order")
+    got = y.numpy()
+    if not np.array_equal(got, (x0.astype(np.float32) * G).astype(np.float16)):
+        raise AssertionError("deviceop scale produced wrong values")
+    return out
+
+
+def machine_info() -> dict:
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "backend": do.backend_name(),
+        "deviceop": do.__version__,
+    }
+    be = do._current()
+    info["device"] = be.device_name
+    info["driver"] = be.driver_version
+    try:
+        import importlib.metadata as md
+
+        for pkg in ("cuda-bindings", "cupy-cuda13x", "torch", "numpy"):
+            try:
+                info[pkg] = md.version(pkg)
+            except md.PackageNotFoundError:
+                pass
+    except Exception:
+        pass
+    return info
+
+
+def ratios(results: list[dict]) -> list[dict]:
+    """deviceop / reference per-op medians, same mode and N."""
+    idx = {(r["impl"], r["mode"], r["n_ops"]): r["us_per_op_median"] for r in results}
+    out = []
+    for (impl, mode, n), v in sorted(idx.items()):
+        if impl != "deviceop":
+            continue
+        base_mode = "chained" if mode.startswith("chained") else mode
+        for ref in ("raw_bindings", "cuda_cpp", "cupy", "torch"):
+            b = idx.get((ref, base_mode, n))
+            if b:
+                out.append({"mode": mode, "n_ops": n, "vs": ref, "ratio": v / b})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--sizes", default="1,10,100,1000")
+    ap.add_argument("--impls", default="raw_bindings,cupy,torch,cuda_core")
+    ap.add_argument("--chain-bin", default=None)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    sizes = [int(v) for v in a.sizes.split(",")]
+    results: list[dict] = []
+    failed = []
+    for n in sizes:  # deviceop and references interleaved per N, in one process
+        t0 = time.perf_counter()
+        results.extend(measure_deviceop(n, a.reps, a.warmup))
+        for name in [v for v in a.impls.split(",") if v]:
+            try:
+                results.extend(_refs.IMPLS[name](n, a.reps, a.warmup))
+            except ImportError as e:
+                print(f"[{name}] skipped: {e}", file=sys.stderr)
+            except Exception as e:  # noqa: BLE001
+                print(f"[{name}] FAILED: {e!r}", file=sys.stderr)
+                failed.append(name)
+        print(f"N={n} done in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    if a.chain_bin:
+        results.extend(r for r in _refs.run_chain_bin(a.chain_bin, a.reps) if r["n_ops"] in sizes)
+    doc = {"experiment": "exec_modes", "elements": N_ELEMS, "machine": machine_info(), "results": results, "ratios": ratios(results)}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    _refs._print_table(results, sizes)
+    for r in doc["ratios"]:
+        if r["vs"] == "raw_bindings":
+            print(f"deviceop {r['mode']:<20} N={r['n_ops']:<5} {r['ratio']:.3f}x raw cuda.bindings")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

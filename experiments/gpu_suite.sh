@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole GPU suite in one call (for the lent H100): tests on cuda and host, the demo, and the
+# benchmarks; JSON and logs go to $OUT. Usage: bash experiments/gpu_suite.sh [quick|full]
+set -u -o pipefail
+MODE=${1:-full}
+OUT=${OUT:-/tmp/deviceop-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+export DEVICEOP_CACHE_DIR=/tmp/deviceop-cache
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PWD:/tmp/site || exit 1
+fi
+status=0
+log="$OUT/suite.log"
+run() { echo "+ $*" >>"$log"; "$@" >>"$log" 2>&1 || { echo "FAILED: $*" >>"$log"; status=1; }; }
+run nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+run python3 -c "import torch, cupy, cuda.bindings; print('torch', torch.__version__, 'cupy', cupy.__version__, 'cuda-bindings', cuda.bindings.__version__)"
+run python3 -m deviceop info
+run python3 -m deviceop demo
+# second process start: built-ins come from the disk cache
+run python3 -c "import time; t=time.perf_counter(); import deviceop as do, numpy as np; K=do.kernels; z=do.zeros(1024, do.float32).map(lambda t: t.partition((128,))); K.fill(z, 1.0).sync(); print(f'second-process start to first launch done: {(time.perf_counter()-t)*1e3:.1f} ms')"
+cat "$log"
+
+DEVICEOP_PROPERTY_EXAMPLES=1000 python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/pytest.xml" tests 2>&1 | tee "$OUT/pytest.log" | tail -n 40
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+
+if [ "$MODE" = full ]; then REPS=200; else REPS=30; fi
+( cd experiments/ref && nvcc -O3 -arch=sm_90 -o /tmp/chain chain.cu ) || status=1
+python3 experiments/exec_modes.py --reps $REPS --chain-bin /tmp/chain --out "$OUT/exec_modes.json" 2>&1 | tee "$OUT/exec_modes.log" | tail -n 40
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+python3 experiments/ledger.py --reps 20 --out "$OUT/ledger.json" 2>&1 | tail -n 20
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+echo "gpu_suite status: $status"
+exit $status

@@ -1,0 +1,82 @@
+"""Test helpers: slow kernels (both backends), tolerances, reference conversions."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import deviceop as do
+
+K = do.kernels
+
+FLOAT_DTYPES = (do.float16, do.bfloat16, do.float32)
+ALL_DTYPES = (do.float16, do.bfloat16, do.float32, do.int32, do.int64, do.uint8)
+
+# relative tolerance of one rounding to the dtype (plus a little): the device computes in
+# float32 and rounds once to the output dtype
+RTOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6}
+ATOL = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-6}
+
+_CLOCK_HZ = 2.0e9  # cycles per second assumed for the spin kernels on a GPU
+
+SLOW_SRC = r"""
+extern "C" __global__ void slow_fill(float* out, float v, long long n, long long cycles) {
+  long long start = clock64();
+  while (clock64() - start < cycles) { }
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = v;
+}
+extern "C" __global__ void slow_copy(float* out, const float* x, long long n, long long cycles) {
+  long long start = clock64();
+  while (clock64() - start < cycles) { }
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = x[i];
+}
+"""
+
+
+def _host_slow_fill(out: np.ndarray, v: np.float32, n: np.int64, cycles: np.int64) -> None:
+    time.sleep(float(cycles) / _CLOCK_HZ)
+    out.reshape(-1)[: int(n)] = v
+
+
+def _host_slow_copy(out: np.ndarray, x: np.ndarray, n: np.int64, cycles: np.int64) -> None:
+    time.sleep(float(cycles) / _CLOCK_HZ)
+    out.reshape(-1)[: int(n)] = x.reshape(-1)[: int(n)]
+
+
+slow_fill_k = K.Kernel(
+    SLOW_SRC, "slow_fill", params=(K.Out(do.float32), do.float32, do.int64, do.int64), host=_host_slow_fill
+)
+slow_copy_k = K.Kernel(
+    SLOW_SRC, "slow_copy", params=(K.Out(do.float32), K.In(do.float32), do.int64, do.int64), host=_host_slow_copy
+)
+
+
+def cycles(seconds: float) -> int:
+    return int(seconds * _CLOCK_HZ)
+
+
+def slow_fill(t: do.Tensor, v: float, seconds: float = 0.2) -> do.DeviceOp:
+    """An op that waits about ``seconds`` on the device, then writes ``v`` to every element of t."""
+    return slow_fill_k(t.partition((128,)), v, t.size, cycles(seconds))
+
+
+def slow_copy(out: do.Tensor, x: do.Tensor, seconds: float = 0.2) -> do.DeviceOp:
+    """An op that waits about ``seconds`` on the device, then copies x into out."""
+    return slow_copy_k(out.partition((128,)), x, out.size, cycles(seconds))
+
+
+def ref(a: np.ndarray) -> np.ndarray:
+    """float64 reference values of an array of any supported dtype."""
+    return np.asarray(a).astype(np.float64)
+
+
+def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: do.DType) -> np.ndarray:
+    """Fresh random values of ``dtype`` (floats: normal; ints: across a good part of the range)."""
+    if dtype.is_float:
+        return rng.standard_normal(shape).astype(dtype.np_dtype)
+    info = np.iinfo(dtype.np_dtype)
+    lo, hi = max(info.min, -(2**40)), min(info.max, 2**40)
+    return rng.integers(lo, hi, size=shape, endpoint=True, dtype=dtype.np_dtype)

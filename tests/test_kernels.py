@@ -1,0 +1,234 @@
+"""Kernels: built-ins against a float64 reference, kernel calls as ops, user kernels, NVRTC."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import deviceop as do
+from helpers import ATOL, FLOAT_DTYPES, K, RTOL, ref
+
+F_IDS = [d.name for d in FLOAT_DTYPES]
+SHAPES = [((1024,), (128,)), ((16, 64), (4, 64)), ((3000,), (1000,)), ((8, 4, 32), (2, 4, 32))]
+S_IDS = ["1d", "rows", "odd-tile", "3d"]
+
+
+def _poisoned(shape, dt) -> do.Tensor:
+    return do.full(shape, np.nan, dt).sync()
+
+
+def _check(out: np.ndarray, expect64: np.ndarray, dt: do.DType) -> None:
+    got = ref(out)
+    assert not np.isnan(got).any(), f"{np.isnan(got).sum()} elements were never written"
+    np.testing.assert_allclose(got, expect64, rtol=RTOL[dt.name], atol=ATOL[dt.name])
+
+
+def _rand(shape, dt, scale=1.0):
+    rng = np.random.default_rng()
+    return (rng.standard_normal(shape) * scale).astype(dt.np_dtype)
+
+
+@pytest.mark.parametrize("shape,tile", SHAPES, ids=S_IDS)
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=F_IDS)
+def test_fill(backend, dt, shape, tile):
+    v = float(np.random.default_rng().standard_normal())
+    out = _poisoned(shape, dt)
+    K.fill(out.partition(tile), v).sync()
+    expect = np.full(shape, ref(np.array(v, dt.np_dtype)))  # v rounded once to dt
+    np.testing.assert_array_equal(ref(out.numpy()), expect)
+
+
+@pytest.mark.parametrize("shape,tile", SHAPES, ids=S_IDS)
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=F_IDS)
+def test_scale(backend, dt, shape, tile):
+    x = _rand(shape, dt)
+    g = float(np.random.default_rng().uniform(-3, 3))
+    out = _poisoned(shape, dt)
+    xt = do.from_numpy(x).sync()
+    K.scale(out.partition(tile), xt, g).sync()
+    _check(out.numpy(), ref(x) * np.float64(np.float32(g)), dt)
+    np.testing.assert_array_equal(xt.numpy(), x)  # the input is untouched
+
+
+@pytest.mark.parametrize("shape,tile", SHAPES, ids=S_IDS)
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=F_IDS)
+def test_add(backend, dt, shape, tile):
+    x, y = _rand(shape, dt), _rand(shape, dt, 10.0)
+    out = _poisoned(shape, dt)
+    K.add(out.partition(tile), do.from_numpy(x).sync(), do.from_numpy(y).sync()).sync()
+    _check(out.numpy(), ref(x) + ref(y), dt)
+
+
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=F_IDS)
+def test_add_in_place(backend, dt):
+    # out aliases an input: elementwise, so the result is still x + y
+    x, y = _rand(512, dt), _rand(512, dt)
+    xt = do.from_numpy(x).sync()
+    K.add(xt.partition((128,)), xt, do.from_numpy(y).sync()).sync()
+    _check(xt.numpy(), ref(x) + ref(y), dt)
+
+
+def test_add_with_kernel_arguments_as_ops(backend):
+    # the paper's form: every argument is an op producing it
+    rng = np.random.default_rng()
+    x = rng.standard_normal(1024).astype(np.float32)
+    y = rng.standard_normal(1024).astype(np.float32)
+    op = K.add(
+        do.full(1024, np.nan, do.float32).map(lambda t: t.partition((128,))),
+        do.from_numpy(x),
+        do.from_numpy(y),
+    )
+    zp, xt, yt = op.sync()
+    assert type(zp) is do.Partition and type(xt) is do.Tensor and type(yt) is do.Tensor
+    _check(zp.tensor.numpy(), ref(x) + ref(y), do.float32)
+    np.testing.assert_array_equal(xt.numpy(), x)
+
+
+def test_kernel_arguments_mixing_ops_and_values(backend):
+    x = np.arange(256, dtype=np.float32)
+    xt = do.from_numpy(x).sync()
+    out = do.full(256, np.nan, do.float32).sync()
+    p, t = K.scale(out.partition((64,)), do.value(xt), 0.5).sync()[:2]
+    assert t is xt and p.tensor is out
+    np.testing.assert_array_equal(out.numpy(), x * 0.5)
+
+
+def test_kernel_output_is_its_arguments(backend):
+    z = do.full(256, np.nan, do.float32).sync()
+    x = do.ones(256, do.float32).sync()
+    y = do.full(256, 2.0, do.float32).sync()
+    zp = z.partition((128,))
+    out = K.add(zp, x, y).sync()
+    assert type(out) is tuple and len(out) == 3
+    assert out[0] is zp and out[1] is x and out[2] is y
+    assert [type(a) for a in out] == [do.Partition, do.Tensor, do.Tensor]
+    np.testing.assert_array_equal(z.numpy(), np.full(256, 3.0, np.float32))
+    # scalars come back as given
+    fo = K.fill(zp, 1.25).sync()
+    assert fo[0] is zp and fo[1] == 1.25
+
+
+def test_kernel_ops_chain_with_then(backend):
+    x = np.linspace(-1, 1, 512, dtype=np.float32)
+    out = (
+        do.zip(do.from_numpy(x), do.empty(512, do.float32))
+        .then(lambda xy: K.scale(xy[1].partition((128,)), xy[0], 2.0))
+        .then(lambda r: K.add(r[0], r[0].tensor, r[1]))  # out = 2x + x
+        .first()
+        .then(lambda p: do.to_numpy(p.tensor))
+        .sync()
+    )
+    np.testing.assert_allclose(out, 3 * x, rtol=1e-6)
+
+
+def test_same_kernel_called_again_with_new_tensors(backend):
+    # the second call must use the new tensors, not anything remembered from the first
+    for i in range(3):
+        x = np.full(256, float(i), np.float32)
+        out = do.full(256, np.nan, do.float32).sync()
+        K.scale(out.partition((128,)), do.from_numpy(x).sync(), 2.0).sync()
+        np.testing.assert_array_equal(out.numpy(), np.full(256, 2.0 * i, np.float32))
+
+
+def test_empty_tensor_launches_nothing(backend):
+    t = do.zeros((0,), do.float32).sync()
+    out = K.fill(t.partition((1,)), 1.0).sync()
+    assert out[0].tensor is t
+
+
+# -- user kernels ---------------------------------------------------------------------------
+
+AXPB_SRC = r"""
+extern "C" __global__ void axpb(float* y, const float* x, int n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = 2.0f * x[i] + (float)n;
+}
+"""
+
+
+def _axpb_host(y, x, n):
+    y[:n] = 2.0 * x[:n] + np.float32(n)
+
+
+def _axpb() -> K.Kernel:
+    return K.Kernel(AXPB_SRC, "axpb", params=(K.Out(do.float32), K.In(do.float32), do.int32), host=_axpb_host)
+
+
+def test_user_kernel_grid_from_partition(backend):
+    k = _axpb()
+    n = 1024
+    x = np.random.default_rng().standard_normal(n).astype(np.float32)
+    y = do.full(n, np.nan, do.float32).sync()
+    yp = y.partition((128,))  # grid 8, default block 128: covers n exactly
+    out = k(yp, do.from_numpy(x).sync(), n).sync()
+    assert out[0] is yp and out[2] == n
+    _check(y.numpy(), 2.0 * ref(x) + n, do.float32)
+
+
+def test_user_kernel_explicit_grid_and_block(backend):
+    k = _axpb()
+    n = 1000
+    x = np.random.default_rng().standard_normal(n).astype(np.float32)
+    y = do.full(n, np.nan, do.float32).sync()
+    out = k(y, do.from_numpy(x).sync(), n, grid=(4,), block=(256,)).sync()
+    assert out[0] is y
+    _check(y.numpy(), 2.0 * ref(x) + n, do.float32)
+
+
+def test_user_kernel_arguments_as_ops(backend):
+    k = _axpb()
+    x = np.arange(256, dtype=np.float32)
+    yp, xt, n = k(do.full(256, np.nan, do.float32).map(lambda t: t.partition((64,))), do.from_numpy(x), 256).sync()
+    np.testing.assert_array_equal(yp.tensor.numpy(), 2 * x + 256)
+
+
+def test_user_kernel_int64_and_uint8_params(backend):
+    src = r"""
+    extern "C" __global__ void bump(long long* y, const unsigned char* x, long long add) {
+      long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+      y[i] = (long long)x[i] + add;
+    }
+    """
+
+    def host(y, x, add):
+        y[:] = x.astype(np.int64) + add
+
+    k = K.Kernel(src, "bump", params=(K.Out(do.int64), K.In(do.uint8), do.int64), host=host)
+    x = np.random.default_rng().integers(0, 256, 256, dtype=np.uint8)
+    y = do.full(256, -1, do.int64).sync()
+    k(y.partition((128,)), do.from_numpy(x).sync(), 2**40).sync()
+    np.testing.assert_array_equal(y.numpy(), x.astype(np.int64) + 2**40)
+
+
+def test_user_kernel_inout(backend):
+    src = r"""
+    extern "C" __global__ void twice(float* y) {
+      long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+      y[i] = 2.0f * y[i];
+    }
+    """
+
+    def host(y):
+        y *= 2
+
+    k = K.Kernel(src, "twice", params=(K.InOut(do.float32),), host=host, block=(64,))
+    t = do.from_numpy(np.arange(128, dtype=np.float32)).sync()
+    k(t.partition((64,))).sync()
+    np.testing.assert_array_equal(t.numpy(), 2 * np.arange(128, dtype=np.float32))
+
+
+# -- NVRTC (no GPU needed) --------------------------------------------------------------------
+
+
+def test_compile_builtins_for_sm90():
+    cubin = do.kernels.compile_builtins("sm_90")
+    assert isinstance(cubin, bytes) and cubin[:4] == b"\x7fELF"
+    names = do.kernels.builtin_names()
+    assert len(names) == 9
+    for name in names:
+        assert name.encode() in cubin, f"{name} missing from the built-ins CUBIN"
+
+
+def test_user_kernel_compiles_for_sm90():
+    cubin = _axpb().compile("sm_90")
+    assert cubin[:4] == b"\x7fELF" and b"axpb" in cubin

@@ -1,0 +1,201 @@
+"""The access ledger: program order across streams, host-access borrow checks, memory reuse."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import pytest
+
+import deviceop as do
+from helpers import K, slow_copy, slow_fill
+
+N = 1024
+
+
+def _two_streams():
+    st = do.streams()
+    assert len(st) >= 2
+    return st[0], st[1]
+
+
+def test_write_on_one_stream_read_on_another(backend):
+    s0, s1 = _two_streams()
+    t = do.zeros(N, do.float32).sync()
+    fut = slow_fill(t, 3.0, 0.1).submit(s0)
+    out = do.to_numpy(t).sync_on(s1)  # must wait for the write in flight on s0
+    np.testing.assert_array_equal(out, np.full(N, 3.0, np.float32))
+    fut.result(timeout=30)
+
+
+def test_write_after_read_waits_for_the_reader(backend):
+    s0, s1 = _two_streams()
+    x = do.full(N, 1.0, do.float32).sync()
+    y = do.full(N, np.nan, do.float32).sync()
+    fut = slow_copy(y, x, 0.1).submit(s0)  # reads x slowly
+    K.fill(x.partition((128,)), 2.0).sync_on(s1)  # must not overtake the read
+    fut.result(timeout=30)
+    np.testing.assert_array_equal(y.numpy(), np.full(N, 1.0, np.float32))
+    np.testing.assert_array_equal(x.numpy(), np.full(N, 2.0, np.float32))
+
+
+def test_writes_across_the_pool_land_in_issue_order(backend):
+    streams = do.streams()
+    t = do.zeros(N, do.float32).sync()
+    futs = [K.fill(t.partition((128,)), float(i)).submit(streams[i % len(streams)]) for i in range(24)]
+    for f in futs:
+        f.result(timeout=30)
+    np.testing.assert_array_equal(t.numpy(), np.full(N, 23.0, np.float32))
+
+
+def test_read_modify_write_chain_across_streams(backend):
+    streams = do.streams()
+    t = do.zeros(N, do.float32).sync()
+    one = do.ones(N, do.float32).sync()
+    futs = [K.add(t.partition((256,)), t, one).submit(streams[i % len(streams)]) for i in range(20)]
+    for f in futs:
+        f.result(timeout=30)
+    np.testing.assert_array_equal(t.numpy(), np.full(N, 20.0, np.float32))
+
+
+def test_disjoint_halves_on_two_streams(backend):
+    s0, s1 = _two_streams()
+    t = do.zeros(N, do.float32).sync()
+    f0 = K.fill(t[: N // 2].partition((128,)), 1.0).submit(s0)
+    f1 = K.fill(t[N // 2 :].partition((128,)), 2.0).submit(s1)
+    f0.result(timeout=30), f1.result(timeout=30)
+    np.testing.assert_array_equal(t.numpy(), np.repeat(np.float32([1.0, 2.0]), N // 2))
+
+
+def test_numpy_raises_borrow_error_while_in_flight(backend):
+    t = do.zeros(N, do.float32).sync()
+    fut = slow_fill(t, 4.0, 0.3).submit()
+    with pytest.raises(do.BorrowError, match=r"sync\(\)|await|to_numpy"):
+        t.numpy()
+    # a view of the same memory is in flight too
+    with pytest.raises(do.BorrowError):
+        t[10:20].numpy()
+    fut.result(timeout=30)
+    np.testing.assert_array_equal(t.numpy(), np.full(N, 4.0, np.float32))
+
+
+def test_numpy_of_untouched_memory_while_other_part_in_flight(backend):
+    t = do.zeros(N, do.float32).sync()
+    fut = slow_fill(t[: N // 2], 4.0, 0.3).submit()
+    np.testing.assert_array_equal(t[N // 2 :].numpy(), np.zeros(N // 2, np.float32))
+    with pytest.raises(do.BorrowError):
+        t.numpy()
+    fut.result(timeout=30)
+
+
+def _settle(baseline: int, timeout: float = 5.0) -> int:
+    """used_bytes once frees have gone through (stream-ordered frees on cuda)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        for s in do.streams():
+            s.synchronize()
+        used = do.used_bytes()
+        if used <= baseline or time.monotonic() > deadline:
+            return used
+        time.sleep(0.01)
+
+
+def _churn(rounds: int) -> None:
+    for i in range(rounds):
+        x = do.from_numpy(np.full(4096, i, np.float32))
+        out = K.add(do.empty(4096, do.float32).map(lambda t: t.partition((512,))), x, do.ones(4096, do.float32))
+        futs = [out.submit()]
+        futs.append(do.zeros((64, 64), do.float16).then(lambda t: K.fill(t.partition((8, 64)), 1.0)).submit())
+        for f in futs:
+            f.result(timeout=30)
+        del futs, f
+
+
+def test_used_bytes_returns_to_baseline(backend):
+    _churn(1)  # warm up: anything a first call keeps (compiled modules, pools) is kept from here on
+    baseline = _settle(do.used_bytes())
+    _churn(8)
+    assert do.used_bytes() >= 0
+    used = _settle(baseline)
+    assert used == baseline, f"{used - baseline} bytes still held after the results were dropped"
+
+
+def test_used_bytes_returns_to_baseline_after_a_large_builtin_call(backend):
+    _churn(1)
+    baseline = _settle(do.used_bytes())
+    n = 1 << 20  # larger than anything else in the suite
+    r = K.add(do.empty(n).map(lambda t: t.partition((1024,))), do.ones(n), do.ones(n)).sync()
+    assert do.used_bytes() >= baseline + 3 * 4 * n - 3 * 4 * 4096  # the three tensors are live now
+    del r
+    used = _settle(baseline)
+    assert used == baseline, f"{used - baseline} bytes still held after the results were dropped"
+
+
+def test_used_bytes_returns_to_baseline_user_kernel(backend):
+    k = K.Kernel(
+        'extern "C" __global__ void ub(float* y) { y[blockIdx.x * blockDim.x + threadIdx.x] = 1.0f; }',
+        "ub", params=(K.Out(do.float32),), host=lambda y: y.fill(1.0),
+    )
+    baseline = _settle(do.used_bytes())
+    n = 1 << 20
+    r = k(do.empty(n).map(lambda t: t.partition((128,)))).sync()
+    assert do.used_bytes() >= baseline + 4 * n
+    del r
+    used = _settle(baseline)
+    assert used == baseline, f"{used - baseline} bytes still held after the results were dropped"
+
+
+def test_buffers_stay_alive_while_in_flight(backend):
+    # dropping every Python reference while the work is in flight must not free it early
+    fut = do.zeros(N, do.float32).then(lambda t: slow_fill(t, 8.0, 0.1)).first().map(lambda p: p.tensor.nbytes).submit()
+    gc.collect()
+    assert fut.result(timeout=30) == N * 4
+
+
+def test_strict_mode_raises_on_cross_stream_conflict(backend):
+    s0, s1 = _two_streams()
+    t = do.zeros(N, do.float32).sync()
+    do.set_borrow_policy("raise")
+    try:
+        assert do.borrow_policy() == "raise"
+        fut = slow_fill(t, 1.0, 0.3).submit(s0)
+        with pytest.raises(do.BorrowError, match="fill") as ei:
+            K.fill(t.partition((128,)), 2.0).sync_on(s1)
+        assert "slow_fill" in str(ei.value) or "submit" in str(ei.value)
+        # reads of the same region conflict with the write too
+        with pytest.raises(do.BorrowError):
+            do.to_numpy(t).sync_on(s1)
+        # the same stream is ordered by the stream: no conflict
+        out = do.to_numpy(t).sync_on(s0)
+        np.testing.assert_array_equal(out, np.full(N, 1.0, np.float32))
+        fut.result(timeout=30)
+        # once the writer finished, other streams may use it
+        K.fill(t.partition((128,)), 2.0).sync_on(s1)
+    finally:
+        do.set_borrow_policy("order")
+    assert do.borrow_policy() == "order"
+    np.testing.assert_array_equal(t.numpy(), np.full(N, 2.0, np.float32))
+
+
+def test_strict_mode_allows_disjoint_partitions_and_shared_reads(backend):
+    s0, s1 = _two_streams()
+    t = do.zeros(N, do.float32).sync()
+    src = do.ones(N, do.float32).sync()
+    do.set_borrow_policy("raise")
+    try:
+        f0 = slow_fill(t[: N // 2], 5.0, 0.1).submit(s0)
+        K.fill(t[N // 2 :].partition((128,)), 6.0).sync_on(s1)  # disjoint: no conflict
+        f1 = slow_copy(do.empty(N).sync(), src, 0.1).submit(s0)
+        K.scale(do.empty(N).sync().partition((128,)), src, 2.0).sync_on(s1)  # read + read: fine
+        f0.result(timeout=30), f1.result(timeout=30)
+    finally:
+        do.set_borrow_policy("order")
+    np.testing.assert_array_equal(t.numpy(), np.repeat(np.float32([5.0, 6.0]), N // 2))
+
+
+def test_bad_borrow_policy():
+    with pytest.raises(ValueError, match="order"):
+        do.set_borrow_policy("sometimes")
+    assert do.borrow_policy() == "order"

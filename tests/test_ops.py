@@ -1,0 +1,245 @@
+"""Composition semantics of DeviceOp: value/then/map/inspect/zip/first/last/shared, terminals."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import deviceop as do
+from helpers import K, slow_fill
+
+N = 1024
+
+
+def test_value_sync_returns_the_object(backend):
+    x = object()
+    assert do.value(x).sync() is x
+
+
+def test_ops_are_lazy_until_a_terminal(backend):
+    calls = []
+    before = do.used_bytes()
+    op = do.zeros((1 << 16,), do.float32).inspect(lambda t: calls.append(t)).map(lambda t: t.shape)
+    assert calls == [] and do.used_bytes() == before  # building did nothing
+    assert op.sync() == (1 << 16,)
+    assert len(calls) == 1 and isinstance(calls[0], do.Tensor)
+
+
+def test_map_transforms_on_the_host(backend):
+    assert do.value(20).map(lambda x: x + 1).map(lambda x: x * 2).sync() == 42
+
+
+def test_inspect_passes_output_on(backend):
+    seen = []
+    out = do.value((3, 4)).inspect(seen.append).sync()
+    assert out == (3, 4) and seen == [(3, 4)]
+
+
+def test_then_runs_after_and_sees_prior_writes(backend):
+    # then runs on the same stream: the fill must see the zeros, the read must see the fill
+    out = (
+        do.zeros(N, do.float32)
+        .then(lambda t: K.fill(t.partition((128,)), 2.5))
+        .first()
+        .then(lambda p: K.scale(do.empty(N, do.float32).map(lambda u: u.partition((256,))), do.value(p.tensor), 3.0))
+        .first()
+        .then(lambda p: do.to_numpy(p.tensor))
+        .sync()
+    )
+    np.testing.assert_array_equal(out, np.full(N, 7.5, np.float32))
+
+
+def test_then_gets_the_output_of_the_previous_op(backend):
+    got = []
+
+    def step(x):
+        got.append(x)
+        return do.value(x * 10)
+
+    assert do.value(7).then(step).then(step).sync() == 700
+    assert got == [7, 70]
+
+
+def test_zip_first_last(backend):
+    a, b, c = do.zip(do.value(1), do.value("two"), do.value(3.0)).sync()
+    assert (a, b, c) == (1, "two", 3.0)
+    assert do.zip(do.value(1), do.value(2), do.value(3)).first().sync() == 1
+    assert do.zip(do.value(1), do.value(2), do.value(3)).last().sync() == 3
+
+
+def test_zip_of_tensor_ops(backend):
+    x = np.arange(N, dtype=np.float32)
+    t1, t2 = do.zip(do.from_numpy(x), do.full(N, 4.0, do.float32)).sync()
+    np.testing.assert_array_equal(t1.numpy(), x)
+    np.testing.assert_array_equal(t2.numpy(), np.full(N, 4.0, np.float32))
+
+
+def test_zip_then_kernel_on_both_outputs(backend):
+    rng = np.random.default_rng()
+    x = rng.standard_normal(N).astype(np.float32)
+    y = rng.standard_normal(N).astype(np.float32)
+    out = (
+        do.zip(do.from_numpy(x), do.from_numpy(y))
+        .then(lambda xy: K.add(do.full(N, np.nan, do.float32).map(lambda t: t.partition((128,))), *xy))
+        .first()
+        .then(lambda p: do.to_numpy(p.tensor))
+        .sync()
+    )
+    np.testing.assert_allclose(out, x + y, rtol=1e-6)
+
+
+def test_first_on_a_non_tuple_is_a_usage_error(backend):
+    with pytest.raises(do.UsageError, match="tuple"):
+        do.value(5).first().sync()
+
+
+def test_shared_executes_once(backend):
+    calls = []
+    s = do.value(41).inspect(lambda x: calls.append(x)).map(lambda x: x + 1).shared()
+    assert s.sync() == 42
+    assert s.map(lambda x: x * 2).sync() == 84
+    assert do.zip(s.map(str), s.map(float)).sync() == ("42", 42.0)
+    assert calls == [41]
+
+
+def test_shared_tensor_is_the_same_object_for_every_consumer(backend):
+    calls = []
+    s = do.zeros(N, do.float32).inspect(lambda t: calls.append(1)).shared()
+    t1 = s.sync()
+    t2, t3 = do.zip(s.map(lambda t: t), s.map(lambda t: t)).sync()
+    assert t1 is t2 is t3
+    assert len(calls) == 1
+
+
+def test_shared_consumed_from_two_submits_on_different_streams(backend):
+    s0, s1 = do.streams()[:2]
+    calls = []
+    # the shared source is slow: the consumer on the other stream must wait for it on the device
+    src = (
+        do.full(N, -1.0, do.float32)
+        .then(lambda t: slow_fill(t, 6.0, 0.1))
+        .first()
+        .map(lambda p: p.tensor)
+        .inspect(lambda t: calls.append(1))
+        .shared()
+    )
+    f0 = src.then(do.to_numpy).submit(s0)
+    f1 = src.then(do.to_numpy).submit(s1)
+    a0, a1 = f0.result(timeout=30), f1.result(timeout=30)
+    expect = np.full(N, 6.0, np.float32)
+    np.testing.assert_array_equal(a0, expect)
+    np.testing.assert_array_equal(a1, expect)
+    assert calls == [1]
+
+
+def test_shared_first_run_from_threads_runs_once(backend):
+    calls = []
+    lock = threading.Lock()
+
+    def count(_):
+        with lock:
+            calls.append(1)
+
+    s = do.zeros(N, do.float32).inspect(count).shared()
+    results = []
+
+    def worker():
+        results.append(s.map(lambda t: t).sync())
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    assert len(results) == 4 and all(r is results[0] for r in results)
+    assert calls == [1]
+
+
+def test_long_then_chain_does_not_recurse(backend):
+    op = do.value(0)
+    for _ in range(2000):
+        op = op.then(lambda x: do.value(x + 1))
+    assert op.sync() == 2000
+
+
+def test_long_mixed_chain_with_nested_thens(backend):
+    op = do.value(0)
+    for i in range(2000):
+        if i % 2:
+            op = op.map(lambda x: x + 1)
+        else:
+            # the op returned by the closure is itself a chain
+            op = op.then(lambda x: do.value(x).map(lambda y: y + 1))
+    assert op.sync() == 2000
+
+
+def test_long_chain_of_kernels(backend):
+    # 2000 dependent kernel launches on one stream: each must see the previous one's write
+    t = do.zeros(256, do.float32).sync()
+    op = do.value(t)
+    for i in range(2000):
+        op = op.then(lambda u, i=i: K.fill(u.partition((256,)), float(i))).first().map(lambda p: p.tensor)
+    out = op.then(do.to_numpy).sync()
+    np.testing.assert_array_equal(out, np.full(256, 1999.0, np.float32))
+
+
+def test_sync_on_a_given_stream(backend):
+    st = do.streams()[-1]
+    out = do.full(64, 3, do.int32).then(do.to_numpy).sync_on(st)
+    np.testing.assert_array_equal(out, np.full(64, 3, np.int32))
+
+
+def test_sync_on_runs_on_that_stream_host(host_backend):
+    # on the host backend each stream is a worker thread: the kernel runs on the chosen one
+    names = []
+
+    def where(out):
+        names.append(threading.current_thread().name)
+        out[...] = 1
+
+    k = K.Kernel("", "where", params=(K.Out(do.float32),), host=where)
+    st = do.streams()[2]
+    do.zeros(128, do.float32).then(lambda t: k(t.partition((128,)))).sync_on(st)
+    assert names == ["deviceop-host-stream-2"]
+
+
+def test_sync_on_rejects_a_non_stream(backend):
+    with pytest.raises(do.UsageError, match="stream"):
+        do.value(1).sync_on("stream 0")
+
+
+def test_submit_result_and_done(backend):
+    t = do.zeros(N, do.float32).sync()
+    fut = slow_fill(t, 9.0, 0.3).submit()
+    assert not fut.done()
+    with pytest.raises(TimeoutError):
+        fut.result(timeout=0.01)
+    out = fut.result(timeout=30)
+    assert fut.done()
+    assert type(out) is tuple and out[0].tensor is t
+    np.testing.assert_array_equal(t.numpy(), np.full(N, 9.0, np.float32))
+
+
+def test_submit_value_future(backend):
+    fut = do.value(5).map(lambda x: x + 1).submit(do.next_stream())
+    assert fut.result(timeout=30) == 6
+    assert fut.done()
+    assert fut.exception(timeout=30) is None
+
+
+def test_many_submits_complete_in_any_order(backend):
+    xs = [np.full(256, i, np.float32) for i in range(16)]
+    futs = [do.from_numpy(x).then(do.to_numpy).submit() for x in xs]
+    for x, f in zip(xs, futs):
+        np.testing.assert_array_equal(f.result(timeout=30), x)
+
+
+def test_done_callback(backend):
+    got = []
+    ev = threading.Event()
+    fut = do.value(3).submit()
+    fut.add_done_callback(lambda f: (got.append(f.result()), ev.set()))
+    assert ev.wait(30)
+    assert got == [3]

@@ -1,0 +1,166 @@
+"""Tensors: allocation ops, numpy round trips for every dtype, metadata, views, partitions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import deviceop as do
+from helpers import ALL_DTYPES, FLOAT_DTYPES, K, random_array
+
+DT_IDS = [d.name for d in ALL_DTYPES]
+
+
+def _expected_device(backend: str) -> str:
+    return "host" if backend == "host" else "cuda:0"
+
+
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=DT_IDS)
+def test_from_numpy_round_trip(backend, dt):
+    rng = np.random.default_rng()
+    a = random_array(rng, (7, 33), dt)
+    t = do.from_numpy(a).sync()
+    b = t.numpy()
+    assert b.dtype == dt.np_dtype and b.shape == a.shape
+    np.testing.assert_array_equal(b.view(np.uint8), a.view(np.uint8))  # bit-exact
+    # to_numpy as an op gives the same
+    np.testing.assert_array_equal(do.to_numpy(t).sync().view(np.uint8), a.view(np.uint8))
+
+
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=DT_IDS)
+def test_from_numpy_snapshots_the_array(backend, dt):
+    a = np.zeros(16, dt.np_dtype)
+    op = do.from_numpy(a).then(do.to_numpy)
+    out = op.sync()
+    a[:] = 1  # after the copy ran: must not change the device tensor
+    np.testing.assert_array_equal(out, np.zeros(16, dt.np_dtype))
+
+
+@pytest.mark.parametrize("dt", ALL_DTYPES, ids=DT_IDS)
+def test_zeros_ones_full_empty(backend, dt):
+    shape = (5, 12)
+    z = do.zeros(shape, dt).sync()
+    o = do.ones(shape, dt).sync()
+    e = do.empty(shape, dt).sync()
+    v = 2**40 + 3 if dt is do.int64 else (200 if dt is do.uint8 else (-7 if not dt.is_float else 1.5))
+    f = do.full(shape, v, dt).sync()
+    for t in (z, o, e, f):
+        assert t.shape == shape and t.dtype is dt
+        assert t.nbytes == 60 * dt.itemsize
+        assert t.device == _expected_device(backend)
+        assert t.ndim == 2 and len(t) == 5
+    np.testing.assert_array_equal(z.numpy(), np.zeros(shape, dt.np_dtype))
+    np.testing.assert_array_equal(o.numpy(), np.ones(shape, dt.np_dtype))
+    np.testing.assert_array_equal(f.numpy(), np.full(shape, v, dt.np_dtype))
+    assert e.numpy().shape == shape and e.numpy().dtype == dt.np_dtype
+
+
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=[d.name for d in FLOAT_DTYPES])
+def test_full_nan_and_negative(backend, dt):
+    assert np.isnan(do.full(9, np.nan, dt).sync().numpy().astype(np.float32)).all()
+    np.testing.assert_array_equal(do.full(9, -0.5, dt).sync().numpy(), np.full(9, -0.5, dt.np_dtype))
+
+
+def test_dtype_given_as_numpy_dtype_or_name(backend):
+    assert do.zeros(3, np.int32).sync().dtype is do.int32
+    assert do.zeros(3, "bfloat16").sync().dtype is do.bfloat16
+    assert do.zeros(3).sync().dtype is do.float32  # the default
+
+
+def test_zero_size_tensor(backend):
+    t = do.zeros((0, 4), do.float32).sync()
+    assert t.shape == (0, 4) and t.nbytes == 0
+    assert t.numpy().shape == (0, 4)
+
+
+def test_scalar_shape_int(backend):
+    t = do.ones(10, do.int64).sync()
+    assert t.shape == (10,)
+
+
+def test_view_shares_memory(backend):
+    t = do.zeros((8, 64), do.float32).sync()
+    v = t.view(-1)
+    assert v.shape == (512,) and v.buffer is t.buffer
+    K.fill(v.partition((128,)), 4.0).sync()
+    np.testing.assert_array_equal(t.numpy(), np.full((8, 64), 4.0, np.float32))
+    assert t.view((4, 128)).shape == (4, 128)
+
+
+def test_kernel_writes_through_a_row_slice(backend):
+    t = do.zeros((8, 64), do.float32).sync()
+    s = t[2:5]
+    assert s.shape == (3, 64) and s.is_contiguous() and s.buffer is t.buffer
+    K.fill(s.partition((1, 64)), 5.0).sync()
+    expect = np.zeros((8, 64), np.float32)
+    expect[2:5] = 5.0
+    np.testing.assert_array_equal(t.numpy(), expect)
+
+
+def test_kernel_writes_through_an_index_and_a_view_of_a_slice(backend):
+    t = do.full((4, 8, 32), -1.0, do.float16).sync()
+    row = t[1, 3]  # shape (32,), offset into the middle of the buffer
+    K.fill(row.partition((32,)), 2.0).sync()
+    sub = t[2:4].view((2, 256))
+    K.fill(sub.partition((1, 256)), 3.0).sync()
+    expect = np.full((4, 8, 32), -1.0, np.float16)
+    expect[1, 3] = 2.0
+    expect[2:4] = 3.0
+    np.testing.assert_array_equal(t.numpy(), expect)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        np.s_[:, 1:7:2],
+        np.s_[1::2],
+        np.s_[::3, ::2],
+        np.s_[..., 2],
+        np.s_[3],
+        np.s_[2:5, 4],
+        np.s_[-1, -3:],
+    ],
+    ids=["cols-step", "rows-step", "both-steps", "ellipsis", "int", "slice-int", "negative"],
+)
+@pytest.mark.parametrize("dt", [do.float32, do.bfloat16, do.int64, do.uint8], ids=lambda d: d.name)
+def test_non_contiguous_slices_read_back(backend, key, dt):
+    rng = np.random.default_rng()
+    a = random_array(rng, (6, 8), dt)
+    t = do.from_numpy(a).sync()
+    s = t[key]
+    expect = a[key]
+    assert s.shape == expect.shape
+    got = s.numpy()
+    np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(expect).view(np.uint8))
+    np.testing.assert_array_equal(do.to_numpy(s).sync(), expect)
+
+
+def test_strided_slice_is_not_contiguous(backend):
+    t = do.zeros((6, 8), do.float32).sync()
+    assert t.is_contiguous()
+    assert not t[:, ::2].is_contiguous()
+    assert not t[:, 1:3].is_contiguous()
+    assert t[1:3].is_contiguous()
+
+
+def test_partition_grid(backend):
+    t = do.zeros((16, 64), do.float32).sync()
+    p = t.partition((4, 64))
+    assert p.grid == (4, 1) and p.tile == (4, 64)
+    assert p.tensor is t and p.shape == (16, 64) and p.dtype is do.float32
+    assert t.partition((4, 32)).grid == (4, 2)
+    assert t.partition((1, 1)).grid == (16, 64)
+    assert do.zeros(1024).sync().partition((128,)).grid == (8,)
+    assert do.zeros((2, 4, 8)).sync().partition((1, 2, 8)).grid == (2, 2, 1)
+
+
+def test_numpy_after_sync_is_a_copy(backend):
+    t = do.full(32, 1.0, do.float32).sync()
+    a = t.numpy()
+    a[:] = 99
+    np.testing.assert_array_equal(t.numpy(), np.full(32, 1.0, np.float32))
+
+
+def test_repr_names_shape_and_dtype(backend):
+    r = repr(do.zeros((2, 3), do.int32).sync())
+    assert "(2, 3)" in r and "int32" in r
