@@ -18,8 +18,6 @@ def _info() -> int:
     print(f"compute capability: {be.compute_capability[0]}.{be.compute_capability[1]}")
     print(f"driver:             {be.driver_version}")
     print(f"stream pool:        {len(be.streams)} streams")
-    if be.name == "cuda":
-        print(f"launch path:        {'ctypes cuLaunchKernel' if be.fast_launch else 'cuda.bindings cuLaunchKernel'}")
     print(f"kernel cache:       {do.kernels.cache_dir()}")
     return 0
 

@@ -56,15 +56,6 @@ def measure_deviceop(n_ops: int, reps: int, warmup: int) -> list[dict]:
     for mode, fn in (("sync_each", sync_each), ("chained", chained)):
         samples = _refs._time_reps(fn, reps, warmup)
         out.append(_refs._summary("deviceop", mode, n_ops, samples, reps))
-    from deviceop.kernels import _launch
-
-    fast, _launch._FAST[0] = _launch._FAST[0], None  # the same chain through cuda.bindings' cuLaunchKernel
-    try:
-        if fast is not None:
-            samples = _refs._time_reps(chained, reps, warmup)
-            out.append(_refs._summary("deviceop", "chained_bindings_launch", n_ops, samples, reps))
-    finally:
-        _launch._FAST[0] = fast
     do.set_borrow_policy("off")
     try:
         samples = _refs._time_reps(chained, reps, warmup)
@@ -75,6 +66,65 @@ def measure_deviceop(n_ops: int, reps: int, warmup: int) -> list[dict]:
     if not np.array_equal(got, (x0.astype(np.float32) * G).astype(np.float16)):
         raise AssertionError("deviceop scale produced wrong values")
     return out
+
+
+def paired_chain(n_ops: int, reps: int, warmup: int) -> dict:
+    """Raw cuda.bindings, deviceop and deviceop with the ledger off, interleaved rep by rep.
+
+    The host's speed drifts over seconds on a shared machine; alternating the three in one loop
+    gives each the same conditions, so the per-rep ratio is the robust figure.
+    """
+    from cuda.bindings import driver
+
+    K = do.kernels
+    st = _refs._raw_state()
+    launch, sync = driver.cuLaunchKernel, driver.cuStreamSynchronize
+    func, rstream, params = st.func, st.stream, st.params_ptr
+    s = do.next_stream()
+    x = do.from_numpy(np.full(N_ELEMS, 1.5, dtype=np.float16)).sync_on(s)
+    y = do.zeros(N_ELEMS, do.float16).sync_on(s)
+    yp = y.partition((128,))
+
+    def raw() -> None:
+        for _ in range(n_ops):
+            launch(func, _refs.BLOCKS, 1, 1, _refs.THREADS, 1, 1, 0, rstream, params, 0)
+        sync(rstream)
+
+    def step(o: tuple) -> do.DeviceOp:
+        return K.scale(*o)
+
+    def dev() -> None:
+        op = K.scale(yp, x, G)
+        for _ in range(n_ops - 1):
+            op = op.then(step)
+        op.sync_on(s)
+
+    def dev_off() -> None:
+        do.set_borrow_policy("off")
+        try:
+            dev()
+        finally:
+            do.set_borrow_policy("order")
+
+    fns = {"raw_bindings": raw, "deviceop": dev, "deviceop_ledger_off": dev_off}
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    clock = time.perf_counter_ns
+    for r in range(warmup + reps):
+        for name, fn in fns.items():
+            t = clock()
+            fn()
+            dt = (clock() - t) / 1e3 / n_ops
+            if r >= warmup:
+                samples[name].append(dt)
+    med = {k: float(np.median(v)) for k, v in samples.items()}
+    ratio = [d / r for d, r in zip(samples["deviceop"], samples["raw_bindings"])]
+    ledger = [a - b for a, b in zip(samples["deviceop"], samples["deviceop_ledger_off"])]
+    return {
+        "n_ops": n_ops, "reps": reps, "us_per_op_median": med,
+        "deviceop_over_raw_median_of_ratios": float(np.median(ratio)),
+        "deviceop_over_raw_ratio_of_medians": med["deviceop"] / med["raw_bindings"],
+        "ledger_cost_us_per_op_median": float(np.median(ledger)),
+    }
 
 
 def machine_info() -> dict:
@@ -140,9 +190,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{name}] FAILED: {e!r}", file=sys.stderr)
                 failed.append(name)
         print(f"N={n} done in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    paired = []
+    for n in sizes:
+        paired.append(paired_chain(n, a.reps, a.warmup))
+        print(json.dumps(paired[-1]), file=sys.stderr)
     if a.chain_bin:
         results.extend(r for r in _refs.run_chain_bin(a.chain_bin, a.reps) if r["n_ops"] in sizes)
-    doc = {"experiment": "exec_modes", "elements": N_ELEMS, "machine": machine_info(), "results": results, "ratios": ratios(results)}
+    doc = {"experiment": "exec_modes", "elements": N_ELEMS, "machine": machine_info(), "results": results, "ratios": ratios(results), "paired_chained": paired}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
@@ -150,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in doc["ratios"]:
         if r["vs"] == "raw_bindings":
             print(f"deviceop {r['mode']:<20} N={r['n_ops']:<5} {r['ratio']:.3f}x raw cuda.bindings")
+    print("paired (interleaved rep by rep), chained:")
+    for p in paired:
+        m = p["us_per_op_median"]
+        print(f"  N={p['n_ops']:<5} raw {m['raw_bindings']:.2f}  deviceop {m['deviceop']:.2f}  ledger-off {m['deviceop_ledger_off']:.2f} us/op"
+              f"  -> {p['deviceop_over_raw_median_of_ratios']:.3f}x raw; ledger {p['ledger_cost_us_per_op_median']:+.2f} us/op")
     return 1 if failed else 0
 
 

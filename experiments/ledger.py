@@ -38,19 +38,20 @@ extern "C" __global__ void spin_add(float* out, const float* x, long long n, lon
 spin_fill = K.Kernel(SRC, "spin_fill", params=(K.Out(do.float32), do.float32, do.int64, do.int64))
 spin_add = K.Kernel(SRC, "spin_add", params=(K.InOut(do.float32), K.In(do.float32), do.int64, do.int64))
 N = 256
-STEPS = 10
-CYCLES = 400_000  # ~0.2 ms per kernel at ~2 GHz: each pipeline is GPU-bound (~2 ms)
+STEPS = 20
+CYCLES = 1_000_000  # ~0.5 ms per kernel at ~2 GHz: each pipeline is GPU-bound (~10 ms)
 
 
 def pipeline(dst, v0, src=None):
     """STEPS dependent launches writing dst (and reading src, when given)."""
     p = dst.partition((N,))
-    op = spin_fill(p, v0, N, CYCLES)
+    b = (N,)  # one block covers the whole tile
+    op = spin_fill(p, v0, N, CYCLES, block=b)
     for _ in range(STEPS - 1):
         if src is None:
-            op = op.then(lambda o: spin_fill(o[0], o[1] + 1.0, N, CYCLES))
+            op = op.then(lambda o: spin_fill(o[0], o[1] + 1.0, N, CYCLES, block=b))
         else:
-            op = op.then(lambda o, src=src: spin_add(o[0], src, N, CYCLES))
+            op = op.then(lambda o, src=src: spin_add(o[0], src, N, CYCLES, block=b))
     return op
 
 

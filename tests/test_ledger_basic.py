@@ -199,3 +199,31 @@ def test_bad_borrow_policy():
     with pytest.raises(ValueError, match="order"):
         do.set_borrow_policy("sometimes")
     assert do.borrow_policy() == "order"
+
+
+def test_strict_mode_raises_on_write_after_read(backend):
+    s0, s1 = _two_streams()
+    src = do.ones(N, do.float32).sync()
+    dst = do.zeros(N, do.float32).sync()
+    do.set_borrow_policy("raise")
+    try:
+        fut = slow_copy(dst, src, 0.3).submit(s0)  # reads src for a while
+        with pytest.raises(do.BorrowError, match="writes"):
+            K.fill(src.partition((128,)), 9.0).sync_on(s1)  # a write while the read is in flight
+        fut.result(timeout=30)
+    finally:
+        do.set_borrow_policy("order")
+    np.testing.assert_array_equal(dst.numpy(), np.ones(N, np.float32))  # the read saw the old values
+
+
+def test_dropped_future_frees_nothing_early(backend):
+    baseline = _settle(do.used_bytes())
+    n = 1 << 18
+    src = do.full(n, 3.0, do.float32).sync()
+    fut = do.empty(n).then(lambda t: slow_copy(t, src, 0.3)).first().map(lambda p: p.tensor).submit()
+    del fut  # nobody waits any more; the slow copy is still in flight
+    gc.collect()
+    # the destination (4n bytes) is still held by the work in flight, on top of src
+    assert do.used_bytes() >= baseline + 2 * 4 * n
+    del src
+    assert _settle(baseline, timeout=10) == baseline  # and everything returns once the work completes

@@ -18,7 +18,7 @@ class Chain(DeviceOp[Any]):
     __slots__ = ("_src", "_steps")
 
     def __init__(self, src: DeviceOp[Any], steps: list[tuple[str, Callable[[Any], Any]]]) -> None:
-        super().__init__()
+        self._used = None
         self._src = src
         self._steps = steps
 
@@ -52,7 +52,10 @@ def chain(op: DeviceOp[Any], kind: str, f: Callable[[Any], Any]) -> Chain:
     """Append a step to ``op`` (consuming it)."""
     if not callable(f):
         raise UsageError(f".{kind}() needs a function, got {type(f).__name__}")
-    op._take(f".{kind}()")
+    if op._used is None:
+        op._used = f".{kind}()"
+    else:
+        op._take(f".{kind}()")  # raises: already consumed
     if type(op) is Chain:
         op._steps.append((kind, f))
         return Chain(op._src, op._steps)

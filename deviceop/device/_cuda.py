@@ -192,11 +192,6 @@ class CudaBackend:
         self.pinned = _PinnedPool()
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
         self._modules: dict[bytes, Any] = {}
-        from ..kernels import _launch
-        from ._fastlaunch import load
-
-        _launch._FAST[0] = load()
-        self.fast_launch = _launch._FAST[0] is not None
         self._mod_lock = threading.Lock()
 
     # -- context -------------------------------------------------------------------------------

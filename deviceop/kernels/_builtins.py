@@ -20,7 +20,10 @@ from .._dtypes import bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device._tensor import Partition, Tensor
 from ._kernel import CompiledFunctions, check_scalar, check_tensor
-from ._launch import KernelCall, has_op, host_array, launch_cuda, launch_host, same, weak
+from ..device import _select as _backends
+from ..device._select import current
+from ..ops._base import DeviceOp
+from ._launch import KernelCall, host_array, launch_cuda, launch_host, same, weak
 
 __all__ = ["fill", "scale", "add", "BUILTINS", "BUILTIN_SOURCE", "compile_builtins"]
 
@@ -51,8 +54,7 @@ class Elementwise:
         self.host_impl = host
         self.__doc__ = doc
         self._ctypes = [ctypes.c_uint64] * (1 + n_in) + [ctypes.c_float] * n_scalar + [ctypes.c_int64]
-        # caches of the last validated / planned arguments, by weak reference
-        self._checked: tuple[Any, ...] = ()
+        # the last validated and planned arguments (held by weak reference)
         self._plan: tuple[Any, ...] | None = None
         self._writes = (True,) + (False,) * n_in
 
@@ -85,19 +87,25 @@ class Elementwise:
                 f"do.kernels.{self.name}() takes {n} arguments (out partition, {self.n_in} input tensor(s), "
                 f"{self.n_scalar} scalar(s)), got {len(args)}"
             )
-        lazy = has_op(args)
-        if not lazy:
-            self.check(args, None)  # bad input fails here, before any GPU work
-        return KernelCall(self, args, None, lazy)
+        for a in args:
+            if isinstance(a, DeviceOp):
+                return KernelCall(self, args, None, True)
+        # validate (bad input fails here, before any GPU work) and plan the launch, once per
+        # distinct set of tensor arguments
+        p = self._plan
+        if p is None or p[1] is not _backends._state["backend"] or not same(p[0], args):
+            self._check_tensors(args)
+            p = self._plan = self._make_plan(current(), args)
+        for i in range(1 + self.n_in, n):
+            if type(args[i]) is not float:
+                check_scalar(args[i], float32, f"scalar {i - 1 - self.n_in} of {self.name}()")
+        return KernelCall(self, args, None, False, p)
 
     def check(self, args: tuple[Any, ...], opts: Any) -> None:
-        n = 1 + self.n_in
-        if not same(self._checked, args):  # tensors and partitions are immutable: identity suffices
-            self._check_tensors(args)
-            self._checked = weak(args[:n])
-        for i in range(n, len(args)):
-            if type(args[i]) is not float:
-                check_scalar(args[i], float32, f"scalar {i - n} of {self.name}()")
+        """Validate arguments produced by ops (at run time, before the launch)."""
+        self._check_tensors(args)
+        for i in range(1 + self.n_in, len(args)):
+            check_scalar(args[i], float32, f"scalar {i - 1 - self.n_in} of {self.name}()")
 
     def _check_tensors(self, args: tuple[Any, ...]) -> None:
         out = args[0]
@@ -144,11 +152,10 @@ class Elementwise:
         grid = (math.prod(out.grid), 1, 1)
         return (weak(args[: 1 + self.n_in]), be, fn, packer, ptrs, tile, grid, (block, 1, 1), t.size == 0)
 
-    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any) -> None:
+    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, p: Any = None) -> None:
         be = cx.backend
-        p = self._plan
-        if p is None or p[1] is not be or not same(p[0], args):
-            p = self._plan = self._make_plan(be, args)
+        if p is None or p[1] is not be:  # args produced by ops, or the backend changed since the call
+            p = self._make_plan(be, args)
         if p[8]:
             return  # empty tensor: nothing to do
         n = 1 + self.n_in

@@ -40,10 +40,7 @@ class CompiledFunctions:
             hit = self._fns.get(key)
             if hit is None:
                 cubin = compile_cubin(self.source, self.module, be.arch, self.options)
-                fn = be.load_function(cubin, name)
-                packer = Packer(ctypes_list)
-                packer.fn_int = int(fn)
-                hit = (fn, packer)
+                hit = (be.load_function(cubin, name), Packer(ctypes_list))
                 self._fns[key] = hit
         return hit
 
@@ -153,7 +150,7 @@ class Kernel:
         if grid is None and pgrid is None:
             raise UsageError(f"{self.name}() has no Partition argument to take the grid from; give grid=")
 
-    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any) -> None:
+    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, plan: Any = None) -> None:
         grid, block, shmem = opts
         tensors = []
         writes = []

@@ -26,9 +26,6 @@ try:
 except Exception:  # pragma: no cover
     _cuLaunchKernel = None
 
-#: the ctypes fast path (deviceop.device._fastlaunch), set when the cuda backend starts
-_FAST: list[Any] = [None]
-
 
 class Packer:
     """A kernel's parameter block, laid out once; values are written in place per launch.
@@ -37,7 +34,7 @@ class Packer:
     (cuLaunchKernel copies the values before it returns).
     """
 
-    __slots__ = ("struct", "names", "addr", "_ptrs", "last_ptrs", "last_scalars", "fn_int")
+    __slots__ = ("struct", "names", "addr", "_ptrs", "last_ptrs", "last_scalars")
 
     def __init__(self, ctypes_list: Sequence[Any]) -> None:
         fields = [(f"a{i}", c) for i, c in enumerate(ctypes_list)]
@@ -50,7 +47,6 @@ class Packer:
         self.names = tuple(f"a{i}" for i in range(n))
         self.last_ptrs: Any = None
         self.last_scalars: Any = None
-        self.fn_int = 0  # the CUfunction as an integer, for the ctypes fast path
 
 
 class KernelCall(DeviceOp[tuple]):
@@ -60,14 +56,15 @@ class KernelCall(DeviceOp[tuple]):
     validated when the call was made, before any GPU work.
     """
 
-    __slots__ = ("_k", "_args", "_opts", "_lazy")
+    __slots__ = ("_k", "_args", "_opts", "_lazy", "_plan")
 
-    def __init__(self, kernel: Any, args: tuple[Any, ...], opts: Any, lazy: bool) -> None:
+    def __init__(self, kernel: Any, args: tuple[Any, ...], opts: Any, lazy: bool, plan: Any = None) -> None:
         self._used = None
         self._k = kernel
         self._args = args
         self._opts = opts
         self._lazy = lazy
+        self._plan = plan
         if lazy:
             for i, a in enumerate(args):
                 if isinstance(a, DeviceOp):
@@ -81,7 +78,7 @@ class KernelCall(DeviceOp[tuple]):
         if self._lazy:
             args = tuple(a._run(cx) if isinstance(a, DeviceOp) else a for a in args)
             self._k.check(args, self._opts)
-        self._k.enqueue(cx, args, self._opts)
+        self._k.enqueue(cx, args, self._opts, self._plan)
         return args
 
 
@@ -141,13 +138,9 @@ def launch_cuda(
                 setattr(st, names[i], tail)
             packer.last_ptrs = ptrs
             packer.last_scalars = scalars
-        fast = _FAST[0]
-        if fast is not None:
-            err = fast(packer.fn_int, grid[0], grid[1], grid[2], block[0], block[1], block[2], shmem, cx.stream.handle_int, packer.addr, None)
-        else:
-            err = _cuLaunchKernel(
-                fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shmem, cx.stream.handle, packer.addr, 0
-            )[0]
+        err = _cuLaunchKernel(
+            fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shmem, cx.stream.handle, packer.addr, 0
+        )[0]
     if err:
         from ..device._cuda import cuda_error
 
