@@ -6,6 +6,7 @@ of CUDA streams. The ``host`` backend emulates a device where no GPU is present.
 """
 
 from . import combinators as _combinators  # noqa: F401  (registers then/map/shared)
+del _combinators
 from . import kernels
 from ._dtypes import DType, bfloat16, float16, float32, int32, int64, uint8
 from ._errors import (

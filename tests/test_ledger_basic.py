@@ -220,7 +220,7 @@ def test_dropped_future_frees_nothing_early(backend):
     baseline = _settle(do.used_bytes())
     n = 1 << 18
     src = do.full(n, 3.0, do.float32).sync()
-    fut = do.empty(n).then(lambda t: slow_copy(t, src, 0.3)).first().map(lambda p: p.tensor).submit()
+    fut = do.empty(n).then(lambda t, src=src: slow_copy(t, src, 0.3)).first().map(lambda p: p.tensor).submit()
     del fut  # nobody waits any more; the slow copy is still in flight
     gc.collect()
     # the destination (4n bytes) is still held by the work in flight, on top of src

@@ -9,7 +9,7 @@ for host copies. Driver calls release the GIL inside cuda.bindings.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

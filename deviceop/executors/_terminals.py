@@ -24,12 +24,12 @@ def as_stream(stream: Any) -> Any:
     )
 
 
-def run_sync(op: Any, stream: Any, label: str) -> Any:
-    """Execute ``op`` on ``stream``, wait for the stream, return the output."""
+def _start(op: Any, stream: Any, label: str) -> tuple[ExecutionContext, Any]:
+    """Enqueue ``op`` on ``stream``; on failure wait for what was enqueued, then release it."""
     stream.backend.make_current()
     cx = ExecutionContext(stream, label, op)
     try:
-        out = op._run(cx)
+        return cx, op._run(cx)
     except BaseException:
         # work already enqueued must complete before its buffers may go
         try:
@@ -37,6 +37,11 @@ def run_sync(op: Any, stream: Any, label: str) -> Any:
         finally:
             cx.finish(ok=False)
         raise
+
+
+def run_sync(op: Any, stream: Any, label: str) -> Any:
+    """Execute ``op`` on ``stream``, wait for the stream, return the output."""
+    cx, out = _start(op, stream, label)
     try:
         stream.synchronize()
     except BaseException:
@@ -48,16 +53,7 @@ def run_sync(op: Any, stream: Any, label: str) -> Any:
 
 def run_submit(op: Any, stream: Any, label: str) -> DeviceFuture[Any]:
     """Execute ``op`` on ``stream`` without waiting; return a future for its output."""
-    stream.backend.make_current()
-    cx = ExecutionContext(stream, label, op)
-    try:
-        out = op._run(cx)
-    except BaseException:
-        try:
-            stream.synchronize()
-        finally:
-            cx.finish(ok=False)
-        raise
+    cx, out = _start(op, stream, label)
     fut: DeviceFuture[Any] = DeviceFuture(cx, out)
     watch(stream, cx.seal(), cx, fut)
     return fut
