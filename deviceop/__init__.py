@@ -5,8 +5,6 @@ into pipelines that run synchronously (``sync``), or are submitted (``submit``) 
 of CUDA streams. The ``host`` backend emulates a device where no GPU is present.
 """
 
-from . import combinators as _combinators  # noqa: F401  (registers then/map/shared)
-del _combinators
 from . import kernels
 from ._dtypes import DType, bfloat16, float16, float32, int32, int64, uint8
 from ._errors import (
@@ -20,7 +18,7 @@ from ._errors import (
     ShapeError,
     UsageError,
 )
-from .combinators import zip
+from .combinators import zip  # importing combinators also registers then/map/shared on DeviceOp
 from .device import (
     DeviceOpWarning,
     Partition,

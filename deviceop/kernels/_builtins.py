@@ -18,11 +18,10 @@ import numpy as np
 
 from .._dtypes import bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
-from ..device._tensor import Partition, Tensor
-from ._kernel import CompiledFunctions, check_scalar, check_tensor
-from ..device import _select as _backends
 from ..device._select import current
+from ..device._tensor import Partition, Tensor
 from ..ops._base import DeviceOp
+from ._kernel import CompiledFunctions, check_scalar, check_tensor
 from ._launch import KernelCall, host_array, launch_cuda, launch_host, same, weak
 
 __all__ = ["fill", "scale", "add", "BUILTINS", "BUILTIN_SOURCE", "compile_builtins"]
@@ -93,9 +92,10 @@ class Elementwise:
         # validate (bad input fails here, before any GPU work) and plan the launch, once per
         # distinct set of tensor arguments
         p = self._plan
-        if p is None or p[1] is not _backends._state["backend"] or not same(p[0], args):
+        be = current()
+        if p is None or p[1] is not be or not same(p[0], args):
             self._check_tensors(args)
-            p = self._plan = self._make_plan(current(), args)
+            p = self._plan = self._make_plan(be, args)
         for i in range(1 + self.n_in, n):
             if type(args[i]) is not float:
                 check_scalar(args[i], float32, f"scalar {i - 1 - self.n_in} of {self.name}()")
