@@ -1,8 +1,8 @@
 """deviceop: composable, awaitable GPU work for Python.
 
 Lazy, typed :class:`DeviceOp` values compose with ``then``, ``map``, ``zip`` and ``shared``
-into pipelines that run synchronously (``sync``), or are submitted (``submit``) across a pool
-of CUDA streams. The ``host`` backend emulates a device where no GPU is present.
+into pipelines that run synchronously (``sync``), are awaited (``await op``, under asyncio,
+uvloop or trio) or are submitted (``submit``) across a pool of CUDA streams. The ``host`` backend emulates a device where no GPU is present.
 """
 
 from . import kernels
@@ -32,13 +32,20 @@ from .device import (
 )
 from .device._dlpack import from_dlpack
 from .device._select import current as _current
-from .executors import DeviceFuture
+from .executors import DeviceFuture, poll_budget, set_poll_budget
 from .ops import DeviceOp, empty, from_numpy, full, ones, to_numpy, value, zeros
 
 
 def streams() -> list:
     """The current device's stream pool."""
     return list(_current().streams)
+
+
+def native_enabled() -> bool:
+    """True if the native module (fast launches, GIL-free wake-ups) is built and enabled."""
+    from .device import _fast
+
+    return _fast.available()
 
 
 def used_bytes() -> int:
@@ -52,8 +59,8 @@ __all__ = [
     "DeviceOp", "DeviceFuture", "Tensor", "Partition", "DType",
     "float16", "bfloat16", "float32", "int32", "int64", "uint8",
     "value", "zeros", "ones", "full", "empty", "from_numpy", "to_numpy", "from_dlpack", "zip",
-    "backend_name", "use_backend", "next_stream", "streams", "used_bytes",
-    "set_borrow_policy", "borrow_policy", "set_host_chaos", "kernels",
+    "backend_name", "use_backend", "next_stream", "streams", "used_bytes", "native_enabled",
+    "set_borrow_policy", "borrow_policy", "set_host_chaos", "set_poll_budget", "poll_budget", "kernels",
     "DeviceOpError", "BackendError", "BorrowError", "CaptureError", "CompileError", "CudaError",
     "ShapeError", "DTypeError", "UsageError", "DeviceOpWarning",
 ]

@@ -56,6 +56,7 @@ def measure_deviceop(n_ops: int, reps: int, warmup: int) -> list[dict]:
     for mode, fn in (("sync_each", sync_each), ("chained", chained)):
         samples = _refs._time_reps(fn, reps, warmup)
         out.append(_refs._summary("deviceop", mode, n_ops, samples, reps))
+    out.extend(measure_await(n_ops, reps, warmup, yp, x, s))
     do.set_borrow_policy("off")
     try:
         samples = _refs._time_reps(chained, reps, warmup)
@@ -66,6 +67,42 @@ def measure_deviceop(n_ops: int, reps: int, warmup: int) -> list[dict]:
     if not np.array_equal(got, (x0.astype(np.float32) * G).astype(np.float16)):
         raise AssertionError("deviceop scale produced wrong values")
     return out
+
+
+def measure_await(n_ops: int, reps: int, warmup: int, yp: do.Partition, x: do.Tensor, s: object) -> list[dict]:
+    """The async column (uvloop): ``await`` per op, and a ``then``-chain awaited once."""
+    import uvloop
+
+    K = do.kernels
+
+    def step(o: tuple) -> do.DeviceOp:
+        return K.scale(*o)
+
+    async def await_each() -> None:
+        for _ in range(n_ops):
+            await K.scale(yp, x, G).wait(stream=s)
+
+    async def chained_await() -> None:
+        op = K.scale(yp, x, G)
+        for _ in range(n_ops - 1):
+            op = op.then(step)
+        await op.wait(stream=s)
+
+    async def run() -> list[dict]:
+        res = []
+        clock = time.perf_counter_ns
+        for mode, fn in (("await_each", await_each), ("chained_await", chained_await)):
+            for _ in range(warmup):
+                await fn()
+            samples = []
+            for _ in range(reps):
+                t = clock()
+                await fn()
+                samples.append(clock() - t)
+            res.append(_refs._summary("deviceop", mode, n_ops, samples, reps))
+        return res
+
+    return uvloop.run(run())
 
 
 def paired_chain(n_ops: int, reps: int, warmup: int) -> dict:
@@ -158,7 +195,7 @@ def ratios(results: list[dict]) -> list[dict]:
     for (impl, mode, n), v in sorted(idx.items()):
         if impl != "deviceop":
             continue
-        base_mode = "chained" if mode.startswith("chained") else mode
+        base_mode = "chained" if mode.startswith("chained") else "sync_each" if mode == "await_each" else mode
         for ref in ("raw_bindings", "cuda_cpp", "cupy", "torch"):
             b = idx.get((ref, base_mode, n))
             if b:

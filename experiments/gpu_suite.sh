@@ -13,6 +13,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 status=0
 log="$OUT/suite.log"
+# the native module (fast launches, GIL-free wake-ups), built in place as pip install -e does
+python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || { echo "native build FAILED" | tee -a "$log"; status=1; }
+rm -rf build
+python3 -c "import deviceop._native" >>"$OUT/build.log" 2>&1 || { echo "native module did not build" | tee -a "$log"; status=1; }
 run() { echo "+ $*" >>"$log"; "$@" >>"$log" 2>&1 || { echo "FAILED: $*" >>"$log"; status=1; }; }
 run nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 run python3 -c "import torch, cupy, cuda.bindings; print('torch', torch.__version__, 'cupy', cupy.__version__, 'cuda-bindings', cuda.bindings.__version__)"
@@ -24,10 +28,19 @@ cat "$log"
 
 DEVICEOP_PROPERTY_EXAMPLES=1000 python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/pytest.xml" tests 2>&1 | tee "$OUT/pytest.log" | tail -n 40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
+# the await path without the native module (watcher-thread wake-ups, cuda.bindings launches)
+DEVICEOP_NATIVE=0 python3 -m pytest -q -p no:cacheprovider tests/test_await.py 2>&1 | tee "$OUT/pytest_nonative.log" | tail -n 5
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 if [ "$MODE" = full ]; then REPS=200; else REPS=30; fi
 ( cd experiments/ref && nvcc -O3 -arch=sm_90 -o /tmp/chain chain.cu ) || status=1
 python3 experiments/exec_modes.py --reps $REPS --chain-bin /tmp/chain --out "$OUT/exec_modes.json" 2>&1 | tee "$OUT/exec_modes.log" | tail -n 40
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+DEVICEOP_NATIVE=0 python3 experiments/exec_modes.py --reps 50 --sizes 1000 --impls raw_bindings --out "$OUT/exec_modes_nonative.json" 2>&1 | tail -n 4
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+python3 experiments/await_cost.py --reps $REPS --out "$OUT/await_cost.json" 2>&1 | tee "$OUT/await_cost.log" | tail -n 20
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+python3 experiments/async_overlap.py --reps 10 --out "$OUT/async_overlap.json" --png "$OUT/async_overlap.png" 2>&1 | tee "$OUT/async_overlap.log" | tail -n 14
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 python3 experiments/ledger.py --reps 20 --out "$OUT/ledger.json" 2>&1 | tail -n 20
 [ "${PIPESTATUS[0]}" = 0 ] || status=1

@@ -193,6 +193,10 @@ class CudaBackend:
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
         self._modules: dict[bytes, Any] = {}
         self._mod_lock = threading.Lock()
+        # the native launch and host-function paths bind to the libcuda loaded above
+        from . import _fast
+
+        self.native = _fast.enable_driver()
 
     # -- context -------------------------------------------------------------------------------
     def make_current(self) -> None:

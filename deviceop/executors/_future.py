@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Coroutine, Generator, Generic, TypeVar
 
 from .._errors import CudaError
 
@@ -63,6 +63,17 @@ class DeviceFuture(Generic[T]):
                 return
         fn(self)
 
+    def __await__(self) -> "Generator[Any, None, T]":
+        """``await future``: resume when the work is complete (asyncio, uvloop, trio); never blocks the loop."""
+        return self.wait().__await__()
+
+    def wait(self, timeout: float | None = None) -> "Coroutine[Any, Any, T]":
+        """``await future.wait(timeout=s)``: raise ``TimeoutError`` if not complete in time (the work keeps running)."""
+        from ._await import _check_timeout, await_future
+
+        _check_timeout(timeout)
+        return await_future(self, timeout)
+
     def _complete(self, error: BaseException | None) -> None:
         if error is not None:
             self._error = error
@@ -89,39 +100,53 @@ class _Watcher:
     """
 
     def __init__(self, stream: Any) -> None:
-        self.q: "queue.SimpleQueue[tuple[Any, Any, DeviceFuture[Any]]]" = queue.SimpleQueue()
+        self.q: "queue.SimpleQueue[tuple[Any, Any, Any, Any]]" = queue.SimpleQueue()
         self.stream = stream
         threading.Thread(target=self._run, name=f"deviceop-watch-{stream.index}", daemon=True).start()
 
     def _run(self) -> None:
         self.stream.backend.make_current()
         while True:
-            ev, cx, fut = self.q.get()
+            ev, cx, fut, then = self.q.get()
             err: BaseException | None = None
             try:
                 ev.synchronize()
             except CudaError as e:
                 err = e
             except BaseException as e:  # pragma: no cover - defensive: never leave a future hanging
-                err = CudaError(f"waiting for {cx.describe()} failed: {e!r}")
-            try:
-                cx.finish(ok=err is None)
-            except BaseException as e:
-                err = err or e
-            fut._complete(err)
-            ev = cx = fut = None  # type: ignore[assignment]
+                err = CudaError(f"waiting for {cx.describe() if cx else 'stream work'} failed: {e!r}")
+            if cx is not None:
+                try:
+                    cx.finish(ok=err is None)
+                except BaseException as e:
+                    err = err or e
+            if fut is not None:
+                fut._complete(err)
+            if then is not None:
+                try:
+                    then()
+                except Exception:  # a wake-up's failure must not stop the watcher
+                    pass
+            ev = cx = fut = then = None
 
 
 _watchers: dict[int, _Watcher] = {}
 _wlock = threading.Lock()
 
 
-def watch(stream: Any, event: Any, cx: Any, fut: DeviceFuture[Any]) -> None:
-    """Complete ``fut`` and finish ``cx`` once ``event`` (recorded on ``stream``) completes."""
+def watch(
+    stream: Any, event: Any, cx: Any = None, fut: "DeviceFuture[Any] | None" = None,
+    then: Callable[[], Any] | None = None,
+) -> None:
+    """Once ``event`` (recorded on ``stream``) completes: finish ``cx``, complete ``fut``, call ``then()``.
+
+    Also used to hand over an execution whose awaiting task was cancelled: its buffers stay
+    alive and its ledger entries stay until the GPU work is really done.
+    """
     w = _watchers.get(id(stream))
     if w is None or w.stream is not stream:
         with _wlock:
             w = _watchers.get(id(stream))
             if w is None or w.stream is not stream:
                 w = _watchers[id(stream)] = _Watcher(stream)
-    w.q.put((event, cx, fut))
+    w.q.put((event, cx, fut, then))

@@ -18,11 +18,12 @@ import numpy as np
 
 from .._dtypes import bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
+from ..device._select import _state as _SELECTED
 from ..device._select import current
 from ..device._tensor import Partition, Tensor
 from ..ops._base import DeviceOp
 from ._kernel import CompiledFunctions, check_scalar, check_tensor
-from ._launch import KernelCall, host_array, launch_cuda, launch_host, same, weak
+from ._launch import CudaPlan, KernelCall, host_array, launch_cuda, launch_host, same, weak
 
 __all__ = ["fill", "scale", "add", "BUILTINS", "BUILTIN_SOURCE", "compile_builtins"]
 
@@ -54,8 +55,10 @@ class Elementwise:
         self.__doc__ = doc
         self._ctypes = [ctypes.c_uint64] * (1 + n_in) + [ctypes.c_float] * n_scalar + [ctypes.c_int64]
         # the last validated and planned arguments (held by weak reference)
-        self._plan: tuple[Any, ...] | None = None
+        self._plan: _Plan | None = None
         self._writes = (True,) + (False,) * n_in
+        self._n = 1 + n_in + n_scalar
+        self._n_t = 1 + n_in
 
     def __repr__(self) -> str:
         return f"<built-in kernel {self.name}>"
@@ -80,7 +83,24 @@ class Elementwise:
         return "\n".join(out)
 
     def __call__(self, *args: Any) -> KernelCall:
-        n = 1 + self.n_in + self.n_scalar
+        p = self._plan
+        if p is not None and len(args) == self._n and p.be is _SELECTED["backend"]:
+            # the launch path: the same tensors as last time (validated then), plain float scalars
+            i = 0
+            for r in p.refs:
+                if r() is not args[i]:
+                    break
+                i += 1
+            else:
+                for v in args[i:]:
+                    if type(v) is not float:
+                        break
+                else:
+                    return _PlannedCall(self, args, p)
+        return self._call_slow(args)
+
+    def _call_slow(self, args: tuple[Any, ...]) -> KernelCall:
+        n = self._n
         if len(args) != n:
             raise UsageError(
                 f"do.kernels.{self.name}() takes {n} arguments (out partition, {self.n_in} input tensor(s), "
@@ -93,7 +113,7 @@ class Elementwise:
         # distinct set of tensor arguments
         p = self._plan
         be = current()
-        if p is None or p[1] is not be or not same(p[0], args):
+        if p is None or p.be is not be or not same(p.refs, args):
             self._check_tensors(args)
             p = self._plan = self._make_plan(be, args)
         for i in range(1 + self.n_in, n):
@@ -131,7 +151,7 @@ class Elementwise:
             if x.shape != t.shape:
                 raise ShapeError(f"input {i} of {self.name}() has shape {x.shape} but the output has shape {t.shape}")
 
-    def _make_plan(self, be: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _make_plan(self, be: Any, args: tuple[Any, ...]) -> "_Plan":
         """What a launch needs that depends only on the tensor arguments and the backend.
 
         Holds the arguments by weak reference only, so a cached plan never keeps memory alive.
@@ -143,27 +163,65 @@ class Elementwise:
             if x.buffer.backend is not be:
                 raise UsageError(f"{self.name}(): {x!r} lives on the {x.buffer.backend.name} backend, not {be.name}")
         tile = math.prod(out.tile)
-        block = min(256, (tile + 31) // 32 * 32)
-        if be.name == "cuda":
+        cuda = None
+        if be.name == "cuda" and t.size:
             fn, packer = _FUNCS.get(be, f"{self.name}_{_SFX[t.dtype.name]}", self._ctypes)
-        else:
-            fn, packer = None, None
-        ptrs = tuple(x.ptr for x in tensors)
-        grid = (math.prod(out.grid), 1, 1)
-        return (weak(args[: 1 + self.n_in]), be, fn, packer, ptrs, tile, grid, (block, 1, 1), t.size == 0)
+            block = min(256, (tile + 31) // 32 * 32)
+            grid = (math.prod(out.grid), 1, 1)
+            cuda = CudaPlan(fn, packer, grid, (block, 1, 1), 0, self._writes, tuple(x.ptr for x in tensors), tile)
+        return _Plan(weak(args[: 1 + self.n_in]), be, cuda, t.size == 0)
 
     def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, p: Any = None) -> None:
-        be = cx.backend
-        if p is None or p[1] is not be:  # args produced by ops, or the backend changed since the call
-            p = self._make_plan(be, args)
-        if p[8]:
+        if p is None or p.be is not cx.backend:  # args produced by ops, or the backend changed since the call
+            p = self._make_plan(cx.backend, args)
+        if p.empty:
             return  # empty tensor: nothing to do
         n = 1 + self.n_in
-        tensors = (args[0].tensor, *args[1:n])
-        if p[2] is not None:
-            launch_cuda(cx, self, p[2], p[3], p[6], p[7], 0, tensors, self._writes, p[4], args[n:], p[5])
+        if p.cuda is not None:
+            if n == 2:  # scale: the common case, without building a tuple by unpacking
+                launch_cuda(cx, self, p.cuda, (args[0].tensor, args[1]), args[2:])
+            else:
+                launch_cuda(cx, self, p.cuda, (args[0].tensor, *args[1:n]), args[n:])
         else:
+            tensors = (args[0].tensor, *args[1:n])
             launch_host(cx, self, self.host_impl, _host_args(args, self.n_in), tensors, self._writes)
+
+
+class _PlannedCall(KernelCall):
+    """A built-in call whose plain arguments match the kernel's cached plan: the launch path."""
+
+    __slots__ = ()
+
+    def __init__(self, k: Elementwise, args: tuple[Any, ...], plan: "_Plan") -> None:
+        self._used = None
+        self._k = k
+        self._args = args
+        self._plan = plan
+
+    def _run(self, cx: Any) -> tuple:
+        p = self._plan
+        c = p.cuda
+        if c is None or p.be is not cx.backend:
+            self._k.enqueue(cx, self._args, None, p)
+            return self._args
+        args = self._args
+        k = self._k
+        n = k._n_t
+        if n == 2:
+            launch_cuda(cx, k, c, (args[0].tensor, args[1]), args[2:])
+        else:
+            launch_cuda(cx, k, c, (args[0].tensor, *args[1:n]), args[n:])
+        return args
+
+
+class _Plan:
+    __slots__ = ("refs", "be", "cuda", "empty")
+
+    def __init__(self, refs: tuple[Any, ...], be: Any, cuda: "CudaPlan | None", empty: bool) -> None:
+        self.refs = refs
+        self.be = be
+        self.cuda = cuda
+        self.empty = empty
 
 
 def _host_args(args: tuple[Any, ...], n_in: int) -> tuple[Any, ...]:

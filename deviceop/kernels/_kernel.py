@@ -12,7 +12,7 @@ import numpy as np
 from .._dtypes import DType
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device._tensor import Partition, Tensor
-from ._launch import KernelCall, Packer, has_op, host_array, launch_cuda, launch_host
+from ._launch import CudaPlan, KernelCall, Packer, has_op, host_array, launch_cuda, launch_host
 from ._nvrtc import compile_cubin
 from ._params import TensorParam, ctype_of
 
@@ -40,7 +40,8 @@ class CompiledFunctions:
             hit = self._fns.get(key)
             if hit is None:
                 cubin = compile_cubin(self.source, self.module, be.arch, self.options)
-                hit = (be.load_function(cubin, name), Packer(ctypes_list))
+                fn = be.load_function(cubin, name)
+                hit = (fn, Packer(ctypes_list, int(fn)))
                 self._fns[key] = hit
         return hit
 
@@ -173,7 +174,7 @@ class Kernel:
             return  # an empty tensor: nothing to launch
         if cx.backend.name == "cuda":
             fn, packer = self.functions.get(cx.backend, self.name, self._ctypes)
-            launch_cuda(cx, self, fn, packer, g, block, shmem, tensors, writes, values, ())
+            launch_cuda(cx, self, CudaPlan(fn, packer, g, block, shmem, writes, tuple(values)), tuple(tensors), ())
         else:
             arrays = tuple(
                 host_array(a.tensor if type(a) is Partition else a) if isinstance(p, TensorParam) else p.np_dtype.type(a)

@@ -15,16 +15,19 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._errors import UsageError
-from ..device import _ledger
+from ..device import _fast, _ledger
 from ..device._tensor import Partition, Tensor
 from ..ops._base import DeviceOp
 
-__all__ = ["KernelCall", "Packer", "launch_cuda", "launch_host", "weak", "same", "has_op"]
+__all__ = ["KernelCall", "Packer", "CudaPlan", "launch_cuda", "launch_host", "weak", "same", "has_op"]
 
 try:
     from cuda.bindings.driver import cuLaunchKernel as _cuLaunchKernel
 except Exception:  # pragma: no cover
     _cuLaunchKernel = None
+
+_NLAUNCH = _fast.LAUNCH  # [native launch or None]: set when the cuda backend loads the driver
+_NHELD = _fast.LAUNCH_HELD  # [native check-held-and-launch or None]
 
 
 class Packer:
@@ -34,9 +37,10 @@ class Packer:
     (cuLaunchKernel copies the values before it returns).
     """
 
-    __slots__ = ("struct", "names", "addr", "_ptrs", "last_ptrs", "last_scalars")
+    __slots__ = ("struct", "names", "addr", "_ptrs", "last_ptrs", "last_scalars", "handle")
 
-    def __init__(self, ctypes_list: Sequence[Any]) -> None:
+    def __init__(self, ctypes_list: Sequence[Any], handle: int = 0) -> None:
+        self.handle = handle  # the CUfunction as an integer, for the native launch
         fields = [(f"a{i}", c) for i, c in enumerate(ctypes_list)]
         S = type("KernelParams", (ctypes.Structure,), {"_fields_": fields})
         self.struct = S()
@@ -105,46 +109,90 @@ def same(refs: tuple[Any, ...], args: tuple[Any, ...]) -> bool:
     return True
 
 
-def launch_cuda(
-    cx: Any, k: Any, fn: Any, packer: Packer, grid: tuple[int, int, int], block: tuple[int, int, int],
-    shmem: int, tensors: Sequence[Tensor], writes: Sequence[bool], ptrs: Sequence[int], scalars: Sequence[Any],
-    tail: Any = None,
-) -> None:
-    """Register the tensors' accesses with the ledger and launch ``fn`` with ``ptrs + scalars (+ tail)``.
+class CudaPlan:
+    """Everything a cuda launch needs that is fixed once the kernel and its tensors are known.
+
+    Built once per distinct set of tensor arguments (built-ins cache it by weak reference),
+    so the per-launch path only registers accesses, rewrites changed scalars and launches.
+    """
+
+    __slots__ = ("fn", "packer", "geom", "grid", "block", "shmem", "writes", "ptrs", "tail")
+
+    def __init__(
+        self, fn: Any, packer: Packer, grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int,
+        writes: Sequence[bool], ptrs: tuple[int, ...], tail: Any = None,
+    ) -> None:
+        self.fn = fn
+        self.packer = packer
+        self.grid = grid
+        self.block = block
+        self.shmem = shmem
+        self.geom = (packer.handle, *grid, *block, shmem)  # the native launch's first argument
+        self.writes = tuple(writes)
+        self.ptrs = ptrs
+        self.tail = tail
+
+
+def launch_cuda(cx: Any, k: Any, plan: CudaPlan, tensors: tuple[Tensor, ...], scalars: Sequence[Any]) -> None:
+    """Register the tensors' accesses with the ledger and launch ``plan`` with ``scalars``.
 
     The parameter block is rewritten only when it last served other arguments.
     """
-    touch = _ledger.touch
+    packer = plan.packer
     with _ledger.LOCK:
-        for t, write in zip(tensors, writes):
-            buf = t.buffer
-            lo, hi = t._span
-            acc = buf.accesses
-            if acc:
-                e = acc[-1]  # the chained case: this execution already holds the region
-                if e[0] is cx and e[1] <= lo and e[2] >= hi and (e[3] or not write) and _ledger.ENABLED[0]:
-                    continue
-            touch(cx, buf, lo, hi, write, k)
-        if packer.last_ptrs is not ptrs or packer.last_scalars != scalars:
-            st = packer.struct
-            names = packer.names
-            for name, v in zip(names, ptrs):
-                setattr(st, name, v)
-            i = len(ptrs)
-            for v in scalars:
-                setattr(st, names[i], v)
-                i += 1
-            if tail is not None:
-                setattr(st, names[i], tail)
-            packer.last_ptrs = ptrs
-            packer.last_scalars = scalars
-        err = _cuLaunchKernel(
-            fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shmem, cx.stream.handle, packer.addr, 0
-        )[0]
+        if packer.last_ptrs is not plan.ptrs or packer.last_scalars != scalars:
+            _pack(packer, plan, scalars)
+        if _NHELD[0] is not None and _ledger.ENABLED[0]:
+            # the chained case, checked and launched in C: cx already holds every region
+            err = _NHELD[0](cx, tensors, plan.writes, plan.geom, cx.stream.handle_int, packer.addr)
+            if err != -1:
+                if err:
+                    _check(err, k)
+                return
+        _register(cx, k, tensors, plan.writes)
+        nl = _NLAUNCH[0]
+        if nl is not None:
+            err = nl(plan.geom, cx.stream.handle_int, packer.addr)
+        else:
+            g, b = plan.grid, plan.block
+            err = _cuLaunchKernel(plan.fn, g[0], g[1], g[2], b[0], b[1], b[2], plan.shmem, cx.stream.handle, packer.addr, 0)[0]
     if err:
-        from ..device._cuda import cuda_error
+        _check(err, k)
 
-        raise cuda_error(err, f"cuLaunchKernel({k.name})")
+
+def _register(cx: Any, k: Any, tensors: Sequence[Tensor], writes: Sequence[bool]) -> None:
+    """Register each tensor's access with the ledger, skipping regions cx already holds."""
+    fast = _ledger.ENABLED[0]
+    for t, write in zip(tensors, writes):
+        buf = t.buffer
+        acc = buf.accesses
+        lo, hi = t._span
+        if acc and fast:
+            e = acc[-1]  # the chained case: this execution already holds the region
+            if e[0] is cx and e[1] <= lo and e[2] >= hi and (e[3] or not write):
+                continue
+        _ledger.touch(cx, buf, lo, hi, write, k)
+
+
+def _check(err: int, k: Any) -> None:
+    from ..device._cuda import cuda_error
+
+    raise cuda_error(err, f"cuLaunchKernel({k.name})")
+
+
+def _pack(packer: Packer, plan: CudaPlan, scalars: Sequence[Any]) -> None:
+    st = packer.struct
+    names = packer.names
+    for name, v in zip(names, plan.ptrs):
+        setattr(st, name, v)
+    i = len(plan.ptrs)
+    for v in scalars:
+        setattr(st, names[i], v)
+        i += 1
+    if plan.tail is not None:
+        setattr(st, names[i], plan.tail)
+    packer.last_ptrs = plan.ptrs
+    packer.last_scalars = scalars
 
 
 def launch_host(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Generator, Generic, TypeVar
 
 from .._errors import UsageError
 
@@ -96,6 +96,29 @@ class DeviceOp(Generic[T]):
         s = as_stream(stream)
         self._take("sync_on()")
         return run_sync(self, s, "sync_on()")  # type: ignore[no-any-return]
+
+    def __await__(self) -> "Generator[Any, None, T]":
+        """``await op``: run on the next pool stream; resume the task when the work is complete.
+
+        Works under asyncio, uvloop and trio. The event loop is never blocked: the await polls
+        briefly, then parks until a host function wakes it. Cancelling the task raises at once;
+        the GPU work still completes and its buffers stay alive until it does.
+        """
+        return self.wait().__await__()
+
+    def wait(self, timeout: float | None = None, stream: Any = None) -> "Coroutine[Any, Any, T]":
+        """``await op.wait(timeout=s, stream=st)``: ``await op`` with a timeout and a chosen stream.
+
+        Raises ``TimeoutError`` if the work is not complete after ``timeout`` seconds (the work
+        keeps running).
+        """
+        from ..executors._await import await_op, _check_timeout
+        from ..executors._terminals import as_stream
+
+        _check_timeout(timeout)
+        s = as_stream(stream)
+        self._take("await")
+        return await_op(self, s, "await", timeout)  # type: ignore[no-any-return]
 
     def submit(self, stream: Any = None) -> "DeviceFuture[T]":
         """Run on ``stream`` (default: the next pool stream) without waiting; return a future."""

@@ -1,0 +1,97 @@
+"""The optional native module (``deviceop._native``): which of its paths are on.
+
+Built by ``pip install`` where a C compiler exists. Without it, or with ``DEVICEOP_NATIVE=0``,
+launches go through cuda.bindings and await wake-ups through a watcher thread; behaviour is
+the same, only slower.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+try:
+    from .. import _native as native
+except ImportError:  # no compiler at install time: the pure-Python paths serve
+    native = None
+
+__all__ = ["native", "LAUNCH", "LAUNCH_HELD", "enable_driver", "available", "Channel"]
+
+#: [native launch function or None]; read on the launch path, set once the driver is loaded
+LAUNCH: list[Any] = [None]
+#: [native "launch if the execution already holds every region" or None]
+LAUNCH_HELD: list[Any] = [None]
+#: [True once cuLaunchHostFunc can be called natively]
+NOTIFY: list[bool] = [False]
+
+
+def available() -> bool:
+    """True if the native module is built and not disabled by ``DEVICEOP_NATIVE=0``."""
+    return native is not None and os.environ.get("DEVICEOP_NATIVE", "1") != "0"
+
+
+def enable_driver() -> bool:
+    """Bind the native launch/host-function paths to the libcuda cuda.bindings loaded."""
+    if not available() or not native.load_driver():
+        LAUNCH[0] = LAUNCH_HELD[0] = None
+        NOTIFY[0] = False
+        return False
+    LAUNCH[0] = native.launch
+    LAUNCH_HELD[0] = native.launch_held
+    NOTIFY[0] = True
+    return True
+
+
+class _PyChannel:
+    """The pure-Python twin of ``_native.Channel``: a token queue plus a wake-up fd."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._q: list[int] = []
+        if hasattr(os, "eventfd"):
+            self._r = self._w = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        else:  # pragma: no cover - not Linux
+            self._r, self._w = os.pipe()
+            os.set_blocking(self._r, False)
+            os.set_blocking(self._w, False)
+
+    def fileno(self) -> int:
+        return self._r
+
+    def push(self, token: int) -> None:
+        with self._lock:
+            self._q.append(token)
+            if len(self._q) == 1:
+                try:
+                    os.write(self._w, (1).to_bytes(8, "little"))
+                except BlockingIOError:
+                    pass  # the counter is already set: the reader wakes anyway
+
+    def drain(self) -> list[int]:
+        try:  # reset the fd before taking the queue, so a racing push is never lost
+            while os.read(self._r, 64) and self._r != self._w:
+                pass
+        except BlockingIOError:
+            pass
+        with self._lock:
+            q, self._q = self._q, []
+        return q
+
+    def pending_notes(self) -> int:
+        return 0
+
+    def __del__(self) -> None:
+        for fd in {self._r, self._w}:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def Channel() -> Any:
+    """A wake-up channel: native where built, else the Python twin."""
+    if available():
+        return native.Channel()
+    return _PyChannel()

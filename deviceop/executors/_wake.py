@@ -1,0 +1,135 @@
+"""Wake-ups for parked awaits: one channel per event loop, woken by host functions.
+
+A parked await registers a token with its loop's dispatcher and arms a notification: on cuda a
+native host function (``cuLaunchHostFunc``; no GIL, no CUDA call on the driver's thread) that
+pushes the token and writes the channel's eventfd; on the host backend a host function on its
+callback thread; without the native module, the stream's watcher thread. The loop watches the
+fd (asyncio/uvloop: ``add_reader``; trio: a system task in ``wait_readable``) and sets the
+awaiting task's event. Only this installation differs between event-loop libraries; the
+await path itself is one anyio code path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+from typing import Any
+
+from .._errors import UsageError
+from ..device import _fast
+from ._future import watch
+
+__all__ = ["dispatcher", "arm", "Dispatcher", "current_lib"]
+
+
+def current_lib() -> str:
+    """``"trio"`` or ``"asyncio"``: the event-loop library running the calling task."""
+    trio = sys.modules.get("trio")
+    if trio is not None and trio.lowlevel.in_trio_run():
+        return "trio"
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise UsageError(
+            "await needs a running event loop (asyncio, uvloop or trio); outside one use op.sync() "
+            "or op.submit().result()"
+        ) from None
+    return "asyncio"
+
+
+class Dispatcher:
+    """Tokens to waiters for one event loop; ``dispatch`` runs on that loop's thread."""
+
+    def __init__(self) -> None:
+        self.channel = _fast.Channel()
+        self.waiters: dict[int, Any] = {}
+        self._seq = itertools.count(1)
+        self.wakeups = 0
+
+    def register(self, waker: Any) -> int:
+        tok = next(self._seq)
+        self.waiters[tok] = waker
+        return tok
+
+    def unregister(self, tok: int) -> None:
+        self.waiters.pop(tok, None)
+
+    def dispatch(self) -> None:
+        self.wakeups += 1
+        pop = self.waiters.pop
+        for tok in self.channel.drain():
+            w = pop(tok, None)
+            if w is not None:  # None: that await was cancelled or timed out meanwhile
+                w.set()
+
+
+_lock = threading.Lock()
+_asyncio: dict[Any, Dispatcher] = {}
+_trio: dict[Any, Dispatcher] = {}
+
+
+def dispatcher() -> Dispatcher:
+    """The running event loop's dispatcher, installed on first use."""
+    lib = current_lib()
+    if lib == "asyncio":
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        d = _asyncio.get(loop)
+        if d is None:
+            with _lock:
+                for old in [lp for lp in _asyncio if lp.is_closed()]:
+                    del _asyncio[old]  # its channel closes once no notification is pending
+                d = _asyncio[loop] = Dispatcher()
+            loop.add_reader(d.channel.fileno(), d.dispatch)
+        return d
+    if lib == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+        d = _trio.get(token)
+        if d is None:
+            d = Dispatcher()
+            with _lock:
+                _trio[token] = d
+            trio.lowlevel.spawn_system_task(_trio_pump, d, token, name="deviceop wake-ups")
+    return d
+
+
+async def _trio_pump(d: Dispatcher, token: Any) -> None:
+    import trio
+
+    try:
+        fd = d.channel.fileno()
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            d.dispatch()
+    finally:
+        with _lock:
+            _trio.pop(token, None)
+
+
+def arm(d: Dispatcher, tok: int, stream: Any, event: Any) -> None:
+    """Push ``tok`` to ``d`` once ``stream`` passes ``event`` (recorded on it)."""
+    be = stream.backend
+    if be.name == "cuda" and _fast.NOTIFY[0] and type(d.channel) is not _fast._PyChannel:
+        err = d.channel.notify(stream.handle_int, tok)
+        if err == 0:
+            return
+        # the context is failing: the periodic re-check reports the error
+        return
+    ch = d.channel
+    if be.name == "host":
+        stream.launch_host_func(lambda: ch.push(tok))
+    else:
+        watch(stream, event, then=lambda: ch.push(tok))
+
+
+def stats() -> dict[str, int]:
+    """Installed dispatchers and their wake-ups (for tests and diagnostics)."""
+    with _lock:
+        ds = list(_asyncio.values()) + list(_trio.values())
+    return {"dispatchers": len(ds), "wakeups": sum(d.wakeups for d in ds), "waiting": sum(len(d.waiters) for d in ds)}

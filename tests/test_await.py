@@ -1,0 +1,350 @@
+"""``await op`` / ``await future`` under asyncio, uvloop and trio, on every backend.
+
+The event-loop library comes from anyio's pytest plugin (``anyio_backend``), the device
+backend from the suite's ``backend`` fixture, so every test runs on each combination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+import deviceop as do
+from deviceop.executors import _wake
+
+from helpers import slow_copy, slow_fill
+
+K = do.kernels
+
+LOOPS = [
+    pytest.param(("asyncio", {}), id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    pytest.param(("trio", {}), id="trio"),
+]
+
+
+@pytest.fixture(params=LOOPS)
+def anyio_backend(request: pytest.FixtureRequest):
+    name, opts = request.param
+    if name == "trio":
+        pytest.importorskip("trio")
+    if opts.get("use_uvloop"):
+        pytest.importorskip("uvloop")
+    return name, opts
+
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=[50e-6, 0.0], ids=["poll", "park"])
+def budget(request: pytest.FixtureRequest):
+    """The default poll budget, and 0 (park at once: every await goes through a wake-up)."""
+    old = do.poll_budget()
+    do.set_poll_budget(request.param)
+    yield request.param
+    do.set_poll_budget(old)
+
+
+# -- results -----------------------------------------------------------------------------------
+async def test_await_results(backend, anyio_backend, budget) -> None:
+    x0 = np.arange(1000, dtype=np.float32)
+    x = await do.from_numpy(x0)
+    y = await do.zeros(1000, do.float32)
+    out = await K.scale(y.partition((100,)), x, 2.0)
+    assert out[0].tensor is y and out[1] is x and out[2] == 2.0
+    np.testing.assert_array_equal(y.numpy(), x0 * 2)
+    got = await K.add(y.partition((100,)), y, x).then(lambda o: do.to_numpy(o[0].tensor))
+    np.testing.assert_array_equal(got, x0 * 3)
+    a, b = await do.zip(do.value(1), do.full(3, 7.0, do.float16).then(do.to_numpy))
+    assert a == 1 and b.tolist() == [7.0, 7.0, 7.0]
+    assert await do.value("v").map(str.upper) == "V"
+
+
+async def test_await_shared_and_submit(backend, anyio_backend, budget) -> None:
+    s = do.full(128, 3.0, do.float32).shared()
+    t1 = await s
+    t2 = await s
+    assert t1 is t2
+    fut = do.to_numpy(t1).submit()
+    got = await fut
+    assert got.tolist() == [3.0] * 128 and fut.done()
+    assert await fut is got  # awaiting a completed future again returns the same output
+    fut2 = slow_fill(t1, 5.0, 0.05).submit()
+    assert (await fut2.wait(timeout=30))[0].tensor is t1
+    assert t1.numpy()[0] == 5.0
+
+
+# -- many awaits at once -------------------------------------------------------------------------
+async def test_many_concurrent_awaits(backend_kind, anyio_backend) -> None:
+    """10 000 ops over 32 streams from one loop: every result right, memory back to baseline."""
+    be = do.use_backend(backend_kind, streams=32)
+    if backend_kind == "host":
+        do.set_host_chaos(0.0001)
+    try:
+        for s in be.streams:
+            s.synchronize()
+        gc.collect()
+        base = do.used_bytes()
+        n_ops = 10_000
+        wrong: list[int] = []
+        limit = anyio.CapacityLimiter(2000)
+
+        async def one(i: int) -> None:
+            async with limit:
+                v = float(i % 997)
+                got = await do.full(8, v, do.float32).then(do.to_numpy)
+                if not (got == v).all():
+                    wrong.append(i)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(n_ops):
+                tg.start_soon(one, i)
+        assert wrong == []
+        gc.collect()
+        for s in be.streams:
+            s.synchronize()
+        assert do.used_bytes() == base
+    finally:
+        do.set_host_chaos(0)
+        do.use_backend(backend_kind)
+
+
+# -- cancellation ----------------------------------------------------------------------------------
+async def test_cancel_at_random_points(backend, anyio_backend) -> None:
+    """Cancelled awaits raise at once; their work completes; the ledger orders later readers."""
+    rng = random.Random(1234)
+    srcs = [await do.full(256, float(i + 1), do.float32) for i in range(6)]
+    dsts = [await do.zeros(256, do.float32) for _ in range(6)]
+    for src, dst in zip(srcs, dsts):
+        with anyio.move_on_after(rng.uniform(0, 0.03)) as scope:
+            await slow_copy(dst, src, 0.05)
+        if scope.cancelled_caught:
+            # the copy is still running on its stream: a later op reading dst must see it
+            assert (await do.to_numpy(dst) == src.numpy()).all()
+        else:
+            assert (dst.numpy() == src.numpy()).all()
+
+
+async def test_cancel_keeps_buffers_alive(backend, anyio_backend) -> None:
+    """The task that owned the only names of the buffers is cancelled; the work still completes."""
+    gc.collect()
+    base = do.used_bytes()
+    seen: list[np.ndarray] = []
+
+    async def owner() -> None:
+        t = await do.zeros(4096, do.float32)
+        await slow_fill(t, 9.0, 0.1).inspect(lambda o: seen.append(o[0].tensor))
+
+    with anyio.move_on_after(0.02) as scope:
+        await owner()
+    assert scope.cancelled_caught
+    t = seen.pop()
+    assert (await do.to_numpy(t) == 9.0).all()  # ordered after the cancelled fill
+    del t
+    await anyio.sleep(0.15)
+    gc.collect()
+    for s in do.streams():
+        s.synchronize()
+    assert do.used_bytes() == base
+
+
+async def test_timeout(backend, anyio_backend) -> None:
+    t = await do.zeros(128, do.float32)
+    t0 = time.perf_counter()
+    with pytest.raises(TimeoutError, match="keeps running"):
+        await slow_fill(t, 4.0, 0.3).wait(timeout=0.02)
+    assert time.perf_counter() - t0 < 0.25
+    assert (await do.to_numpy(t) == 4.0).all()
+    fut = slow_fill(t, 6.0, 0.3).submit()
+    with pytest.raises(TimeoutError):
+        await fut.wait(timeout=0.01)
+    assert (await fut.wait(timeout=30))[0].tensor is t
+    assert t.numpy()[0] == 6.0
+
+
+async def test_parked_await_costs_little_cpu(backend, anyio_backend) -> None:
+    """A long op is awaited by parking, not polling: the process barely uses the CPU."""
+    t = await do.zeros(128, do.float32)
+    await slow_fill(t, 1.0, 0.01)  # compile and warm up
+    c0, w0 = time.process_time(), time.perf_counter()
+    await slow_fill(t, 2.0, 0.3)
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    assert wall >= 0.25
+    assert cpu < 0.1 * wall, f"awaiting used {cpu / wall:.0%} of a core"
+
+
+# -- several loops -------------------------------------------------------------------------------
+def test_two_loops_in_two_threads(backend) -> None:
+    errors: list[BaseException] = []
+
+    async def work(k: int) -> None:
+        for i in range(50):
+            v = float(k * 100 + i)
+            got = await do.full(16, v, do.float32).then(do.to_numpy)
+            assert (got == v).all()
+
+    def run(lib: str, k: int) -> None:
+        try:
+            if lib == "trio":
+                import trio
+
+                trio.run(work, k)
+            else:
+                asyncio.run(work(k))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    libs = ["asyncio", "trio"] if _has("trio") else ["asyncio", "asyncio"]
+    threads = [threading.Thread(target=run, args=(lib, k)) for k, lib in enumerate(libs)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors, errors
+
+
+def _has(mod: str) -> bool:
+    try:
+        __import__(mod)
+        return True
+    except ImportError:
+        return False
+
+
+# -- errors --------------------------------------------------------------------------------------
+async def test_bad_input(backend, anyio_backend) -> None:
+    op = do.value(1)
+    with pytest.raises(do.UsageError, match="timeout"):
+        op.wait(timeout=-1)
+    assert await op == 1
+    with pytest.raises(do.UsageError, match="already consumed"):
+        await op
+    with pytest.raises(do.UsageError, match="not a deviceop stream"):
+        do.value(1).wait(stream="s0")
+    with pytest.raises(do.UsageError, match="poll budget"):
+        do.set_poll_budget(-1)
+
+
+async def test_host_fault_fails_parked_await(host_backend, anyio_backend) -> None:
+    """Host functions never run after a context error; a parked await still fails, promptly."""
+    do.set_poll_budget(0)
+    try:
+        t = await do.zeros(128, do.float32)
+
+        def boom(out: np.ndarray, *rest: object) -> None:
+            raise FloatingPointError("planted fault")
+
+        bad = K.Kernel("unused", "boom", params=(K.Out(do.float32),), host=boom)
+        before = slow_fill(t, 1.0, 0.05).submit()
+        t0 = time.perf_counter()
+        with pytest.raises(do.CudaError, match="planted fault|LAUNCH_FAILED"):
+            await bad(t.partition((128,))).then(lambda o: slow_fill(t, 2.0, 0.01))
+        assert time.perf_counter() - t0 < 5
+        try:  # ran before the fault (the ledger ordered it first); may still see the sticky error
+            await before.wait(timeout=5)
+        except do.CudaError:
+            pass
+        after = slow_fill(t, 3.0, 0.01).submit()  # enqueued on a failed context
+        with pytest.raises(do.CudaError):
+            await after.wait(timeout=5)
+        with pytest.raises(do.CudaError, match="unusable"):
+            await do.zeros(4, do.float32)
+    finally:
+        do.set_poll_budget(50e-6)
+        do.use_backend("host")
+
+
+def test_cuda_fault_fails_future_and_later_work(backend_kind) -> None:
+    """An out-of-bounds write in a user kernel: its await raises CudaError, later work says so."""
+    if backend_kind != "cuda":
+        pytest.skip("a device fault needs a GPU")
+    script = textwrap.dedent(
+        """
+        import asyncio, deviceop as do
+        K = do.kernels
+        SRC = 'extern "C" __global__ void oob(float* p) { p[(long long)threadIdx.x << 40] = 1.0f; }'
+        k = K.Kernel(SRC, "oob", params=(K.Out(do.float32),))
+        async def main():
+            t = await do.zeros(32, do.float32)
+            fut = do.full(32, 1.0, do.float32).submit()
+            try:
+                await k(t, grid=(1,), block=(32,))
+            except do.CudaError as e:
+                print("await:", e.name)
+            try:
+                fut.result(timeout=30)
+                print("future: ok")
+            except do.CudaError as e:
+                print("future:", e.name)
+            try:
+                await do.zeros(4, do.float32)
+            except do.CudaError as e:
+                print("later:", e.name)
+        asyncio.run(main())
+        """
+    )
+    env = dict(os.environ, DEVICEOP_BACKEND="cuda", PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("await: CUDA_ERROR_"), r.stdout
+    assert lines[1].startswith("future: "), r.stdout  # completed before the fault, or failed with it
+    assert lines[2].startswith("later: CUDA_ERROR_"), r.stdout
+
+
+# -- the wake-up channel -------------------------------------------------------------------------
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_channel_push_drain(native: bool) -> None:
+    from deviceop.device import _fast
+
+    if native and _fast.native is None:
+        pytest.skip("the native module is not built")
+    ch = _fast.native.Channel() if native else _fast._PyChannel()
+    import select
+
+    assert ch.drain() == []
+    assert select.select([ch.fileno()], [], [], 0)[0] == []
+    n_threads, per = 8, 2000
+
+    def pusher(k: int) -> None:
+        for i in range(per):
+            ch.push(k * per + i)
+
+    threads = [threading.Thread(target=pusher, args=(k,)) for k in range(n_threads)]
+    got: list[int] = []
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + 30
+    while len(got) < n_threads * per and time.monotonic() < deadline:
+        if select.select([ch.fileno()], [], [], 1.0)[0]:
+            got.extend(ch.drain())
+    for th in threads:
+        th.join()
+    got.extend(ch.drain())
+    assert sorted(got) == list(range(n_threads * per))  # every token exactly once, none lost
+    assert select.select([ch.fileno()], [], [], 0)[0] == []
+
+
+async def test_dispatcher_per_loop(backend, anyio_backend) -> None:
+    do.set_poll_budget(0)
+    try:
+        d = _wake.dispatcher()
+        assert _wake.dispatcher() is d  # one per loop
+        before = d.wakeups
+        t = await do.zeros(128, do.float32)
+        await slow_fill(t, 1.0, 0.01)
+        assert d.wakeups > before and not d.waiters  # woken through the channel; nothing left waiting
+        assert _wake.stats()["dispatchers"] >= 1
+    finally:
+        do.set_poll_budget(50e-6)
