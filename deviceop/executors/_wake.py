@@ -116,10 +116,8 @@ def arm(d: Dispatcher, tok: int, stream: Any, event: Any) -> None:
     """Push ``tok`` to ``d`` once ``stream`` passes ``event`` (recorded on it)."""
     be = stream.backend
     if be.name == "cuda" and _fast.NOTIFY[0] and type(d.channel) is not _fast._PyChannel:
-        err = d.channel.notify(stream.handle_int, tok)
-        if err == 0:
-            return
-        # the context is failing: the periodic re-check reports the error
+        # a non-zero result means the context is failing: the parked re-check reports it
+        d.channel.notify(stream.handle_int, tok)
         return
     ch = d.channel
     if be.name == "host":
