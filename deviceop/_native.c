@@ -41,7 +41,6 @@ typedef struct chan {
     uint64_t *buf;
     size_t n, cap;
     long refs;           /* the Python owner + every pending host function */
-    int pushes;          /* tokens pushed since creation (statistics for tests) */
 } chan;
 
 static void chan_unref_locked(chan *c, int *freed) {
@@ -73,7 +72,6 @@ static int chan_push(chan *c, uint64_t token) {
         c->cap = cap;
     }
     c->buf[c->n++] = token;
-    c->pushes++;
     if (c->n == 1) {
         uint64_t one = 1;
         ssize_t w;
@@ -112,6 +110,10 @@ typedef struct {
 static int Channel_init(Channel *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kw, ":Channel", kwlist)) return -1;
+    if (self->c != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Channel is already initialised; make a new one");
+        return -1;
+    }
     chan *c = (chan *)calloc(1, sizeof(chan));
     if (c == NULL) {
         PyErr_NoMemory();
@@ -137,14 +139,6 @@ static int Channel_init(Channel *self, PyObject *args, PyObject *kw) {
         c->wfd = p[1];
     }
     c->refs = 1;
-    if (self->c != NULL) { /* __init__ called twice: drop the old channel */
-        chan *old = self->c;
-        int freed;
-        pthread_mutex_lock(&old->mu);
-        chan_unref_locked(old, &freed);
-        pthread_mutex_unlock(&old->mu);
-        if (freed) chan_free(old);
-    }
     self->c = c;
     return 0;
 }
@@ -225,15 +219,6 @@ static PyObject *Channel_drain(Channel *self, PyObject *unused) {
     return out;
 }
 
-static PyObject *Channel_pending_notes(Channel *self, PyObject *unused) {
-    chan *c = need(self);
-    if (c == NULL) return NULL;
-    pthread_mutex_lock(&c->mu);
-    long refs = c->refs - 1;
-    pthread_mutex_unlock(&c->mu);
-    return PyLong_FromLong(refs);
-}
-
 /* notify(stream_handle, token): enqueue the host function that pushes ``token`` when the
  * stream reaches this point. Returns the CUresult (0 on success). */
 static PyObject *Channel_notify(Channel *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -278,8 +263,6 @@ static PyMethodDef Channel_methods[] = {
     {"drain", (PyCFunction)Channel_drain, METH_NOARGS, "drain() -> list of tokens pushed since the last drain."},
     {"notify", (PyCFunction)(void (*)(void))Channel_notify, METH_FASTCALL,
      "notify(stream_handle, token) -> CUresult: push token when the stream gets here."},
-    {"pending_notes", (PyCFunction)Channel_pending_notes, METH_NOARGS,
-     "How many enqueued host functions have not run yet."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -79,9 +79,6 @@ class _PyChannel:
             q, self._q = self._q, []
         return q
 
-    def pending_notes(self) -> int:
-        return 0
-
     def __del__(self) -> None:
         for fd in {self._r, self._w}:
             try:

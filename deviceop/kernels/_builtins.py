@@ -176,14 +176,11 @@ class Elementwise:
             p = self._make_plan(cx.backend, args)
         if p.empty:
             return  # empty tensor: nothing to do
-        n = 1 + self.n_in
+        n = self._n_t
+        tensors = (args[0].tensor, *args[1:n])
         if p.cuda is not None:
-            if n == 2:  # scale: the common case, without building a tuple by unpacking
-                launch_cuda(cx, self, p.cuda, (args[0].tensor, args[1]), args[2:])
-            else:
-                launch_cuda(cx, self, p.cuda, (args[0].tensor, *args[1:n]), args[n:])
+            launch_cuda(cx, self, p.cuda, tensors, args[n:])
         else:
-            tensors = (args[0].tensor, *args[1:n])
             launch_host(cx, self, self.host_impl, _host_args(args, self.n_in), tensors, self._writes)
 
 
@@ -207,7 +204,7 @@ class _PlannedCall(KernelCall):
         args = self._args
         k = self._k
         n = k._n_t
-        if n == 2:
+        if n == 2:  # scale: the common case, without building a tuple by unpacking
             launch_cuda(cx, k, c, (args[0].tensor, args[1]), args[2:])
         else:
             launch_cuda(cx, k, c, (args[0].tensor, *args[1:n]), args[n:])

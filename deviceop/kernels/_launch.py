@@ -147,7 +147,7 @@ def launch_cuda(cx: Any, k: Any, plan: CudaPlan, tensors: tuple[Tensor, ...], sc
             err = _NHELD[0](cx, tensors, plan.writes, plan.geom, cx.stream.handle_int, packer.addr)
             if err != -1:
                 if err:
-                    _check(err, k)
+                    _raise_launch_error(err, k)
                 return
         _register(cx, k, tensors, plan.writes)
         nl = _NLAUNCH[0]
@@ -157,24 +157,18 @@ def launch_cuda(cx: Any, k: Any, plan: CudaPlan, tensors: tuple[Tensor, ...], sc
             g, b = plan.grid, plan.block
             err = _cuLaunchKernel(plan.fn, g[0], g[1], g[2], b[0], b[1], b[2], plan.shmem, cx.stream.handle, packer.addr, 0)[0]
     if err:
-        _check(err, k)
+        _raise_launch_error(err, k)
 
 
 def _register(cx: Any, k: Any, tensors: Sequence[Tensor], writes: Sequence[bool]) -> None:
-    """Register each tensor's access with the ledger, skipping regions cx already holds."""
-    fast = _ledger.ENABLED[0]
+    """Register each tensor's access with the ledger (``touch`` skips regions cx already holds)."""
+    touch = _ledger.touch
     for t, write in zip(tensors, writes):
-        buf = t.buffer
-        acc = buf.accesses
         lo, hi = t._span
-        if acc and fast:
-            e = acc[-1]  # the chained case: this execution already holds the region
-            if e[0] is cx and e[1] <= lo and e[2] >= hi and (e[3] or not write):
-                continue
-        _ledger.touch(cx, buf, lo, hi, write, k)
+        touch(cx, t.buffer, lo, hi, write, k)
 
 
-def _check(err: int, k: Any) -> None:
+def _raise_launch_error(err: int, k: Any) -> None:
     from ..device._cuda import cuda_error
 
     raise cuda_error(err, f"cuLaunchKernel({k.name})")
@@ -205,8 +199,7 @@ def launch_host(
             "pass host=fn to Kernel(...) or run on a CUDA device"
         )
     with _ledger.LOCK:
-        for t, write in zip(tensors, writes):
-            _ledger.touch(cx, t.buffer, t._span[0], t._span[1], write, k)
+        _register(cx, k, tensors, writes)
         cx.backend.launch_host_kernel(host_fn, arrays, cx.stream)
 
 
