@@ -5,7 +5,7 @@ into pipelines that run synchronously (``sync``), are awaited (``await op``, und
 uvloop or trio) or are submitted (``submit``) across a pool of CUDA streams. The ``host`` backend emulates a device where no GPU is present.
 """
 
-from . import kernels
+from . import graph, kernels
 from ._dtypes import DType, bfloat16, float16, float32, int32, int64, uint8
 from ._errors import (
     BackendError,
@@ -60,7 +60,7 @@ __all__ = [
     "float16", "bfloat16", "float32", "int32", "int64", "uint8",
     "value", "zeros", "ones", "full", "empty", "from_numpy", "to_numpy", "from_dlpack", "zip",
     "backend_name", "use_backend", "next_stream", "streams", "used_bytes", "native_enabled",
-    "set_borrow_policy", "borrow_policy", "set_host_chaos", "set_poll_budget", "poll_budget", "kernels",
+    "set_borrow_policy", "borrow_policy", "set_host_chaos", "set_poll_budget", "poll_budget", "kernels", "graph",
     "DeviceOpError", "BackendError", "BorrowError", "CaptureError", "CompileError", "CudaError",
     "ShapeError", "DTypeError", "UsageError", "DeviceOpWarning",
 ]

@@ -52,8 +52,19 @@ def measure_deviceop(n_ops: int, reps: int, warmup: int) -> list[dict]:
             op = op.then(step)
         op.sync_on(s)
 
+    def chain_op() -> do.DeviceOp:
+        op = K.scale(yp, x, G)
+        for _ in range(n_ops - 1):
+            op = op.then(step)
+        return op
+
+    g = chain_op().graph()  # recorded once, outside the timed region (as every graph column is)
+
+    def graph() -> None:
+        g.launch().sync_on(s)
+
     out = []
-    for mode, fn in (("sync_each", sync_each), ("chained", chained)):
+    for mode, fn in (("sync_each", sync_each), ("chained", chained), ("graph", graph)):
         samples = _refs._time_reps(fn, reps, warmup)
         out.append(_refs._summary("deviceop", mode, n_ops, samples, reps))
     out.extend(measure_await(n_ops, reps, warmup, yp, x, s))
@@ -164,6 +175,94 @@ def paired_chain(n_ops: int, reps: int, warmup: int) -> dict:
     }
 
 
+def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5) -> dict:
+    """deviceop ``g.launch().sync_on(s)`` against raw cuda.bindings cuGraphLaunch + sync of the same
+    N-kernel graph, interleaved rep by rep after a time-based warm-up.
+
+    A graph of N small kernels runs at the GPU's node rate, which follows its clocks: both sides
+    get the same warm GPU, as the CUDA C++ binary's graph (run right after its chained mode) does.
+    """
+    from cuda.bindings import driver
+
+    K = do.kernels
+    st = _refs._raw_state()
+    gexec = st.graph_exec(n_ops)
+    glaunch, sync, rstream = driver.cuGraphLaunch, driver.cuStreamSynchronize, st.stream
+    s = do.next_stream()
+    x = do.from_numpy(np.full(N_ELEMS, 1.5, dtype=np.float16)).sync_on(s)
+    y = do.zeros(N_ELEMS, do.float16).sync_on(s)
+    op = K.scale(y.partition((128,)), x, G)
+    for _ in range(n_ops - 1):
+        op = op.then(lambda o: K.scale(*o))
+    g = op.graph()
+
+    def raw() -> None:
+        glaunch(gexec, rstream)
+        sync(rstream)
+
+    def dev() -> None:
+        g.launch().sync_on(s)
+
+    t_end = time.perf_counter() + warmup_s
+    while time.perf_counter() < t_end:
+        raw()
+        dev()
+    samples: dict[str, list[float]] = {"raw_bindings": [], "deviceop": []}
+    clock = time.perf_counter_ns
+    for _ in range(reps):
+        for name, fn in (("raw_bindings", raw), ("deviceop", dev)):
+            t = clock()
+            fn()
+            samples[name].append((clock() - t) / 1e3 / n_ops)
+    if not np.array_equal(y.numpy(), np.full(N_ELEMS, 0.75, np.float16)):
+        raise AssertionError("deviceop graph replay produced wrong values")
+    med = {k: float(np.median(v)) for k, v in samples.items()}
+    ratio = [d / r for d, r in zip(samples["deviceop"], samples["raw_bindings"])]
+    return {"n_ops": n_ops, "reps": reps, "us_per_op_median": med,
+            "deviceop_over_raw_median_of_ratios": float(np.median(ratio))}
+
+
+def graph_update_cost(n_ops: int, reps: int) -> dict:
+    """Re-pointing an N-kernel graph at other buffers: update in place vs record + instantiate.
+
+    Both include building the op chain and recording it (what a user pays either way).
+    """
+    K = do.kernels
+    s = do.next_stream()
+    xs = [do.from_numpy(np.full(N_ELEMS, 1.5, dtype=np.float16)).sync_on(s) for _ in range(2)]
+    ys = [do.zeros(N_ELEMS, do.float16).sync_on(s) for _ in range(2)]
+
+    def chain_op(i: int) -> do.DeviceOp:
+        op = K.scale(ys[i].partition((128,)), xs[i], G)
+        for _ in range(n_ops - 1):
+            op = op.then(lambda o: K.scale(*o))
+        return op
+
+    g = chain_op(0).graph()
+    clock = time.perf_counter_ns
+    upd, new, rec = [], [], []
+    for r in range(reps + 2):
+        t = clock()
+        how = g.update(chain_op(r % 2))
+        t1 = clock()
+        g2 = chain_op(r % 2).graph()
+        t2 = clock()
+        with do.graph.scope(update=g2) as sc:  # recording alone: the update's lower bound
+            sc.record(chain_op(r % 2))
+            t3 = clock()
+        if how != "updated":
+            raise AssertionError(f"same-structure update was {how}")
+        if r >= 2:
+            upd.append((t1 - t) / 1e3)
+            new.append((t2 - t1) / 1e3)
+            rec.append((t3 - t2) / 1e3)
+        g.launch().sync_on(s)
+        g2.launch().sync_on(s)
+    med = {"update_us": float(np.median(upd)), "record_and_instantiate_us": float(np.median(new)),
+           "record_only_us": float(np.median(rec))}
+    return {"n_ops": n_ops, "reps": reps, **med, "update_over_instantiate": med["update_us"] / med["record_and_instantiate_us"]}
+
+
 def machine_info() -> dict:
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -231,16 +330,36 @@ def main(argv: list[str] | None = None) -> int:
     for n in sizes:
         paired.append(paired_chain(n, a.reps, a.warmup))
         print(json.dumps(paired[-1]), file=sys.stderr)
+    graphs = []
+    for n in sizes:
+        graphs.append(paired_graph(n, a.reps))
+        print(json.dumps(graphs[-1]), file=sys.stderr)
     if a.chain_bin:
         results.extend(r for r in _refs.run_chain_bin(a.chain_bin, a.reps) if r["n_ops"] in sizes)
-    doc = {"experiment": "exec_modes", "elements": N_ELEMS, "machine": machine_info(), "results": results, "ratios": ratios(results), "paired_chained": paired}
+        cpp = {r["n_ops"]: r["us_per_op_median"] for r in results if r["impl"] == "cuda_cpp" and r["mode"] == "graph"}
+        for p in graphs:
+            if p["n_ops"] in cpp:
+                p["cuda_cpp_us_per_op_median"] = cpp[p["n_ops"]]
+                p["deviceop_over_cuda_cpp"] = p["us_per_op_median"]["deviceop"] / cpp[p["n_ops"]]
+    update = graph_update_cost(max(sizes), max(10, min(a.reps, 50)))
+    doc = {"experiment": "exec_modes", "elements": N_ELEMS, "machine": machine_info(), "results": results,
+           "ratios": ratios(results), "paired_chained": paired, "paired_graph": graphs, "graph_update": update}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
     _refs._print_table(results, sizes)
     for r in doc["ratios"]:
-        if r["vs"] == "raw_bindings":
-            print(f"deviceop {r['mode']:<20} N={r['n_ops']:<5} {r['ratio']:.3f}x raw cuda.bindings")
+        if r["vs"] == "raw_bindings" or (r["mode"] == "graph" and r["vs"] == "cuda_cpp"):
+            print(f"deviceop {r['mode']:<20} N={r['n_ops']:<5} {r['ratio']:.3f}x {r['vs']}")
+    print("paired graph replays (interleaved with raw cuda.bindings after a warm-up):")
+    for p in graphs:
+        m = p["us_per_op_median"]
+        cpp_s = f"  C++ {p['cuda_cpp_us_per_op_median']:.3f} -> {p['deviceop_over_cuda_cpp']:.3f}x C++" if "deviceop_over_cuda_cpp" in p else ""
+        print(f"  N={p['n_ops']:<5} raw {m['raw_bindings']:.3f}  deviceop {m['deviceop']:.3f} us/op -> "
+              f"{p['deviceop_over_raw_median_of_ratios']:.3f}x raw{cpp_s}")
+    print(f"graph update, N={update['n_ops']}: update in place {update['update_us']:.0f} us, record + instantiate "
+          f"{update['record_and_instantiate_us']:.0f} us, record alone {update['record_only_us']:.0f} us "
+          f"({update['update_over_instantiate']:.2f}x)")
     print("paired (interleaved rep by rep), chained:")
     for p in paired:
         m = p["us_per_op_median"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .._errors import UsageError
+from .._errors import CaptureError, UsageError
 from ..ops._base import DeviceOp
 
 __all__ = ["Shared"]
@@ -44,6 +44,9 @@ class Shared(DeviceOp[Any]):
                 except BaseException as e:
                     self._state = ("error", e)
                     raise
+                if cx.capturing:  # its work exists only in the graph: no event to wait on outside it
+                    self._state = ("captured", out, None, cx)
+                    return out
                 ev = cx.backend.new_event()
                 cx.stream.record(ev)
                 self._state = ("ok", out, ev, cx.stream)
@@ -52,7 +55,19 @@ class Shared(DeviceOp[Any]):
             raise UsageError(
                 "this shared op failed in its first execution and has no output; build it anew"
             ) from st[1]
-        _, out, ev, stream = st
+        kind, out, ev, stream = st
+        if kind == "captured":
+            if stream is not cx:  # (holds the recording's execution context)
+                raise CaptureError(
+                    "this shared op first ran inside a graph recording, so its output is computed "
+                    "only by that graph's replays; consume it inside the same recording, or run it "
+                    "(shared) before the scope"
+                )
+            return out
+        if cx.capturing:
+            # recording: the replay's ledger registration orders it after that work instead
+            # (a recorded wait on an event from outside the recording is refused by the driver)
+            return out
         if stream is not cx.stream:
             cx.stream.wait(ev)
         return out

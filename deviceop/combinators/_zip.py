@@ -14,6 +14,7 @@ from typing import Any
 from .._errors import UsageError
 from ..ops._base import DeviceOp
 from ..ops._leaf import Value
+from ._shared import Shared
 
 __all__ = ["Zip", "zip_ops"]
 
@@ -63,7 +64,8 @@ def zip_ops(*ops: DeviceOp[Any]) -> Zip:
             raise UsageError(
                 f"do.zip() argument {i} is {type(op).__name__}, not a DeviceOp; wrap plain values in do.value(x)"
             )
-    if len({id(op) for op in ops}) != len(ops):
+    once = [op for op in ops if not isinstance(op, Shared)]  # a shared op may appear any number of times
+    if len({id(op) for op in once}) != len(once):
         raise UsageError("do.zip() got the same op twice; use op.shared() to consume one result twice")
     for op in ops:
         op._take("do.zip()")

@@ -15,6 +15,7 @@ import numpy as np
 
 from .._errors import BackendError, CudaError
 from ._buffer import Buffer
+from ._capture import release
 
 __all__ = ["CudaBackend", "check"]
 
@@ -74,7 +75,7 @@ class CudaEvent:
 
     def __del__(self) -> None:
         try:
-            _drv.cuEventDestroy(self.handle)
+            release(_drv.cuEventDestroy, self.handle)
         except Exception:
             pass
 
@@ -89,6 +90,8 @@ class CudaStream:
         self.handle_int = int(self.handle)
 
     def __repr__(self) -> str:
+        if self.index < 0:
+            return f"<capture stream of {self.backend.device_label}>"
         return f"<Stream {self.index} of {self.backend.device_label}>"
 
     def __cuda_stream__(self) -> tuple[int, int]:
@@ -193,6 +196,9 @@ class CudaBackend:
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
         self._modules: dict[bytes, Any] = {}
         self._mod_lock = threading.Lock()
+        from ._cuda_graph import CudaGraphs
+
+        self.graphs = CudaGraphs(self)
         # the native launch and host-function paths bind to the libcuda loaded above
         from . import _fast
 
@@ -230,7 +236,7 @@ class CudaBackend:
     def free(self, buf: Buffer) -> None:
         self.make_current()
         stream = buf.last_stream if buf.last_stream is not None else self.streams[0]
-        _drv.cuMemFreeAsync(buf.ptr, stream.handle)
+        release(_drv.cuMemFreeAsync, buf.ptr, stream.handle)
 
     def used_bytes(self) -> int:
         """Bytes of the device memory pool currently handed out."""

@@ -63,14 +63,21 @@ class HostStream:
         self._q: "queue.SimpleQueue[tuple[Callable[[], Any], bool]]" = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._pending = 0
+        self._capture: list[tuple[Callable[[], Any], bool]] | None = None  # recording: items go here
         t = threading.Thread(target=self._work, name=f"deviceop-host-stream-{index}", daemon=True)
         t.start()
 
     def __repr__(self) -> str:
+        if self.index < 0:
+            return "<capture stream of host>"
         return f"<Stream {self.index} of host>"
 
     def enqueue(self, fn: Callable[[], Any], always: bool = False) -> None:
         """Queue ``fn``; ``always`` items (event markers) run even after a context error."""
+        cap = self._capture
+        if cap is not None:  # recording a graph: keep the work for replays instead of running it
+            cap.append((fn, always))
+            return
         with self._cond:
             self._pending += 1
         self._q.put((fn, always))
@@ -127,6 +134,70 @@ class HostStream:
         self.enqueue(run)
 
 
+class _HostRaw:
+    """A recorded host graph: the work items in stream order."""
+
+    __slots__ = ("items", "nodes")
+
+    def __init__(self, items: list[tuple[Callable[[], Any], bool]]) -> None:
+        self.items = tuple(items)
+        self.nodes = len(items)
+
+
+class _HostExec:
+    __slots__ = ("items",)
+
+    def __init__(self, items: tuple[tuple[Callable[[], Any], bool], ...]) -> None:
+        self.items = items
+
+
+class HostGraphs:
+    """Graph capture on the host backend: a recording keeps the work, a replay enqueues it again.
+
+    As on CUDA, an update in place needs the same structure; here that is the same number of
+    work items (the emulated driver cannot tell kernels apart further).
+    """
+
+    def __init__(self, backend: "HostBackend") -> None:
+        self.backend = backend
+        self._free: list[HostStream] = []
+        self._lock = threading.Lock()
+
+    def acquire_stream(self) -> HostStream:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return HostStream(self.backend, -1)
+
+    def release_stream(self, stream: HostStream) -> None:
+        with self._lock:
+            self._free.append(stream)
+
+    def begin(self, stream: HostStream) -> None:
+        stream._capture = []
+
+    def end(self, stream: HostStream) -> _HostRaw:
+        items, stream._capture = stream._capture or [], None
+        return _HostRaw(items)
+
+    def nodes(self, raw: _HostRaw) -> int:
+        return raw.nodes
+
+    def instantiate(self, raw: _HostRaw, stream: HostStream) -> _HostExec:
+        return _HostExec(raw.items)
+
+    def update(self, ex: _HostExec, raw: _HostRaw) -> bool:
+        if len(ex.items) != raw.nodes:
+            return False
+        ex.items = raw.items
+        return True
+
+    def launch(self, ex: _HostExec, stream: HostStream) -> None:
+        self.backend.raise_if_error()
+        for fn, always in ex.items:
+            stream.enqueue(fn, always)
+
+
 class HostBackend:
     """The emulated device (see module docstring)."""
 
@@ -145,6 +216,7 @@ class HostBackend:
         self.callbacks: "queue.SimpleQueue[tuple[Callable[[], Any], threading.Event]]" = queue.SimpleQueue()
         threading.Thread(target=self._callback_loop, name="deviceop-host-callbacks", daemon=True).start()
         self.streams = [HostStream(self, i) for i in range(pool_size)]
+        self.graphs = HostGraphs(self)
 
     def _callback_loop(self) -> None:
         while True:

@@ -56,6 +56,14 @@ def touch(cx: "ExecutionContext", buf: "Buffer", lo: int, hi: int, write: bool, 
 
     Call with LOCK held, right before the launch that performs the access.
     """
+    cap = cx.captured
+    if cap is not None:
+        # recording a graph: nothing runs now, so nothing to order; the replay registers these
+        key = (id(buf), lo, hi, write)
+        if key not in cap:
+            cap[key] = (buf, lo, hi, write)
+            cx.buffers.append(buf)
+        return
     if not _policy["enabled"]:
         if not cx.buffers or cx.buffers[-1] is not buf:
             cx.buffers.append(buf)  # lifetimes hold even with the ledger off

@@ -4,9 +4,22 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .._errors import CaptureError
 from ..device import _ledger
+from ..device._capture import CAPTURE
 
-__all__ = ["ExecutionContext"]
+__all__ = ["ExecutionContext", "CAPTURE", "refuse_in_capture"]
+
+
+def refuse_in_capture(what: str) -> None:
+    """Raise CaptureError if this thread is recording a graph: ``what`` would wait or run now."""
+    sc = CAPTURE.scope
+    if sc is not None:
+        raise CaptureError(
+            f"{what} inside a graph recording: a graph records GPU work, it cannot wait for "
+            f"results or run other work now ({sc!r} is recording on this thread). Run it before "
+            "or after the scope, and record only the ops themselves"
+        )
 
 
 class ExecutionContext:
@@ -18,7 +31,7 @@ class ExecutionContext:
     """
 
     __slots__ = (
-        "stream", "backend", "buffers", "done", "label", "op", "capturing", "children",
+        "stream", "backend", "buffers", "done", "label", "op", "capturing", "captured", "children",
         "_event", "_sealed", "_waited", "_done_cbs",
     )
 
@@ -30,6 +43,8 @@ class ExecutionContext:
         self.done = False
         self.label = label
         self.capturing = False
+        # while recording a graph: (buffer id, lo, hi, write) -> (buffer, lo, hi, write)
+        self.captured: dict[tuple[int, int, int, bool], tuple[Any, int, int, bool]] | None = None
         self.children: list[ExecutionContext] = []
         self._event: Any = None
         self._sealed = False
@@ -99,6 +114,12 @@ class ExecutionContext:
 
     def on_done(self, cb: Callable[[], Any]) -> None:
         """Run ``cb`` (on the thread that observes completion) once the work has completed."""
+        if self.capturing:  # a replay would not run it: refuse instead of returning stale results
+            raise CaptureError(
+                "this work needs a host step when the work "
+                "completes (a staging copy to or from host memory), which a graph replay cannot run; "
+                "copy before or after the scope"
+            )
         if self._done_cbs is None:
             self._done_cbs = []
         self._done_cbs.append(cb)

@@ -40,6 +40,10 @@ class DeviceFuture(Generic[T]):
 
     def result(self, timeout: float | None = None) -> T:
         """Wait for completion and return the output; raise its error if it failed."""
+        if not self._event.is_set():
+            from ._context import refuse_in_capture
+
+            refuse_in_capture("DeviceFuture.result()")
         if not self._event.wait(timeout):
             raise TimeoutError(
                 f"submitted work ({self._cx.describe()}) did not complete within {timeout} s; "
@@ -70,7 +74,9 @@ class DeviceFuture(Generic[T]):
     def wait(self, timeout: float | None = None) -> "Coroutine[Any, Any, T]":
         """``await future.wait(timeout=s)``: raise ``TimeoutError`` if not complete in time (the work keeps running)."""
         from ._await import _check_timeout, await_future
+        from ._context import refuse_in_capture
 
+        refuse_in_capture("await DeviceFuture")
         _check_timeout(timeout)
         return await_future(self, timeout)
 

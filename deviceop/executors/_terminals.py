@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import UsageError
-from ._context import ExecutionContext
+from ._context import ExecutionContext, refuse_in_capture
 from ._future import DeviceFuture, watch
 
 __all__ = ["run_sync", "run_submit", "as_stream"]
@@ -26,6 +26,7 @@ def as_stream(stream: Any) -> Any:
 
 def _start(op: Any, stream: Any, label: str) -> tuple[ExecutionContext, Any]:
     """Enqueue ``op`` on ``stream``; on failure wait for what was enqueued, then release it."""
+    refuse_in_capture(f"{op!r}.{label}")
     stream.backend.make_current()
     cx = ExecutionContext(stream, label, op)
     try:

@@ -9,6 +9,7 @@ from .._errors import UsageError
 if TYPE_CHECKING:
     from ..executors._context import ExecutionContext
     from ..executors._future import DeviceFuture
+    from ..graph._graph import CudaGraph
 
 __all__ = ["DeviceOp", "is_op"]
 
@@ -113,12 +114,25 @@ class DeviceOp(Generic[T]):
         keeps running).
         """
         from ..executors._await import await_op, _check_timeout
+        from ..executors._context import refuse_in_capture
         from ..executors._terminals import as_stream
 
+        refuse_in_capture(f"await {self!r}")
         _check_timeout(timeout)
         s = as_stream(stream)
         self._take("await")
         return await_op(self, s, "await", timeout)  # type: ignore[no-any-return]
+
+    def graph(self, stream: Any = None) -> "CudaGraph[T]":
+        """Record this op into a :class:`~deviceop.graph.CudaGraph` (nothing runs now).
+
+        ``graph.launch()`` replays it and yields this op's output. Allocating ops and nested
+        ``sync``/``await`` raise :class:`CaptureError`. ``stream``: record on this pool stream
+        instead of a private one.
+        """
+        from ..graph._scope import capture
+
+        return capture(self, stream)
 
     def submit(self, stream: Any = None) -> "DeviceFuture[T]":
         """Run on ``stream`` (default: the next pool stream) without waiting; return a future."""

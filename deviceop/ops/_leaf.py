@@ -8,12 +8,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .._dtypes import DType, as_dtype, float32
-from .._errors import DTypeError
+from .._errors import CaptureError, DTypeError
 from ..device import _ledger
 from ..device._tensor import Tensor, as_shape
 from ._base import DeviceOp
 
-__all__ = ["Value", "Alloc", "value", "zeros", "ones", "full", "empty", "new_tensor"]
+__all__ = ["Value", "Alloc", "value", "zeros", "ones", "full", "empty", "new_tensor", "refuse_allocation"]
 
 T = TypeVar("T")
 
@@ -39,8 +39,19 @@ def value(x: T) -> DeviceOp[T]:
     return Value(x)
 
 
-def new_tensor(cx: Any, shape: tuple[int, ...], dtype: DType) -> Tensor:
+def refuse_allocation(cx: Any, what: Any) -> None:
+    """Raise CaptureError if ``cx`` records a graph: a replay cannot allocate (paper's GraphNode)."""
+    if cx.capturing:
+        raise CaptureError(
+            f"{what!r} allocates device memory, which a graph cannot record: a replay would write "
+            "into memory nobody holds. Allocate before the scope (x = do.zeros(...).sync()) and "
+            "record ops on the existing tensors"
+        )
+
+
+def new_tensor(cx: Any, shape: tuple[int, ...], dtype: DType, what: Any = "an allocation") -> Tensor:
     """Allocate a tensor on ``cx``'s stream and register the execution as its writer."""
+    refuse_allocation(cx, what)
     nbytes = math.prod(shape) * dtype.itemsize
     buf = cx.backend.alloc(nbytes, cx.stream)
     # a brand-new buffer is visible to no other thread: no ledger lock needed
@@ -76,7 +87,7 @@ class Alloc(DeviceOp[Tensor]):
         return f"<{self._name}{self.shape} {self.dtype.name}>"
 
     def _run(self, cx: Any) -> Tensor:
-        t = new_tensor(cx, self.shape, self.dtype)
+        t = new_tensor(cx, self.shape, self.dtype, self)
         fill = self.fill
         if fill is not None and t.nbytes:
             pattern = fill.tobytes()

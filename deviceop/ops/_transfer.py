@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import as_dtype
-from .._errors import UsageError
+from .._errors import CaptureError, UsageError
 from ..device import _ledger
 from ..device._tensor import Partition, Tensor
 from ._base import DeviceOp
@@ -38,7 +38,7 @@ class FromNumpy(DeviceOp[Tensor]):
 
     def _run(self, cx: Any) -> Tensor:
         a = self._array
-        t = new_tensor(cx, tuple(a.shape), self.dtype)
+        t = new_tensor(cx, tuple(a.shape), self.dtype, self)
         if t.nbytes:
             cx.backend.htod(t.buffer, 0, a, cx.stream, cx)
         return t
@@ -72,6 +72,12 @@ class ToNumpy(DeviceOp[np.ndarray]):
         self._src = src
 
     def _run(self, cx: Any) -> np.ndarray:
+        if cx.capturing:
+            raise CaptureError(
+                "do.to_numpy() inside a graph recording: the copy to host memory completes on the "
+                "host, which a replay cannot repeat. Record the GPU work, then run "
+                "do.to_numpy(t) (or t.numpy()) after each replay"
+            )
         src = self._src
         t = resolve_tensor(src._run(cx) if isinstance(src, DeviceOp) else src, "do.to_numpy()")
         if t.buffer.backend is not cx.backend:

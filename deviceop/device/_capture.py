@@ -1,0 +1,44 @@
+"""Per-thread recording state, and destruction deferred while a thread records a graph.
+
+The driver's thread-local capture mode invalidates a recording when the recording thread calls
+something that is not stream-ordered, and destroying an executable graph, a graph, an event or
+freeing memory are such calls. Python runs destructors wherever a last reference drops, so
+while this thread records, those calls are queued and run when the recording ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+__all__ = ["CAPTURE", "release"]
+
+
+class _CaptureState(threading.local):
+    """The graph scope recording on this thread (class default: none) and deferred releases."""
+
+    scope: Any = None
+    deferred: "list[tuple[Callable[..., Any], tuple[Any, ...]]] | None" = None
+
+
+CAPTURE = _CaptureState()
+
+
+def release(fn: Callable[..., Any], *args: Any) -> None:
+    """Call ``fn(*args)`` now, or when this thread's recording ends if it is recording."""
+    if CAPTURE.scope is None:
+        fn(*args)
+        return
+    if CAPTURE.deferred is None:
+        CAPTURE.deferred = []
+    CAPTURE.deferred.append((fn, args))
+
+
+def flush() -> None:
+    """Run the releases deferred during this thread's recording (call after it ends)."""
+    items, CAPTURE.deferred = CAPTURE.deferred, None
+    for fn, args in items or ():
+        try:
+            fn(*args)
+        except Exception:
+            pass  # best effort, as in the destructors they come from

@@ -1,0 +1,194 @@
+"""GraphCache: one graph per size bucket for inputs whose leading dimension changes.
+
+As serving engines do for batch sizes (the CUDA-graphs article's ``capture_num_tokens``): the
+first input of a bucket records ``build(static_input)`` into a graph; every input is copied
+into its bucket's static input, padded to the bucket size, and the graph replayed. Inputs
+larger than the largest bucket run eagerly and are counted.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence
+
+from .._errors import CaptureError, ShapeError, UsageError
+from ..device import _ledger
+from ..device._tensor import Tensor
+from ..ops._base import DeviceOp
+from ..ops._leaf import new_tensor
+from ._graph import CudaGraph
+from ._scope import scope
+
+__all__ = ["GraphCache", "power_of_two_buckets"]
+
+
+def power_of_two_buckets(max_size: int) -> list[int]:
+    """1, 2, 4, ... up to ``max_size`` (which is included even if it is not a power of two)."""
+    if type(max_size) is not int or max_size < 1:
+        raise UsageError(f"max_size must be a positive int, got {max_size!r}")
+    out = []
+    b = 1
+    while b < max_size:
+        out.append(b)
+        b *= 2
+    out.append(max_size)
+    return out
+
+
+class _Entry:
+    __slots__ = ("inp", "graph", "out")
+
+    def __init__(self, inp: Tensor, graph: CudaGraph[Any], out: Tensor) -> None:
+        self.inp = inp
+        self.graph = graph
+        self.out = out
+
+
+class GraphCache:
+    """Replay recorded graphs for inputs of changing leading size (batch, tokens...).
+
+    ``build(x)`` gets the bucket's static input (a contiguous tensor of ``bucket`` rows) and
+    returns the op to record, whose output is a Tensor with ``bucket`` rows. It runs outside the
+    recording, so it may allocate its outputs there (``y = do.empty(...).sync()``); the op it
+    returns must not allocate. ``cache(x)`` is an op: it copies ``x`` into the static input of
+    the smallest bucket that holds it, fills the padding rows with zeros, replays, and yields the
+    first ``len(x)`` rows of the output, copied to a new tensor (``copy_out=False``: a view of
+    the bucket's static output, overwritten by the next call in that bucket).
+
+    ``stats()`` reports hits, misses (recordings), eager runs and padding waste.
+    """
+
+    def __init__(
+        self, build: Callable[[Tensor], DeviceOp[Any]], buckets: Sequence[int] | None = None,
+        max_size: int | None = None, copy_out: bool = True,
+    ) -> None:
+        if not callable(build):
+            raise UsageError(f"GraphCache needs a callable build(x) -> DeviceOp, got {type(build).__name__}")
+        if buckets is None:
+            if max_size is None:
+                raise UsageError("GraphCache needs buckets=[...] or max_size=N (buckets 1, 2, 4, ... N)")
+            buckets = power_of_two_buckets(max_size)
+        bs = sorted(set(buckets))
+        if not bs or any(type(b) is not int or b < 1 for b in bs):
+            raise UsageError(f"buckets must be positive ints, got {list(buckets)!r}")
+        self.buckets = bs
+        self._build = build
+        self._copy_out = bool(copy_out)
+        self._entries: dict[tuple[Any, ...], _Entry] = {}
+        self._lock = threading.Lock()
+        self._stats = {"calls": 0, "hits": 0, "misses": 0, "eager": 0, "rows": 0, "padded_rows": 0}
+
+    def __repr__(self) -> str:
+        return f"<GraphCache buckets={self.buckets} graphs={len(self._entries)}>"
+
+    def bucket_for(self, n: int) -> int | None:
+        """The bucket an input of ``n`` rows is padded to (None: larger than every bucket)."""
+        for b in self.buckets:
+            if b >= n:
+                return b
+        return None
+
+    def __call__(self, x: Tensor) -> DeviceOp[Tensor]:
+        """An op yielding ``build``'s output for ``x`` (see the class docstring)."""
+        if type(x) is not Tensor:
+            raise UsageError(f"GraphCache takes a Tensor, got {type(x).__name__}")
+        if not x.shape or x.shape[0] < 1:
+            raise ShapeError(f"GraphCache needs a tensor with at least one row, got shape {x.shape}")
+        if not x.is_contiguous():
+            raise ShapeError("GraphCache copies its input with one memcpy: pass a contiguous tensor")
+        return _CacheCall(self, x)
+
+    def stats(self) -> dict[str, float]:
+        """Counters: calls, hits, misses (recordings), eager (too large), rows, padded_rows,
+        hit_rate (hits / calls) and padding_waste (padded rows / rows replayed)."""
+        s: dict[str, float] = dict(self._stats)
+        s["hit_rate"] = s["hits"] / s["calls"] if s["calls"] else 0.0
+        replayed = s["rows"] + s["padded_rows"]
+        s["padding_waste"] = s["padded_rows"] / replayed if replayed else 0.0
+        return s
+
+    def clear(self) -> None:
+        """Drop every recorded graph (their memory goes when no work uses it) and the counters."""
+        with self._lock:
+            self._entries.clear()
+            for k in self._stats:
+                self._stats[k] = 0
+
+    # -- at run time ---------------------------------------------------------------------------
+    def _record(self, cx: Any, key: tuple[Any, ...], b: int, x: Tensor) -> _Entry:
+        inp = new_tensor(cx, (b, *x.shape[1:]), x.dtype, "GraphCache static input")
+        with _ledger.LOCK:
+            cx.backend.memset(inp.buffer, 0, inp.nbytes, b"\0", cx.stream)
+        op = self._build(inp)
+        if not isinstance(op, DeviceOp):
+            raise UsageError(f"GraphCache build(x) must return a DeviceOp, got {type(op).__name__}")
+        with scope() as s:
+            out = s.record(op)
+        if type(out) is not Tensor or not out.shape or out.shape[0] != b or not out.is_contiguous():
+            raise UsageError(
+                f"GraphCache build(x) must return an op whose output is a contiguous Tensor with {b} "
+                f"rows (the bucket), got {out!r}; add .map(lambda out: the_tensor) to select it"
+            )
+        return _Entry(inp, s.graph, out)
+
+    def _run(self, cx: Any, x: Tensor) -> Tensor:
+        if cx.capturing:
+            raise CaptureError("a GraphCache call inside a graph recording: graphs do not nest; call it outside the scope")
+        if x.buffer.backend is not cx.backend:
+            raise UsageError(f"{x!r} lives on the {x.buffer.backend.name} backend, not {cx.backend.name}")
+        n = x.shape[0]
+        b = self.bucket_for(n)
+        st = self._stats
+        if b is None:
+            with self._lock:
+                st["calls"] += 1
+                st["eager"] += 1
+            out = self._build(x)._run(cx)
+            if type(out) is not Tensor:
+                raise UsageError(f"GraphCache build(x) must return an op whose output is a Tensor, got {out!r}")
+            return out
+        key = (b, x.shape[1:], x.dtype.name, cx.backend)
+        with self._lock:
+            e = self._entries.get(key)
+        hit = e is not None
+        if e is None:
+            e = self._record(cx, key, b, x)
+        with self._lock:
+            e = self._entries.setdefault(key, e)  # (two threads may record one bucket; one wins)
+            st["calls"] += 1
+            st["hits" if hit else "misses"] += 1
+            st["rows"] += n
+            st["padded_rows"] += b - n
+        inp = e.inp
+        row = inp.nbytes // b
+        touch = _ledger.touch
+        be = cx.backend
+        with _ledger.LOCK:
+            touch(cx, x.buffer, *x._span, False, "GraphCache input copy")
+            touch(cx, inp.buffer, 0, inp.nbytes, True, "GraphCache input copy")
+            be.dtod(inp.buffer, 0, x.buffer, x._span[0], n * row, cx.stream)
+            if n < b:
+                be.memset(inp.buffer, n * row, (b - n) * row, b"\0", cx.stream)
+        out = e.graph.launch()._run(cx)[:n]
+        if not self._copy_out:
+            return out  # type: ignore[no-any-return]
+        res = new_tensor(cx, out.shape, out.dtype, "GraphCache output copy")
+        with _ledger.LOCK:
+            touch(cx, out.buffer, *out._span, False, "GraphCache output copy")
+            be.dtod(res.buffer, 0, out.buffer, out._span[0], res.nbytes, cx.stream)
+        return res
+
+
+class _CacheCall(DeviceOp[Tensor]):
+    __slots__ = ("_c", "_x")
+
+    def __init__(self, c: GraphCache, x: Tensor) -> None:
+        super().__init__()
+        self._c = c
+        self._x = x
+
+    def __repr__(self) -> str:
+        return f"<GraphCache call, {self._x.shape[0]} rows>"
+
+    def _run(self, cx: Any) -> Tensor:
+        return self._c._run(cx, self._x)
