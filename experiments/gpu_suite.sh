@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (for the lent H100): tests on cuda and host, the demo, and the
-# benchmarks; JSON and logs go to $OUT. Usage: bash experiments/gpu_suite.sh [quick|full]
+# benchmarks; JSON and logs go to $OUT. Usage: bash experiments/gpu_suite.sh [quick|full|core]
+# (core: build, tests, exec_modes and kernels only; the await, overlap and ledger benchmarks skipped)
 set -u -o pipefail
 MODE=${1:-full}
 OUT=${OUT:-/tmp/deviceop-out}
@@ -32,17 +33,24 @@ DEVICEOP_PROPERTY_EXAMPLES=1000 python3 -m pytest -q -p no:cacheprovider --junit
 DEVICEOP_NATIVE=0 python3 -m pytest -q -p no:cacheprovider tests/test_await.py 2>&1 | tee "$OUT/pytest_nonative.log" | tail -n 5
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
-if [ "$MODE" = full ]; then REPS=200; else REPS=30; fi
+case "$MODE" in full) REPS=200 ;; core) REPS=100 ;; *) REPS=30 ;; esac
 ( cd experiments/ref && nvcc -O3 -arch=sm_90 -o /tmp/chain chain.cu ) || status=1
 python3 experiments/exec_modes.py --reps $REPS --chain-bin /tmp/chain --out "$OUT/exec_modes.json" 2>&1 | tee "$OUT/exec_modes.log" | tail -n 40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 DEVICEOP_NATIVE=0 python3 experiments/exec_modes.py --reps 50 --sizes 1000 --impls raw_bindings --out "$OUT/exec_modes_nonative.json" 2>&1 | tail -n 4
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
+if [ "$MODE" = core ]; then
+  python3 experiments/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -n 20
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  echo "gpu_suite status: $status"; exit $status
+fi
 python3 experiments/await_cost.py --reps $REPS --out "$OUT/await_cost.json" 2>&1 | tee "$OUT/await_cost.log" | tail -n 20
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 python3 experiments/async_overlap.py --reps 10 --out "$OUT/async_overlap.json" --png "$OUT/async_overlap.png" 2>&1 | tee "$OUT/async_overlap.log" | tail -n 14
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 python3 experiments/ledger.py --reps 20 --out "$OUT/ledger.json" 2>&1 | tail -n 20
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+python3 experiments/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -n 20
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 echo "gpu_suite status: $status"
 exit $status

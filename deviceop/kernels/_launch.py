@@ -120,7 +120,7 @@ class CudaPlan:
 
     def __init__(
         self, fn: Any, packer: Packer, grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int,
-        writes: Sequence[bool], ptrs: tuple[int, ...], tail: Any = None,
+        writes: Sequence[bool], ptrs: tuple[int, ...], tail: tuple[Any, ...] = (),
     ) -> None:
         self.fn = fn
         self.packer = packer
@@ -183,8 +183,9 @@ def _pack(packer: Packer, plan: CudaPlan, scalars: Sequence[Any]) -> None:
     for v in scalars:
         setattr(st, names[i], v)
         i += 1
-    if plan.tail is not None:
-        setattr(st, names[i], plan.tail)
+    for v in plan.tail:
+        setattr(st, names[i], v)
+        i += 1
     packer.last_ptrs = plan.ptrs
     packer.last_scalars = scalars
 
