@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-__all__ = ["CAPTURE", "release"]
+__all__ = ["CAPTURE", "release", "flush", "StreamPool"]
 
 
 class _CaptureState(threading.local):
@@ -42,3 +42,22 @@ def flush() -> None:
             fn(*args)
         except Exception:
             pass  # best effort, as in the destructors they come from
+
+
+class StreamPool:
+    """Private streams for recordings: no other code enqueues on them, so nothing slips in."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._free: list[Any] = []
+        self._lock = threading.Lock()
+
+    def acquire(self) -> Any:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return self._make()
+
+    def release(self, stream: Any) -> None:
+        with self._lock:
+            self._free.append(stream)

@@ -6,11 +6,10 @@ are refused, so other threads keep launching and synchronizing while a scope rec
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from .._errors import CaptureError
-from ._capture import release
+from ._capture import StreamPool, release
 from ._cuda import _drv, check, cuda_error
 
 __all__ = ["CudaGraphs"]
@@ -51,23 +50,12 @@ class CudaGraphs:
     """The cuda backend's graph operations, and a pool of private capture streams."""
 
     def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self._free: list[Any] = []
-        self._lock = threading.Lock()
-        self._mode = _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-
-    def acquire_stream(self) -> Any:
-        """A stream no other code enqueues on, so nothing else slips into a capture."""
-        with self._lock:
-            if self._free:
-                return self._free.pop()
         from ._cuda import CudaStream
 
-        return CudaStream(self.backend, -1)
-
-    def release_stream(self, stream: Any) -> None:
-        with self._lock:
-            self._free.append(stream)
+        self.backend = backend
+        pool = StreamPool(lambda: CudaStream(backend, -1))
+        self.acquire_stream, self.release_stream = pool.acquire, pool.release
+        self._mode = _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 
     def begin(self, stream: Any) -> None:
         err = _drv.cuStreamBeginCapture(stream.handle, self._mode)[0]

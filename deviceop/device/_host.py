@@ -159,19 +159,11 @@ class HostGraphs:
     """
 
     def __init__(self, backend: "HostBackend") -> None:
+        from ._capture import StreamPool
+
         self.backend = backend
-        self._free: list[HostStream] = []
-        self._lock = threading.Lock()
-
-    def acquire_stream(self) -> HostStream:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return HostStream(self.backend, -1)
-
-    def release_stream(self, stream: HostStream) -> None:
-        with self._lock:
-            self._free.append(stream)
+        pool = StreamPool(lambda: HostStream(backend, -1))
+        self.acquire_stream, self.release_stream = pool.acquire, pool.release
 
     def begin(self, stream: HostStream) -> None:
         stream._capture = []
