@@ -117,8 +117,7 @@ class GraphCache:
     # -- at run time ---------------------------------------------------------------------------
     def _record(self, cx: Any, key: tuple[Any, ...], b: int, x: Tensor) -> _Entry:
         inp = new_tensor(cx, (b, *x.shape[1:]), x.dtype, "GraphCache static input")
-        with _ledger.LOCK:
-            cx.backend.memset(inp.buffer, 0, inp.nbytes, b"\0", cx.stream)
+        cx.backend.memset(inp.buffer, 0, inp.nbytes, b"\0", cx.stream)  # (new: no other thread sees it)
         op = self._build(inp)
         if not isinstance(op, DeviceOp):
             raise UsageError(f"GraphCache build(x) must return a DeviceOp, got {type(op).__name__}")

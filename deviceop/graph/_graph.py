@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from .._errors import CaptureError
+from .._errors import CaptureError, UsageError
 from ..device import _ledger
 from ..ops._base import DeviceOp
 
@@ -124,7 +124,7 @@ class GraphLaunch(DeviceOp[T]):
                 "into one scope instead"
             )
         if g.backend is not cx.backend:
-            raise CaptureError(
+            raise UsageError(
                 f"{g!r} was recorded on the {g.backend.name} backend, not {cx.backend.name}; record it again there"
             )
         touch = _ledger.touch
