@@ -1,4 +1,4 @@
-"""``python -m deviceop demo | info | compile``."""
+"""``python -m deviceop demo | info | compile | bench``."""
 
 from __future__ import annotations
 
@@ -88,7 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="backend, device, compute capability, driver, stream pool")
     c = sub.add_parser("compile", help="compile every built-in kernel with NVRTC (no GPU needed)")
     c.add_argument("--arch", default="sm_90")
+    from ._bench import BENCHES
+
+    b = sub.add_parser("bench", help="run the experiments (GPU): JSON, logs and PNG figures into a folder")
+    b.add_argument("which", nargs="?", default="all", choices=[*BENCHES, "all"])
+    b.add_argument("--out", default=None, help="folder for the results (default: a new dated folder here)")
     a = ap.parse_args(argv)
+    if a.cmd == "bench":
+        from ._bench import run_bench
+
+        return run_bench(a.which, a.out)
     if a.cmd == "demo":
         return _demo()
     if a.cmd == "info":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (for the lent H100): tests on cuda and host, the demo, and the
-# benchmarks; JSON and logs go to $OUT. Usage: bash experiments/gpu_suite.sh [quick|full|core]
-# (core: build, tests, exec_modes and kernels only; the await, overlap and ledger benchmarks skipped)
+# benchmarks; JSON, logs and PNG figures go to $OUT. Usage: bash experiments/gpu_suite.sh [quick|full|core|work]
+# (core: build, tests, exec_modes and kernels; work: build, tests, kernels (GEMM included) and the
+# bimodal queues; full and quick: everything, quick with fewer repeats)
 set -u -o pipefail
 MODE=${1:-full}
 OUT=${OUT:-/tmp/deviceop-out}
@@ -33,6 +34,25 @@ DEVICEOP_PROPERTY_EXAMPLES=1000 python3 -m pytest -q -p no:cacheprovider --junit
 DEVICEOP_NATIVE=0 python3 -m pytest -q -p no:cacheprovider tests/test_await.py 2>&1 | tee "$OUT/pytest_nonative.log" | tail -n 5
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
+bimodal() {
+  python3 experiments/bimodal.py --out "$OUT/bimodal.json" 2>&1 | tee "$OUT/bimodal.log" | tail -n 12
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  python3 experiments/bimodal_hostwork.py --out "$OUT/bimodal_hostwork.json" 2>&1 | tee "$OUT/bimodal_hostwork.log" | tail -n 10
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+}
+kernels() {
+  python3 experiments/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -n 20
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+}
+plots() { python3 experiments/plots.py "$OUT" || status=1; }
+if [ "$MODE" = work ]; then
+  kernels; bimodal
+  # the bench command end to end (its overlap bench: JSON, log and figure into one folder)
+  python3 -m deviceop bench overlap --out "$OUT/bench" 2>&1 | tail -n 5
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  plots
+  echo "gpu_suite status: $status"; exit $status
+fi
 case "$MODE" in full) REPS=200 ;; core) REPS=100 ;; *) REPS=30 ;; esac
 ( cd experiments/ref && nvcc -O3 -arch=sm_90 -o /tmp/chain chain.cu ) || status=1
 python3 experiments/exec_modes.py --reps $REPS --chain-bin /tmp/chain --out "$OUT/exec_modes.json" 2>&1 | tee "$OUT/exec_modes.log" | tail -n 40
@@ -40,8 +60,7 @@ python3 experiments/exec_modes.py --reps $REPS --chain-bin /tmp/chain --out "$OU
 DEVICEOP_NATIVE=0 python3 experiments/exec_modes.py --reps 50 --sizes 1000 --impls raw_bindings --out "$OUT/exec_modes_nonative.json" 2>&1 | tail -n 4
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 if [ "$MODE" = core ]; then
-  python3 experiments/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -n 20
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  kernels; plots
   echo "gpu_suite status: $status"; exit $status
 fi
 python3 experiments/await_cost.py --reps $REPS --out "$OUT/await_cost.json" 2>&1 | tee "$OUT/await_cost.log" | tail -n 20
@@ -50,7 +69,8 @@ python3 experiments/async_overlap.py --reps 10 --out "$OUT/async_overlap.json" -
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 python3 experiments/ledger.py --reps 20 --out "$OUT/ledger.json" 2>&1 | tail -n 20
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
-python3 experiments/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -n 20
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
+kernels
+bimodal
+plots
 echo "gpu_suite status: $status"
 exit $status

@@ -2,8 +2,12 @@
 
 GPU time from CUDA events around ``reps`` back-to-back launches (after a warm-up), median over
 trials. Bandwidth counts the bytes a kernel must move (add: two reads and a write; softmax and
-rms_norm: a read and a write; copy: a read and a write). Also the second-process start: a fresh
-interpreter importing deviceop and finishing its first built-in launch with the disk cache warm.
+rms_norm: a read and a write; copy: a read and a write). GEMM (f16, 8192^3 and 512^3) against
+torch.matmul: GPU time of back-to-back GEMMs (deviceop: one then-chain op; PyTorch: a loop)
+queued behind a spin kernel, so that host overhead does not hide the kernels, plus the
+host-inclusive time (enqueue and one sync). Also
+the second-process start: a fresh interpreter importing deviceop and finishing its first
+built-in launch with the disk cache warm, beside a C program's cuInit + context creation.
 
     python experiments/kernels.py --out kernels.json
 """
@@ -48,6 +52,99 @@ def gpu_ms(enqueue, stream_handle, reps: int, trials: int) -> float:
         driver.cuEventSynchronize(e1)
         out.append(_ck(driver.cuEventElapsedTime(e0, e1)) / reps)
     return float(np.median(out))
+
+
+SPIN = K.Kernel(
+    'extern "C" __global__ void spin(float* flag, long long cycles) { long long t = clock64(); '
+    "while (clock64() - t < cycles) {} if (threadIdx.x == 0 && cycles < 0) flag[0] = 0.f; }",
+    "spin", params=(K.Out(do.float32), do.int64),
+)
+
+
+def gpu_ms_queued(enqueue, stream, reps: int, trials: int, spin_cycles: int = 60_000_000) -> float:
+    """Like :func:`gpu_ms`, with the launches queued behind a ~30 ms spin kernel: the events
+    bracket only GPU execution, however slow the host side is."""
+    sh = stream.handle
+    flag = do.zeros(1, do.float32).sync_on(stream)
+    e0, e1 = _ck(driver.cuEventCreate(0)), _ck(driver.cuEventCreate(0))
+    for _ in range(3):
+        enqueue()
+    _ck((driver.cuStreamSynchronize(sh)[0],))
+    out = []
+    for _ in range(trials):
+        SPIN(flag, spin_cycles, grid=(1,), block=(1,)).submit(stream)
+        driver.cuEventRecord(e0, sh)
+        for _ in range(reps):
+            enqueue()
+        driver.cuEventRecord(e1, sh)
+        driver.cuEventSynchronize(e1)
+        out.append(_ck(driver.cuEventElapsedTime(e0, e1)) / reps)
+    return float(np.median(out))
+
+
+def host_ms(enqueue, stream, reps: int, trials: int) -> float:
+    """Median per-call wall time of ``reps`` launches plus one stream sync (host overhead included)."""
+    for _ in range(3):
+        enqueue()
+    stream.synchronize()
+    out = []
+    for _ in range(trials):
+        t = time.perf_counter()
+        for _ in range(reps):
+            enqueue()
+        stream.synchronize()
+        out.append((time.perf_counter() - t) * 1e3 / reps)
+    return float(np.median(out))
+
+
+def gemm(sizes: tuple[int, ...], trials: int) -> dict:
+    """f16 GEMM through do.kernels.gemm against torch.matmul on the same tensors and stream."""
+    import torch
+
+    s = do.next_stream()
+    ts = torch.cuda.ExternalStream(int(s.handle))
+    rng = np.random.default_rng(1)
+    res: dict = {"dtype": "float16"}
+    for n in sizes:
+        a = do.from_numpy((rng.standard_normal((n, n)) / 8).astype(np.float16)).sync_on(s)
+        b = do.from_numpy((rng.standard_normal((n, n)) / 8).astype(np.float16)).sync_on(s)
+        c = do.zeros((n, n), do.float16).sync_on(s)
+        tc = torch.empty((n, n), dtype=torch.float16, device="cuda")
+        ta, tb = torch.from_dlpack(a), torch.from_dlpack(b)
+        reps = max(5, min(400, int(2e11 // (2 * n**3))))
+        flop = 2 * n**3
+
+        def ours(reps=reps) -> None:
+            # one op carrying `reps` GEMMs (a then-chain), as a pipeline would enqueue them
+            op = K.gemm(c, a, b)
+            for _ in range(reps - 1):
+                op = op.then(lambda _r: K.gemm(c, a, b))
+            op.submit(s)
+
+        def theirs(reps=reps) -> None:
+            for _ in range(reps):
+                torch.matmul(ta, tb, out=tc)
+
+        r: dict = {"reps": reps}
+        with torch.cuda.stream(ts):
+            # interleaved, so clock and thermal drift hit both alike
+            g_ours, g_torch, h_ours, h_torch = [], [], [], []
+            for _ in range(3):
+                g_ours.append(gpu_ms_queued(ours, s, 1, trials) / reps)
+                g_torch.append(gpu_ms_queued(theirs, s, 1, trials) / reps)
+                h_ours.append(host_ms(ours, s, 1, trials) / reps)
+                h_torch.append(host_ms(theirs, s, 1, trials) / reps)
+        for k, v in (("gpu_ms", g_ours), ("torch_gpu_ms", g_torch), ("wall_ms", h_ours), ("torch_wall_ms", h_torch)):
+            r[k] = float(np.median(v))
+        r["tflops"] = flop / r["gpu_ms"] / 1e9
+        r["torch_tflops"] = flop / r["torch_gpu_ms"] / 1e9
+        r["of_torch"] = r["torch_gpu_ms"] / r["gpu_ms"]
+        r["wall_of_torch"] = r["torch_wall_ms"] / r["wall_ms"]
+        want = (ta.float() @ tb.float()).half()
+        if not torch.allclose(torch.from_dlpack(c).float(), want.float(), rtol=2e-2, atol=2e-2):
+            raise AssertionError(f"deviceop gemm {n}^3 produced wrong values")
+        res[str(n)] = r
+    return res
 
 
 def bandwidth(n: int, rows_width: int, reps: int, trials: int) -> dict:
@@ -138,6 +235,34 @@ print({"import_ms": (t1 - t0) * 1e3, "backend_init_ms": (t2 - t1) * 1e3, "first_
 """
 
 
+DRIVER_FLOOR = r"""
+#include <cuda.h>
+#include <stdio.h>
+#include <time.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e3 + t.tv_nsec / 1e6; }
+int main(void) {
+  double t0 = now(); CUdevice d; CUcontext c;
+  if (cuInit(0) || cuDeviceGet(&d, 0) || cuDevicePrimaryCtxRetain(&c, d) || cuCtxSetCurrent(c)) return 1;
+  printf("%f\n", now() - t0); return 0;
+}
+"""
+
+
+def driver_floor(trials: int) -> float | None:
+    """Median ms a C program spends in cuInit + primary-context creation (no library can avoid it)."""
+    import shutil
+    import tempfile
+
+    if shutil.which("nvcc") is None:
+        return None
+    d = tempfile.mkdtemp()
+    with open(os.path.join(d, "floor.c"), "w") as f:
+        f.write(DRIVER_FLOOR)
+    exe = os.path.join(d, "floor")
+    subprocess.run(["nvcc", "-O2", "-o", exe, os.path.join(d, "floor.c"), "-lcuda"], check=True, capture_output=True)
+    return float(np.median([float(subprocess.run([exe], capture_output=True, text=True, check=True).stdout) for _ in range(trials)]))
+
+
 def second_process_start(trials: int) -> dict:
     env = dict(os.environ)
     runs = []
@@ -146,7 +271,18 @@ def second_process_start(trials: int) -> dict:
         if i:
             runs.append(eval(out.stdout.strip().splitlines()[-1]))  # noqa: S307 - our own dict literal
     keys = runs[0].keys()
-    return {k: float(np.median([r[k] for r in runs])) for k in keys} | {"trials": trials}
+    res = {k: float(np.median([r[k] for r in runs])) for k in keys} | {"trials": trials}
+    numpy_only = [subprocess.run([sys.executable, "-c", NUMPY_ONLY], capture_output=True, text=True, check=True).stdout for _ in range(trials)]
+    res["python_numpy_import_ms"] = float(np.median([float(x) for x in numpy_only]))
+    floor = driver_floor(trials)
+    if floor is not None:
+        res["c_driver_init_ms"] = floor
+        # what deviceop adds on top of what any CUDA program in Python with numpy pays
+        res["deviceop_own_ms"] = res["total_ms"] - floor - res["python_numpy_import_ms"]
+    return res
+
+
+NUMPY_ONLY = "import time; t = time.perf_counter(); import numpy; print((time.perf_counter() - t) * 1e3)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,10 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--trials", type=int, default=7)
+    ap.add_argument("--gemm-sizes", default="8192,512")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     doc = {"experiment": "kernels", "date": time.strftime("%Y-%m-%d"), "device": do._current().device_name,
-           "bandwidth": bandwidth(a.elements, a.width, a.reps, a.trials), "second_process_start": second_process_start(5)}
+           "bandwidth": bandwidth(a.elements, a.width, a.reps, a.trials),
+           "gemm": gemm(tuple(int(x) for x in a.gemm_sizes.split(",")), a.trials), "second_process_start": second_process_start(5)}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
@@ -167,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in b.items():
         if isinstance(v, dict) and "of_copy" in v:
             print(f"{k:<24} {v['GBps']:7.0f} GB/s  {v['of_copy'] * 100:5.1f}% of copy")
+    for k, v in doc["gemm"].items():
+        if isinstance(v, dict):
+            print(f"gemm {k}^3 f16: {v['tflops']:.0f} TFLOP/s, torch {v['torch_tflops']:.0f}: {v['of_torch'] * 100:.1f}% "
+                  f"(wall per call {v['wall_ms'] * 1e3:.1f} us vs torch {v['torch_wall_ms'] * 1e3:.1f} us)")
     print("second process start:", {k: round(v, 1) for k, v in doc["second_process_start"].items()})
     return 0
 

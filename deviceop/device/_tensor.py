@@ -162,6 +162,11 @@ class Tensor:
         strides.extend(self.strides[len(key) :])
         return Tensor(self.buffer, tuple(shape), self.dtype, tuple(strides), offset)
 
+    @property
+    def T(self) -> "Tensor":  # noqa: N802 - numpy's name
+        """The transposed view (dimensions reversed), sharing memory, as numpy's ``.T``."""
+        return Tensor(self.buffer, self.shape[::-1], self.dtype, self.strides[::-1], self.offset)
+
     def partition(self, tile: Any) -> "Partition":
         """Split this tensor into exclusive tiles of shape ``tile``; gives a kernel's launch grid."""
         return Partition(self, tile)

@@ -75,13 +75,14 @@ def _timed_out(what: str, timeout: float) -> TimeoutError:
 
 
 async def _wait(done: Callable[[], bool], arm_fn: Callable[[Any, int], None], deadline: float | None, what: str,
-                timeout: float | None) -> None:
+                timeout: float | None, budget: float | None = None) -> None:
     """Return once ``done()``; ``done`` raises CudaError on a context error."""
     clock = time.perf_counter
     if done():
         return
     t0 = clock()
-    budget = _POLL[0]
+    if budget is None:
+        budget = _POLL[0]
     if budget:
         y = _yielder()
         while True:
@@ -123,14 +124,17 @@ async def _wait(done: Callable[[], bool], arm_fn: Callable[[Any, int], None], de
         d.unregister(tok)
 
 
-async def await_op(op: Any, stream: Any, label: str, timeout: float | None = None) -> Any:
-    """Enqueue ``op`` on ``stream``; resume when its work is complete; return its output."""
+async def await_op(op: Any, stream: Any, label: str, timeout: float | None = None, poll: float | None = None) -> Any:
+    """Enqueue ``op`` on ``stream``; resume when its work is complete; return its output.
+
+    ``poll``: seconds to poll before parking (default: the global poll budget).
+    """
     timeout = _check_timeout(timeout)
     cx, out = _start(op, stream, label)
     ev = cx.seal()
     deadline = None if timeout is None else time.perf_counter() + timeout
     try:
-        await _wait(ev.query, lambda d, tok: arm(d, tok, stream, ev), deadline, cx.describe(), timeout)
+        await _wait(ev.query, lambda d, tok: arm(d, tok, stream, ev), deadline, cx.describe(), timeout, poll)
     except BaseException:
         # cancelled, timed out or failed: the work may still run; the watcher finishes it
         watch(stream, ev, cx)

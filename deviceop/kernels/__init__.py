@@ -3,12 +3,13 @@
 ``Kernel(source, name, params=(Out(dt), In(dt), scalar_dtype...), host=numpy_fn)`` wraps a user
 CUDA C++ kernel. Built in, for float16, bfloat16 and float32: elementwise ``fill``, ``copy``,
 ``scale``, ``add``, ``mul``, ``axpy``, ``relu``, ``gelu``, ``silu``; row-wise ``sum``, ``max``,
-``softmax``, ``rms_norm``; ``matvec``. Every kernel call returns an op whose output is its
+``softmax``, ``rms_norm``; ``matvec``; ``gemm`` through cuBLAS. Every kernel call returns an op whose output is its
 arguments.
 """
 
 from ._builtins import BUILTIN_SOURCE, builtin_names, compile_builtins, warmup
 from ._elementwise import add, axpy, copy, fill, gelu, mul, relu, scale, silu
+from ._gemm import gemm
 from ._kernel import Kernel
 from ._nvrtc import cache_dir, cache_stats, compile_cubin
 from ._params import In, InOut, Out
@@ -19,6 +20,6 @@ from ._rowwise import row_sum as sum  # noqa: A004
 __all__ = [
     "Kernel", "In", "Out", "InOut",
     "fill", "copy", "scale", "add", "mul", "axpy", "relu", "gelu", "silu",
-    "sum", "max", "softmax", "rms_norm", "matvec",
+    "sum", "max", "softmax", "rms_norm", "matvec", "gemm",
     "compile_builtins", "builtin_names", "warmup", "BUILTIN_SOURCE", "compile_cubin", "cache_dir", "cache_stats",
 ]

@@ -12,7 +12,7 @@ import numpy as np
 from .._dtypes import DType
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device._tensor import Partition, Tensor
-from ._launch import CudaPlan, KernelCall, Packer, has_op, host_array, launch_cuda, launch_host
+from ._launch import CudaPlan, KernelCall, Packer, has_op, host_array, launch_cuda, launch_host, same, weak
 from ._nvrtc import compile_cubin
 from ._params import TensorParam, ctype_of
 
@@ -99,6 +99,7 @@ class Kernel:
         self.block = _dim3(block, "block")
         self.functions = CompiledFunctions(source, name, options)
         self._ctypes = [ctype_of(p) for p in self.params]
+        self._plans: dict[Any, tuple[Any, CudaPlan]] = {}
 
     @property
     def source(self) -> str:
@@ -173,14 +174,32 @@ class Kernel:
         if 0 in g:
             return  # an empty tensor: nothing to launch
         if cx.backend.name == "cuda":
-            fn, packer = self.functions.get(cx.backend, self.name, self._ctypes)
-            launch_cuda(cx, self, CudaPlan(fn, packer, g, block, shmem, writes, tuple(values)), tuple(tensors), ())
+            launch_cuda(cx, self, self._plan(cx.backend, g, opts, tuple(values), writes, tensors), tuple(tensors), ())
         else:
             arrays = tuple(
                 host_array(a.tensor if type(a) is Partition else a) if isinstance(p, TensorParam) else p.np_dtype.type(a)
                 for p, a in zip(self.params, args)
             )
             launch_host(cx, self, self.host, arrays, tensors, writes)
+
+
+    def _plan(self, be: Any, grid: Any, opts: Any, values: tuple[Any, ...], writes: list[bool], tensors: list[Tensor]) -> CudaPlan:
+        """The launch plan for these arguments, cached by their identity and values.
+
+        A loop that launches a kernel on the same tensors reuses one plan, so the parameter
+        block is not rewritten and nothing is rebuilt; weak references make sure a cached plan
+        never outlives (or is mistaken for) tensors that were freed.
+        """
+        key = (id(be), grid, opts, values)
+        hit = self._plans.get(key)
+        if hit is not None and same(hit[0], tensors):
+            return hit[1]  # type: ignore[no-any-return]
+        fn, packer = self.functions.get(be, self.name, self._ctypes)
+        plan = CudaPlan(fn, packer, grid, opts[1], opts[2], writes, values)
+        if len(self._plans) >= 64:
+            self._plans.clear()
+        self._plans[key] = (weak(tensors), plan)
+        return plan
 
 
 def _dim3(x: Any, what: str) -> tuple[int, int, int]:

@@ -1,7 +1,8 @@
 """NVRTC compilation to CUBIN with an on-disk cache.
 
-Entries are keyed by a hash of the source, the options, the target arch, the NVRTC version and
-the cache format. Each file holds a magic, the SHA-256 of its payload and the payload; a file
+Entries are keyed by a hash of the source, the options, the target arch, the NVRTC release and
+the cache format. The release comes from the NVRTC wheel's metadata where there is one: loading
+libnvrtc just to ask its version costs tens of milliseconds of a warm start. Each file holds a magic, the SHA-256 of its payload and the payload; a file
 that fails the check (truncated, corrupted) is recompiled and replaced, never trusted. Writes
 go to a temporary file in the same folder and are renamed into place, so two processes
 compiling the same kernel at once both end with a complete entry.
@@ -47,6 +48,25 @@ def nvrtc_version() -> tuple[int, int]:
 
     err, major, minor = nvrtc.nvrtcVersion()
     return (major, minor)
+
+
+_ident: list[str] = []
+
+
+def nvrtc_ident() -> str:
+    """A string that changes when the NVRTC compiler does (wheel version, else nvrtcVersion)."""
+    if not _ident:
+        from importlib import metadata
+
+        for dist in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"):
+            try:
+                _ident.append(f"{dist}=={metadata.version(dist)}")
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        else:
+            _ident.append(f"nvrtc {nvrtc_version()}")
+    return _ident[0]
 
 
 def _include_dirs() -> list[str]:
@@ -138,7 +158,7 @@ def _write(path: Path, payload: bytes) -> None:
 
 def compile_cubin(source: str, name: str, arch: str, options: Sequence[str] = ()) -> bytes:
     """Compile ``source`` to a CUBIN for ``arch`` (e.g. ``"sm_90"``), through the disk cache."""
-    key_text = "\0".join([source, arch, *options, repr(nvrtc_version()), _MAGIC.decode()])
+    key_text = "\0".join([source, arch, *options, nvrtc_ident(), _MAGIC.decode()])
     key = hashlib.sha256(key_text.encode()).hexdigest()
     with _lock:
         hit = _memo.get(key)

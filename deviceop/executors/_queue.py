@@ -1,0 +1,182 @@
+"""WorkQueue: many ops over S streams from ONE host thread (asyncio, uvloop or trio).
+
+One task per stream pulls items and awaits them; while one task waits for its GPU work the
+others issue theirs, so S streams stay fed without S threads (paper Appendix B). Back-pressure:
+``put`` waits while ``capacity`` items are queued or in flight.
+
+    async with do.executors.WorkQueue(streams=8) as q:
+        for x in inputs:
+            await q.put(lambda lane, x=x: make_op(x, lane))   # or an op
+    q.results()  # ItemResult per item, in put order;  q.stats(): QueueStats
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, AsyncIterable, Iterable, Sequence
+
+from .._errors import UsageError
+from ._await import await_op
+from ._queue_stats import ItemResult, QueueCancelled, QueueStats, Recorder, check_capacity, lanes_of, resolve
+
+__all__ = ["WorkQueue"]
+
+
+class WorkQueue:
+    """Drain ops over ``streams`` (a count or a list of pool streams) from the calling thread.
+
+    ``capacity`` bounds queued plus in-flight items (default 4 per stream). Items are DeviceOps
+    or callables ``f(lane) -> DeviceOp`` (``lane``: the stream's index, for per-stream
+    buffers). An item's error is kept in its result and the queue goes on; ``cancel()`` stops
+    the whole queue (work already on the GPU completes and keeps its buffers alive).
+    ``on_done``: optional ``async f(result)`` awaited in the stream's task after each item
+    (post-processing, host work), before the task takes its next item.
+    ``poll``: seconds an item's task polls for completion (yielding to the other tasks between
+    checks) before it parks on a host-function wake-up. While several streams are busy, polling
+    costs nothing extra (the loop has other tasks to run between checks) and keeps host
+    functions, and the thread hand-offs they cause, off the streams; an item that runs longer
+    parks and costs no CPU. Default 2 ms.
+    """
+
+    def __init__(self, streams: "int | Sequence[Any] | None" = None, capacity: int | None = None,
+                 on_done: Any = None, poll: float = 2e-3) -> None:
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0 <= poll <= 1:
+            raise UsageError(f"poll must be 0 to 1 seconds, got {poll!r}")
+        self.poll = float(poll)
+        if on_done is not None and not callable(on_done):
+            raise UsageError(f"on_done must be an async callable f(result), got {type(on_done).__name__}")
+        self.on_done = on_done
+        self.streams = lanes_of(streams)
+        self.capacity = check_capacity(capacity, len(self.streams))
+        self._rec = Recorder(len(self.streams), host_threads=1)
+        self._tg: Any = None
+        # the queue itself: a deque, and events only for whoever must wait (an idle worker, a
+        # put at capacity); anyio's memory streams and semaphores checkpoint on every call,
+        # which costs more than the GPU work of a small GEMM
+        self._items: "deque[tuple[Any, ItemResult]]" = deque()
+        self._idle: list[Any] = []
+        self._space: list[Any] = []
+        self._pending = 0
+        self._closed = False
+        self._state = "new"
+
+    def __repr__(self) -> str:
+        return f"<WorkQueue {len(self.streams)} streams, capacity {self.capacity}, {self._state}>"
+
+    async def __aenter__(self) -> "WorkQueue":
+        import anyio
+
+        if self._state != "new":
+            raise UsageError(f"this WorkQueue is {self._state}; a queue runs once, make a new one")
+        self._state = "running"
+        self._event = anyio.Event
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._rec.begin()
+        for lane, stream in enumerate(self.streams):
+            self._tg.start_soon(self._worker, lane, stream)
+        return self
+
+    async def __aexit__(self, et: Any, e: Any, tb: Any) -> bool | None:
+        self._closed = True  # workers finish what is queued, then stop
+        self._wake(self._idle, all_=True)
+        if et is not None:
+            self._tg.cancel_scope.cancel()
+        try:
+            return await self._tg.__aexit__(et, e, tb)  # type: ignore[no-any-return]
+        except BaseException as g:
+            # workers keep their errors per item, so a group holds only the body's exception:
+            # raise that one, as a plain 'async with' would
+            inner = getattr(g, "exceptions", None)
+            if inner and len(inner) == 1:
+                raise inner[0] from None
+            raise
+        finally:
+            self._rec.end()
+            self._rec.cancel_unfinished()
+            self._state = "cancelled" if self._tg.cancel_scope.cancel_called else "done"
+
+    @staticmethod
+    def _wake(waiters: list[Any], all_: bool = False) -> None:
+        while waiters:
+            waiters.pop().set()
+            if not all_:
+                return
+
+    async def put(self, item: Any) -> None:
+        """Queue an op (or ``f(lane) -> op``); waits while ``capacity`` items are pending."""
+        if self._state != "running" or self._tg.cancel_scope.cancel_called:
+            raise UsageError(f"put() on a WorkQueue that is {self._state}; use it inside 'async with'")
+        if not callable(item) and not hasattr(item, "_run"):
+            resolve(item, 0)  # raises the usage error now, not in a worker
+        while self._pending >= self.capacity:
+            ev = self._event()
+            self._space.append(ev)
+            await ev.wait()
+        self._pending += 1
+        self._items.append((item, self._rec.add()))
+        if self._idle:
+            self._wake(self._idle)
+
+    def cancel(self) -> None:
+        """Stop the queue: running awaits are cancelled, queued items are reported cancelled."""
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+
+    async def run(self, items: "Iterable[Any] | AsyncIterable[Any]") -> list[ItemResult]:
+        """Put every item (an iterable or async iterable), wait for all; return the results."""
+        async with self:
+            if hasattr(items, "__aiter__"):
+                async for it in items:  # type: ignore[union-attr]
+                    await self.put(it)
+            else:
+                for it in items:  # type: ignore[union-attr]
+                    await self.put(it)
+        return self.results()
+
+    def results(self) -> list[ItemResult]:
+        """One ItemResult per item put, in put order."""
+        return list(self._rec.results)
+
+    def stats(self) -> QueueStats:
+        """Throughput, latency percentiles, per-stream busy time, CPU time (see QueueStats)."""
+        return self._rec.stats()
+
+    async def _worker(self, lane: int, stream: Any) -> None:
+        clock = time.perf_counter
+        busy = self._rec.busy
+        items = self._items
+        while True:
+            if not items:
+                if self._closed:
+                    return
+                ev = self._event()
+                self._idle.append(ev)
+                await ev.wait()
+                continue
+            item, r = items.popleft()
+            t0 = clock()
+            r.queued_s = t0 - r.queued_s
+            r.lane = lane
+            try:
+                op = resolve(item, lane)
+                op._take("a WorkQueue")
+                r.value = await await_op(op, stream, "WorkQueue", None, self.poll)
+            except Exception as e:  # kept per item; the queue goes on
+                r.error = e
+            except BaseException:  # cancelled: the await path hands the GPU work to a watcher
+                r.error = QueueCancelled(f"item {r.index} was cancelled while it ran on stream {lane}")
+                raise
+            finally:
+                t1 = clock()
+                r.latency_s = t1 - t0
+                busy[lane] += t1 - t0
+                self._pending -= 1
+                if self._space:
+                    self._wake(self._space)
+            if self.on_done is not None:
+                try:
+                    await self.on_done(r)
+                except Exception as e:  # kept with the item, like the op's own errors
+                    r.error = r.error or e

@@ -1,0 +1,170 @@
+"""What a work queue reports: one ItemResult per item, and QueueStats for the whole run."""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .._errors import DeviceOpError, UsageError
+
+__all__ = ["ItemResult", "QueueStats", "QueueCancelled", "Recorder", "resolve"]
+
+
+class QueueCancelled(DeviceOpError):
+    """The work queue was cancelled before this item completed."""
+
+
+@dataclass
+class ItemResult:
+    """The outcome of one queue item, in the order items were put.
+
+    ``value`` is the op's output, or ``error`` the exception it raised (``QueueCancelled`` for an
+    item the queue's cancellation reached first). ``lane`` is the index of the stream it ran on;
+    ``queued_s`` the time from ``put`` to its start, ``latency_s`` from its start to completion.
+    """
+
+    index: int
+    value: Any = None
+    error: BaseException | None = None
+    lane: int = -1
+    queued_s: float = 0.0
+    latency_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True if the item completed without an error."""
+        return self.error is None
+
+    def unwrap(self) -> Any:
+        """The value, or raise the item's error."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Throughput, latency percentiles (seconds, start to completion) and per-stream busy time."""
+
+    items: int
+    errors: int
+    cancelled: int
+    seconds: float
+    throughput: float  # completed items per second
+    latency_p50: float
+    latency_p90: float
+    latency_p99: float
+    busy_s: tuple[float, ...]  # per lane: time with an item in flight
+    cpu_s: float  # process CPU time (all threads) during the run
+    host_threads: int  # threads the queue drove the streams from
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def busy_fraction(self) -> tuple[float, ...]:
+        """Per lane: busy time over the run's wall time."""
+        return tuple(b / self.seconds if self.seconds else 0.0 for b in self.busy_s)
+
+
+class Recorder:
+    """Collects results while a queue runs (one thread or the loop's thread writes each slot)."""
+
+    def __init__(self, lanes: int, host_threads: int) -> None:
+        self.results: list[ItemResult] = []
+        self.busy = [0.0] * lanes
+        self.host_threads = host_threads
+        self.t0 = self.t1 = 0.0
+        self.cpu0 = self.cpu1 = 0.0
+
+    def begin(self) -> None:
+        self.t0 = time.perf_counter()
+        self.cpu0 = time.process_time()
+
+    def end(self) -> None:
+        self.t1 = time.perf_counter()
+        self.cpu1 = time.process_time()
+
+    def add(self) -> ItemResult:
+        r = ItemResult(len(self.results))
+        r.queued_s = time.perf_counter()  # the put time until the item starts
+        self.results.append(r)
+        return r
+
+    def cancel_unfinished(self) -> None:
+        for r in self.results:
+            if r.lane < 0 and r.error is None and r.value is None:
+                r.error = QueueCancelled(f"item {r.index} was not run: the work queue was cancelled")
+
+    def stats(self) -> QueueStats:
+        done = [r for r in self.results if r.lane >= 0]
+        lat = np.array([r.latency_s for r in done if r.error is None]) if done else np.zeros(0)
+        pct = (lambda q: float(np.percentile(lat, q))) if lat.size else (lambda q: 0.0)
+        secs = max(self.t1 - self.t0, 0.0)
+        ok = sum(1 for r in done if r.error is None)
+        return QueueStats(
+            items=len(self.results), errors=sum(1 for r in done if r.error is not None),
+            cancelled=sum(1 for r in self.results if isinstance(r.error, QueueCancelled)),
+            seconds=secs, throughput=ok / secs if secs else 0.0,
+            latency_p50=pct(50), latency_p90=pct(90), latency_p99=pct(99),
+            busy_s=tuple(self.busy), cpu_s=self.cpu1 - self.cpu0, host_threads=self.host_threads,
+        )
+
+
+def resolve(item: Any, lane: int) -> Any:
+    """An item is an op, or a callable ``f(lane) -> op`` (to use per-stream buffers)."""
+    from ..ops._base import DeviceOp  # noqa: PLC0415 - executors load before ops
+
+    if isinstance(item, DeviceOp):
+        return item
+    if callable(item):
+        op = item(lane)
+        if not isinstance(op, DeviceOp):
+            raise UsageError(f"a work-queue item factory returned {type(op).__name__}, not a DeviceOp")
+        return op
+    raise UsageError(f"work-queue items are DeviceOps or callables f(lane) -> DeviceOp, got {type(item).__name__}")
+
+
+def lanes_of(streams: "int | Sequence[Any] | None") -> list[Any]:
+    """The streams a queue drives: a count (the first n of the pool, made larger if needed) or a list."""
+    from ..device import current
+    from ._terminals import as_stream
+
+    if streams is None:
+        return list(current().streams)
+    if isinstance(streams, int) and not isinstance(streams, bool):
+        if streams < 1:
+            raise UsageError(f"a work queue needs at least one stream, got streams={streams}")
+        be = current()
+        return [be.streams[i] if i < len(be.streams) else _extra(be, i) for i in range(streams)]
+    out = [as_stream(s) for s in streams]
+    if not out:
+        raise UsageError("a work queue needs at least one stream; the list is empty")
+    return out
+
+
+_EXTRA: "weakref.WeakKeyDictionary[Any, dict[int, Any]]" = weakref.WeakKeyDictionary()
+_extra_lock = threading.Lock()
+
+
+def _extra(be: Any, i: int) -> Any:
+    """Stream ``i`` beyond the pool, created once per backend and kept (streams are never freed)."""
+    with _extra_lock:
+        d = _EXTRA.setdefault(be, {})
+        if i not in d:
+            d[i] = be.new_stream(i)
+        return d[i]
+
+
+def check_capacity(capacity: Any, lanes: int) -> int:
+    if capacity is None:
+        return 4 * lanes
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise UsageError(f"capacity (the bound on queued plus in-flight items) must be an int >= 1, got {capacity!r}")
+    return capacity
+
+
+Factory = Callable[[int], Any]

@@ -1,0 +1,115 @@
+"""ThreadedQueue: the thread-per-stream way to drain a queue of ops (for comparison, or for code
+that is not async). S threads, one stream each, ``sync_on`` per item; same results and stats as
+:class:`WorkQueue`, with ``host_threads = S``."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Iterable, Sequence
+
+from .._errors import UsageError
+from ._queue_stats import ItemResult, QueueStats, Recorder, check_capacity, lanes_of, resolve
+from ._terminals import run_sync
+
+__all__ = ["ThreadedQueue"]
+
+_STOP = object()
+
+
+class ThreadedQueue:
+    """Drain ops over ``streams`` with one host thread per stream.
+
+    ``run(items)`` puts every item (blocking while ``capacity`` are pending), waits for all and
+    returns their results; ``cancel()`` (from any thread) stops workers taking new items.
+    ``on_done``: optional ``f(result)`` called in the stream's thread after each item.
+    """
+
+    def __init__(self, streams: "int | Sequence[Any] | None" = None, capacity: int | None = None,
+                 on_done: Any = None) -> None:
+        if on_done is not None and not callable(on_done):
+            raise UsageError(f"on_done must be a callable f(result), got {type(on_done).__name__}")
+        self.on_done = on_done
+        self.streams = lanes_of(streams)
+        self.capacity = check_capacity(capacity, len(self.streams))
+        self._rec = Recorder(len(self.streams), host_threads=len(self.streams))
+        self._q: "queue.Queue[Any]" = queue.Queue()
+        self._slots = threading.BoundedSemaphore(self.capacity)
+        self._cancelled = threading.Event()
+        self._ran = False
+
+    def __repr__(self) -> str:
+        return f"<ThreadedQueue {len(self.streams)} streams, capacity {self.capacity}>"
+
+    def run(self, items: Iterable[Any]) -> list[ItemResult]:
+        """Run every item; return one ItemResult per item, in order."""
+        if self._ran:
+            raise UsageError("this ThreadedQueue has run; a queue runs once, make a new one")
+        self._ran = True
+        threads = [
+            threading.Thread(target=self._worker, args=(lane, s), name=f"deviceop-queue-{lane}", daemon=True)
+            for lane, s in enumerate(self.streams)
+        ]
+        self._rec.begin()
+        for t in threads:
+            t.start()
+        try:
+            for item in items:
+                if self._cancelled.is_set():
+                    break
+                if not callable(item) and not hasattr(item, "_run"):
+                    resolve(item, 0)  # the usage error now, in the caller's thread
+                self._slots.acquire()
+                self._q.put((item, self._rec.add()))
+        finally:
+            for _ in threads:
+                self._q.put(_STOP)
+            for t in threads:
+                t.join()
+            self._rec.end()
+            self._rec.cancel_unfinished()
+        return self.results()
+
+    def cancel(self) -> None:
+        """Stop: items not yet started are reported cancelled; running ones complete."""
+        self._cancelled.set()
+
+    def results(self) -> list[ItemResult]:
+        """One ItemResult per item, in put order."""
+        return list(self._rec.results)
+
+    def stats(self) -> QueueStats:
+        """Throughput, latency percentiles, per-stream busy time, CPU time (see QueueStats)."""
+        return self._rec.stats()
+
+    def _worker(self, lane: int, stream: Any) -> None:
+        clock = time.perf_counter
+        busy = self._rec.busy
+        while True:
+            got = self._q.get()
+            if got is _STOP:
+                return
+            item, r = got
+            if self._cancelled.is_set():
+                self._slots.release()
+                continue
+            t0 = clock()
+            r.queued_s = t0 - r.queued_s
+            r.lane = lane
+            try:
+                op = resolve(item, lane)
+                op._take("a ThreadedQueue")
+                r.value = run_sync(op, stream, "ThreadedQueue")
+            except Exception as e:
+                r.error = e
+            finally:
+                t1 = clock()
+                r.latency_s = t1 - t0
+                busy[lane] += t1 - t0
+                self._slots.release()
+            if self.on_done is not None:
+                try:
+                    self.on_done(r)
+                except Exception as e:  # kept with the item, like the op's own errors
+                    r.error = r.error or e

@@ -1,0 +1,91 @@
+"""cuBLAS through nvmath-python's bindings: one handle and one workspace per stream.
+
+nvmath is imported on the first GEMM, not with deviceop: importing it costs about a second.
+A handle is bound to its stream once (``cublasSetStream``) and given a workspace of its own,
+so cuBLAS never allocates inside a call; that is what makes a GEMM legal in a graph recording.
+Handles and workspaces live as long as the backend (streams are never destroyed).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .._errors import BackendError, CudaError
+from ..device._capture import CAPTURE
+
+__all__ = ["WORKSPACE_BYTES", "cublas", "handle_for", "call"]
+
+# cuBLAS recommends 32 MiB on Hopper for its best kernels (cuBLAS docs, cublasSetWorkspace)
+WORKSPACE_BYTES = 32 << 20
+
+_lock = threading.Lock()
+_handles: dict[int, int] = {}  # stream handle -> cublasHandle_t
+_workspaces: list[int] = []  # device pointers, kept for the process's lifetime
+_mod: list[Any] = []
+
+
+def cublas() -> Any:
+    """The ``nvmath.bindings.cublas`` module, imported on first use."""
+    if not _mod:
+        try:
+            from nvmath.bindings import cublas as m
+        except Exception as e:
+            raise BackendError(
+                f"GEMM on the cuda backend needs nvmath-python ({type(e).__name__}: {e}); "
+                "pip install nvmath-python, and libcublas (CUDA toolkit, or pip install nvidia-cublas)"
+            ) from e
+        _mod.append(m)
+    return _mod[0]
+
+
+def handle_for(stream: Any) -> int:
+    """The cuBLAS handle bound to ``stream`` (a CudaStream), created with its workspace on first use."""
+    h = _handles.get(stream.handle_int)
+    if h is not None:
+        return h
+    with _lock:
+        h = _handles.get(stream.handle_int)
+        if h is None:
+            h = _create(stream)
+            _handles[stream.handle_int] = h
+    return h
+
+
+def _create(stream: Any) -> int:
+    from cuda.bindings import driver as drv
+
+    m = cublas()
+    # cublasCreate and cuMemAlloc are not stream-ordered: inside this thread's recording they
+    # would invalidate it, so the thread switches to relaxed capture mode for these calls only
+    relax = CAPTURE.scope is not None
+    if relax:
+        err, prev = drv.cuThreadExchangeStreamCaptureMode(drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+    try:
+        h = call(m.create)
+        err, ws = drv.cuMemAlloc(WORKSPACE_BYTES)
+        if err:
+            call(m.destroy, h)
+            raise CudaError(f"cuMemAlloc of the {WORKSPACE_BYTES >> 20} MiB cuBLAS workspace failed ({err.name}); free memory first", err.name, int(err))
+        _workspaces.append(int(ws))
+        call(m.set_stream, h, stream.handle_int)
+        call(m.set_workspace, h, int(ws), WORKSPACE_BYTES)
+        call(m.set_pointer_mode, h, m.PointerMode.HOST)
+    finally:
+        if relax:
+            drv.cuThreadExchangeStreamCaptureMode(prev)
+    return h
+
+
+def call(fn: Any, *args: Any) -> Any:
+    """Call a cuBLAS binding; its errors become :class:`CudaError` naming the cuBLAS status."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        status = getattr(e, "status", None)
+        name = str(getattr(status, "name", "")) or type(e).__name__
+        raise CudaError(
+            f"cuBLAS {fn.__name__} failed: {e}. Check the GEMM's shapes and strides; a launch "
+            "failure here can also be an earlier kernel's error (run with CUDA_LAUNCH_BLOCKING=1)",
+            name, int(status) if status is not None else -1,
+        ) from e

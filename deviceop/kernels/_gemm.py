@@ -1,0 +1,165 @@
+"""GEMM: ``c = alpha * a @ b + beta * c`` through cuBLAS (cublasGemmEx), numpy on the host backend.
+
+Tensors are row-major; a transposed view (``x.T``) is read as the transpose without a copy, and
+row strides larger than the width (sub-matrices) are leading dimensions. cuBLAS is column-major,
+so the row-major product runs as ``c^T = b^T a^T``, which needs no data movement.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from .._dtypes import DType, bfloat16, float16, float32
+from .._errors import DTypeError, ShapeError, UsageError
+from ..device import _ledger
+from ..device._tensor import Partition, Tensor
+from ._blas import call, cublas, handle_for
+from ._kernel import check_scalar
+from ._launch import KernelCall, _register, has_op, host_array, launch_host, same, weak
+
+__all__ = ["gemm"]
+
+_CUDA_TYPE = {"float16": 2, "bfloat16": 14, "float32": 0}  # cudaDataType_t: R_16F, R_16BF, R_32F
+_FLOATS = (float16, bfloat16, float32)
+
+
+def gemm(c: Any, a: Any, b: Any, alpha: float = 1.0, beta: float = 0.0, *, tf32: bool = False) -> KernelCall:
+    """``c = alpha * a @ b + beta * c`` for 2-D float16, bfloat16 or float32 tensors.
+
+    ``c`` is the output: a Tensor or a Partition of one (the tiling does not matter to cuBLAS);
+    ``a`` is (m, k), ``b`` (k, n), ``c`` (m, n), all of one dtype. Pass ``a.T`` / ``b.T`` for
+    transposes. Accumulation is in float32; ``tf32=True`` lets float32 GEMMs use TF32 tensor
+    cores (faster, about 10 mantissa bits). With ``beta=0``, ``c`` is not read (it may hold
+    NaN). Arguments may be ops producing them. Returns an op whose output is ``(c, a, b)``.
+    On cuda each stream has its own cuBLAS handle and workspace, so GEMMs can be recorded into
+    graphs; the host backend computes with numpy in float32.
+    """
+    alpha = check_scalar(alpha, float32, "alpha of gemm()")
+    beta = check_scalar(beta, float32, "beta of gemm()")
+    if not isinstance(tf32, bool):
+        raise UsageError(f"tf32 of gemm() must be True or False, got {tf32!r}")
+    args = (c, a, b)
+    lazy = has_op(args)
+    opts = (alpha, beta, tf32)
+    if lazy:
+        return KernelCall(GEMM, args, opts, True)
+    # bad input fails here, before any GPU work; the worked-out call is kept for the launch and
+    # for the next call on the same tensors (a GEMM queue reuses a few buffers over and over)
+    key = (id(c), id(a), id(b), tf32)
+    hit = _PLANS.get(key)
+    if hit is not None and same(hit[0], args):
+        return KernelCall(GEMM, args, opts, False, hit[1])
+    plan = _geometry(args, opts)
+    if len(_PLANS) >= 256:
+        _PLANS.clear()
+    _PLANS[key] = (weak(args), plan)
+    return KernelCall(GEMM, args, opts, False, plan)
+
+
+_PLANS: dict[Any, tuple[Any, Any]] = {}
+
+
+class _Gemm:
+    """The launcher behind :func:`gemm` (the interface KernelCall drives: check, enqueue)."""
+
+    name = "gemm"
+
+    def check(self, args: tuple[Any, ...], opts: Any) -> None:
+        _geometry(args, opts)
+
+    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, plan: Any = None) -> None:
+        g = plan if plan is not None else _geometry(args, opts)
+        alpha, beta, tf32 = opts
+        if g.m == 0 or g.n == 0:
+            return
+        c, a, b = g.tensors
+        if cx.backend.name != "cuda":
+            arrays = (host_array(c), host_array(a), host_array(b), alpha, beta)
+            launch_host(cx, self, _host_gemm, arrays, g.tensors, (True, False, False))
+            return
+        m = cublas()
+        h = handle_for(cx.stream)
+        al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
+        dt = _CUDA_TYPE[c.dtype.name]
+        compute = m.ComputeType.COMPUTE_32F_FAST_TF32 if tf32 else m.ComputeType.COMPUTE_32F
+        with _ledger.LOCK:  # registration and the enqueue in one order, as for every launch
+            _register(cx, self, g.tensors, (True, False, False))
+            # column-major view of the row-major product: c^T (n x m) = op(b') op(a')
+            call(
+                m.gemm_ex, h, g.op_b, g.op_a, g.n, g.m, g.k,
+                ctypes.addressof(al), g.ptr_b, dt, g.ld_b, g.ptr_a, dt, g.ld_a,
+                ctypes.addressof(be), g.ptr_c, dt, g.ld_c, compute, m.GemmAlgo.DEFAULT,
+            )
+
+
+GEMM = _Gemm()
+
+
+class _Geometry:
+    __slots__ = ("tensors", "m", "n", "k", "op_a", "op_b", "ld_a", "ld_b", "ld_c", "ptr_a", "ptr_b", "ptr_c")
+
+
+def _geometry(args: tuple[Any, ...], opts: Any) -> _Geometry:
+    """Validate (c, a, b) and work out the column-major cuBLAS call."""
+    c, a, b = args
+    ct = c.tensor if type(c) is Partition else c
+    for what, x in (("c (the output)", ct), ("a", a), ("b", b)):
+        if type(x) is not Tensor:
+            raise UsageError(f"{what} of gemm() must be a Tensor, got {type(x).__name__}")
+        if x.ndim != 2:
+            raise ShapeError(f"{what} of gemm() must be 2-D, got shape {x.shape}; use .view((rows, cols))")
+    dt: DType = ct.dtype
+    if dt not in _FLOATS:
+        raise DTypeError(f"gemm() supports float16, bfloat16 and float32, got {dt.name}")
+    for what, x in (("a", a), ("b", b)):
+        if x.dtype is not dt:
+            raise DTypeError(f"gemm(): {what} is {x.dtype.name} but c is {dt.name}; all three must have one dtype")
+        if x.buffer.backend is not ct.buffer.backend:
+            raise UsageError(f"gemm(): {what} lives on the {x.buffer.backend.name} backend and c on {ct.buffer.backend.name}")
+    if opts[2] and dt is not float32:
+        raise UsageError(f"gemm(tf32=True) applies to float32 only; these tensors are {dt.name}")
+    (m, k), (k2, n) = a.shape, b.shape
+    if k2 != k or ct.shape != (m, n):
+        raise ShapeError(f"gemm(): a {a.shape} @ b {b.shape} does not give c {ct.shape}; need a (m, k), b (k, n), c (m, n)")
+    for what, x in (("a", a), ("b", b)):
+        if x.buffer is ct.buffer and x.size and ct.size and x._span[0] < ct._span[1] and ct._span[0] < x._span[1]:
+            raise UsageError(f"gemm(): c overlaps {what}; cuBLAS reads {what} while it writes c, so write into another tensor")
+    g = _Geometry()
+    g.tensors = (ct, a, b)
+    if _layout(ct, "c")[0]:
+        # c is column-major (a transposed view): compute c^T = b^T a^T, whose output is row-major
+        ct, a, b = ct.T, b.T, a.T
+        m, n = n, m
+    g.m, g.n, g.k = m, n, k
+    _, g.ld_c = _layout(ct, "c")
+    ta, g.ld_a = _layout(a, "a")
+    tb, g.ld_b = _layout(b, "b")
+    # a row-major matrix is its transpose in column-major terms: no transpose flag needed
+    g.op_a, g.op_b = int(ta), int(tb)  # cublasOperation_t: 0 = N, 1 = T
+    g.ptr_a, g.ptr_b, g.ptr_c = a.ptr, b.ptr, ct.ptr  # after the swap above, not g.tensors'
+    return g
+
+
+def _layout(x: Tensor, what: str) -> tuple[bool, int]:
+    """(column_major, leading dimension) of a 2-D view; raises if neither dimension is unit-stride."""
+    r, c = x.shape
+    s0, s1 = x.strides
+    if (s1 == 1 or c <= 1) and (r <= 1 or s0 >= c):
+        return False, max(s0 if r > 1 else c, c, 1)
+    if (s0 == 1 or r <= 1) and (c <= 1 or s1 >= r):
+        return True, max(s1 if c > 1 else r, r, 1)
+    raise ShapeError(
+        f"gemm(): {what} has shape {x.shape} and strides {x.strides}; cuBLAS needs unit stride along "
+        "one dimension (a row-major tensor, a slice of rows/columns of one, or its .T); copy it first"
+    )
+
+
+def _host_gemm(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float, beta: float) -> None:
+    """numpy twin: float32 products and accumulation, one rounding to c's dtype."""
+    acc = np.float32(alpha) * (a.astype(np.float32) @ b.astype(np.float32))
+    if beta != 0.0:
+        acc += np.float32(beta) * c.astype(np.float32)
+    c[...] = acc.astype(c.dtype)

@@ -1,0 +1,213 @@
+"""The bimodal GEMM queue (paper Fig. 8b), beside PyTorch, in one process.
+
+2000 f16 GEMMs, 80% 512^3 and 20% 2048^3 interleaved (every fifth is large), drained:
+  serial    one thread, one stream, sync per op                  (deviceop and PyTorch)
+  threaded  S threads, a stream each, sync per op (ThreadedQueue) (deviceop and PyTorch)
+  async     one thread (uvloop), S tasks, a stream each (WorkQueue)
+for S in {1, 2, 4, 8, 16, 32}. Throughput in work units (GEMMs) per ms, median over --reps
+runs after a warm-up run; process CPU time per work unit. Inputs are shared (read only); each
+stream writes its own outputs, so the access ledger never orders one stream after another.
+
+    python experiments/bimodal.py --out bimodal.json --png bimodal.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import deviceop as do  # noqa: E402
+from deviceop.executors import ThreadedQueue, WorkQueue  # noqa: E402
+
+K = do.kernels
+SMALL, LARGE = 512, 2048
+
+
+class Workload:
+    """Shared inputs, per-lane outputs, and the item list (deviceop factories and sizes)."""
+
+    def __init__(self, n_items: int, max_lanes: int) -> None:
+        rng = np.random.default_rng(0)
+        self.sizes = [LARGE if i % 5 == 4 else SMALL for i in range(n_items)]
+        s0 = do.streams()[0]
+        self.a = {n: do.from_numpy((rng.standard_normal((n, n)) / 16).astype(np.float16)).sync_on(s0) for n in (SMALL, LARGE)}
+        self.b = {n: do.from_numpy((rng.standard_normal((n, n)) / 16).astype(np.float16)).sync_on(s0) for n in (SMALL, LARGE)}
+        self.c = [{n: do.zeros((n, n), do.float16).sync_on(s0) for n in (SMALL, LARGE)} for _ in range(max_lanes)]
+        a, b, c = self.a, self.b, self.c
+        self.factory = {n: (lambda lane, n=n: K.gemm(c[lane][n], a[n], b[n])) for n in (SMALL, LARGE)}
+
+    def items(self) -> list:
+        return [self.factory[n] for n in self.sizes]
+
+
+def run_serial(w: Workload, think=None) -> dict:
+    s = do.streams()[0]
+    t0, c0 = time.perf_counter(), time.process_time()
+    f = w.factory
+    for n in w.sizes:
+        f[n](0).sync_on(s)
+        if think:
+            think()
+    return _row(len(w.sizes), time.perf_counter() - t0, time.process_time() - c0, 1)
+
+
+def run_threaded(w: Workload, S: int, think=None) -> dict:
+    q = ThreadedQueue(streams=S, capacity=4 * S, on_done=(lambda r: think()) if think else None)
+    res = q.run(w.items())
+    _check(res)
+    st = q.stats()
+    return _row(len(res), st.seconds, st.cpu_s, st.host_threads)
+
+
+def run_async(w: Workload, S: int, think_async=None) -> dict:
+    import uvloop
+
+    q = WorkQueue(streams=S, capacity=4 * S, on_done=think_async)
+    res = uvloop.run(q.run(w.items()))
+    _check(res)
+    st = q.stats()
+    return _row(len(res), st.seconds, st.cpu_s, st.host_threads)
+
+
+def _check(res: list) -> None:
+    bad = [r for r in res if not r.ok]
+    if bad:
+        raise RuntimeError(f"{len(bad)} queue items failed; first: {bad[0].error!r}")
+
+
+def _row(items: int, secs: float, cpu: float, threads: int) -> dict:
+    return {"wu_per_ms": items / secs / 1e3, "seconds": secs, "cpu_us_per_wu": cpu / items * 1e6, "host_threads": threads}
+
+
+class TorchWorkload:
+    """The same queue in PyTorch: torch.matmul(out=) per item, stream.synchronize() per item."""
+
+    def __init__(self, w: Workload, max_lanes: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.sizes = w.sizes
+        self.a = {n: torch.from_dlpack(w.a[n]) for n in w.a}
+        self.b = {n: torch.from_dlpack(w.b[n]) for n in w.b}
+        self.c = [{n: torch.empty((n, n), dtype=torch.float16, device="cuda") for n in (SMALL, LARGE)} for _ in range(max_lanes)]
+        self.streams = [torch.cuda.Stream() for _ in range(max_lanes)]
+
+    def serial(self, think=None) -> dict:
+        torch = self.torch
+        s = self.streams[0]
+        a, b, c = self.a, self.b, self.c[0]
+        t0, c0 = time.perf_counter(), time.process_time()
+        with torch.cuda.stream(s):
+            for n in self.sizes:
+                torch.matmul(a[n], b[n], out=c[n])
+                s.synchronize()
+                if think:
+                    think()
+        return _row(len(self.sizes), time.perf_counter() - t0, time.process_time() - c0, 1)
+
+    def threaded(self, S: int, think=None) -> dict:
+        torch = self.torch
+        q: "queue.Queue[int | None]" = queue.Queue()
+        for n in self.sizes:
+            q.put(n)
+        for _ in range(S):
+            q.put(None)
+        a, b = self.a, self.b
+
+        def worker(lane: int) -> None:
+            s, c = self.streams[lane], self.c[lane]
+            with torch.cuda.stream(s):
+                while (n := q.get()) is not None:
+                    torch.matmul(a[n], b[n], out=c[n])
+                    s.synchronize()
+                    if think:
+                        think()
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(S)]
+        t0, c0 = time.perf_counter(), time.process_time()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return _row(len(self.sizes), time.perf_counter() - t0, time.process_time() - c0, S)
+
+
+def median_row(rows: list[dict]) -> dict:
+    best = sorted(rows, key=lambda r: r["wu_per_ms"])[len(rows) // 2]
+    return dict(best, runs=[r["wu_per_ms"] for r in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    from exec_modes import machine_info
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--items", type=int, default=2000)
+    ap.add_argument("--streams", default="1,2,4,8,16,32")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--png", default=None)
+    a = ap.parse_args(argv)
+    S_list = [int(x) for x in a.streams.split(",")]
+    w = Workload(a.items, max(S_list))
+    tw = None if a.no_torch else TorchWorkload(w, max(S_list))
+    # warm-up: cuBLAS handles and heuristics per stream, uvloop, threads
+    warm = Workload.__new__(Workload)
+    warm.__dict__.update(w.__dict__, sizes=w.sizes[:200])
+    run_serial(warm)
+    for S in S_list:
+        run_threaded(warm, S)
+        run_async(warm, S)
+    if tw is not None:
+        tw.serial()
+        tw.threaded(max(S_list))
+
+    def rep(fn, *args) -> dict:
+        return median_row([fn(*args) for _ in range(a.reps)])
+
+    doc: dict = {"experiment": "bimodal", "machine": machine_info(), "items": a.items,
+                 "mix": "80% 512^3, 20% 2048^3 f16, every fifth large", "reps": a.reps, "rows": []}
+    serial = rep(run_serial, w)
+    doc["serial"] = serial
+    print(f"deviceop serial: {serial['wu_per_ms']:.1f} WU/ms", file=sys.stderr)
+    if tw is not None:
+        doc["torch_serial"] = rep(tw.serial)
+        print(f"torch serial:    {doc['torch_serial']['wu_per_ms']:.1f} WU/ms", file=sys.stderr)
+    for S in S_list:
+        row = {"streams": S, "threaded": rep(run_threaded, w, S), "async": rep(run_async, w, S)}
+        if tw is not None:
+            row["torch_threaded"] = rep(tw.threaded, S)
+        doc["rows"].append(row)
+        print(f"S={S:2d}: threaded {row['threaded']['wu_per_ms']:6.1f}  async {row['async']['wu_per_ms']:6.1f}"
+              + (f"  torch threaded {row['torch_threaded']['wu_per_ms']:6.1f}" if tw else "") + " WU/ms", file=sys.stderr)
+    best = max(doc["rows"], key=lambda r: r["async"]["wu_per_ms"])
+    doc["async_best"] = {"streams": best["streams"], "wu_per_ms": best["async"]["wu_per_ms"],
+                         "over_serial": best["async"]["wu_per_ms"] / serial["wu_per_ms"]}
+    s16 = next((r for r in doc["rows"] if r["streams"] == 16), None)
+    if s16:
+        doc["cpu_us_per_wu_s16"] = {"async": s16["async"]["cpu_us_per_wu"], "threaded": s16["threaded"]["cpu_us_per_wu"],
+                                    "async_threads": 1, "threaded_threads": 16}
+    print(f"async best: {best['async']['wu_per_ms']:.1f} WU/ms at S={best['streams']} "
+          f"({doc['async_best']['over_serial']:.2f}x deviceop serial)")
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+    if a.png:
+        from plots import plot_bimodal
+
+        plot_bimodal(doc, a.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

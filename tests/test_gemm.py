@@ -1,0 +1,192 @@
+"""do.kernels.gemm on every backend: shapes (odd, non-multiples of 8, empty), transposes, strided
+sub-matrices, alpha/beta, every float dtype against a float64 reference; bad input; graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import deviceop as do
+
+from helpers import FLOAT_DTYPES
+
+K = do.kernels
+
+# float32 accumulation over k terms; the inputs round to their dtype first (the reference uses
+# the rounded inputs), so only the products' accumulation and the output rounding differ
+TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-5}
+
+
+def _rand(rng: np.random.Generator, shape: tuple[int, ...], dt: do.DType) -> np.ndarray:
+    return rng.standard_normal(shape).astype(dt.np_dtype)
+
+
+def _check(got: np.ndarray, want: np.ndarray, dt: do.DType, k: int) -> None:
+    g = got.astype(np.float64)
+    assert not np.isnan(g).any(), "an output element was not written"
+    tol = TOL[dt.name]
+    np.testing.assert_allclose(g, want, rtol=tol, atol=tol * max(1.0, np.sqrt(k)) * 2)
+
+
+def _ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a.astype(np.float64) @ b.astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (5, 7, 3), (33, 17, 9), (64, 128, 96), (127, 61, 255), (256, 256, 256)])
+def test_gemm_matches_float64_reference(backend, dtype, m, k, n):
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    a, b = _rand(rng, (m, k), dtype), _rand(rng, (k, n), dtype)
+    c = do.full((m, n), float("nan"), dtype).sync()  # beta = 0: c is never read
+    out, ta, tb = K.gemm(c, do.from_numpy(a).sync(), do.from_numpy(b).sync()).sync()
+    assert out is c and ta.shape == (m, k) and tb.shape == (k, n)
+    _check(c.numpy(), _ref(a, b), dtype, k)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("ta,tb", [(False, True), (True, False), (True, True)])
+def test_gemm_transposed_views(backend, dtype, ta, tb):
+    m, k, n = 37, 29, 19
+    rng = np.random.default_rng(7)
+    a, b = _rand(rng, (m, k), dtype), _rand(rng, (k, n), dtype)
+    # store the transposes contiguously and pass .T views: nothing is copied
+    da = do.from_numpy(np.ascontiguousarray(a.T)).sync().T if ta else do.from_numpy(a).sync()
+    db = do.from_numpy(np.ascontiguousarray(b.T)).sync().T if tb else do.from_numpy(b).sync()
+    assert da.shape == (m, k) and db.shape == (k, n)
+    c = do.full((m, n), float("nan"), dtype).sync()
+    K.gemm(c, da, db).sync()
+    _check(c.numpy(), _ref(a, b), dtype, k)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_gemm_column_major_output_and_submatrices(backend, dtype):
+    rng = np.random.default_rng(3)
+    big_a, big_b = _rand(rng, (40, 50), dtype), _rand(rng, (60, 30), dtype)
+    a_np, b_np = big_a[3:24, 5:46], big_b[7:48, 2:13]  # strided rows: leading dims 50 and 30
+    da = do.from_numpy(big_a).sync()[3:24, 5:46]
+    db = do.from_numpy(big_b).sync()[7:48, 2:13]
+    # c as the transpose of a (n, m) buffer, inside a larger poisoned one
+    backing = do.full((15, 30), float("nan"), dtype).sync()
+    c = backing[2:13, 4:25].T
+    assert c.shape == (21, 11) and c.strides[0] == 1
+    K.gemm(c, da, db).sync()
+    _check(c.numpy(), _ref(a_np, b_np), dtype, 41)
+    rest = backing.numpy().astype(np.float64)
+    rest[2:13, 4:25] = 0
+    assert np.isnan(rest).sum() == 15 * 30 - 11 * 21, "gemm wrote outside c"
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_gemm_alpha_beta_and_partition_output(backend, dtype):
+    m, k, n = 24, 40, 16
+    rng = np.random.default_rng(11)
+    a, b, c0 = _rand(rng, (m, k), dtype), _rand(rng, (k, n), dtype), _rand(rng, (m, n), dtype)
+    c = do.from_numpy(c0).sync()
+    p = c.partition((8, 8))
+    out, _, _ = K.gemm(p, do.from_numpy(a).sync(), do.from_numpy(b).sync(), alpha=0.5, beta=-2.0).sync()
+    assert out is p  # same type in, same type out
+    _check(c.numpy(), 0.5 * _ref(a, b) - 2.0 * c0.astype(np.float64), dtype, k)
+
+
+def test_gemm_k_zero_scales_c(backend):
+    c0 = np.arange(6, dtype=np.float32).reshape(2, 3)
+    c = do.from_numpy(c0).sync()
+    K.gemm(c, do.zeros((2, 0), do.float32).sync(), do.zeros((0, 3), do.float32).sync(), beta=3.0).sync()
+    np.testing.assert_array_equal(c.numpy(), 3 * c0)
+
+
+def test_gemm_empty_output_is_a_no_op(backend):
+    out = K.gemm(do.zeros((0, 4), do.float16).sync(), do.zeros((0, 3), do.float16).sync(), do.zeros((3, 4), do.float16).sync()).sync()
+    assert out[0].shape == (0, 4)
+
+
+def test_gemm_tf32_opt_in(backend):
+    rng = np.random.default_rng(5)
+    a, b = _rand(rng, (64, 64), do.float32), _rand(rng, (64, 64), do.float32)
+    c = do.zeros((64, 64), do.float32).sync()
+    K.gemm(c, do.from_numpy(a).sync(), do.from_numpy(b).sync(), tf32=True).sync()
+    # TF32 keeps 10 mantissa bits of each input
+    np.testing.assert_allclose(c.numpy(), _ref(a, b), rtol=5e-3, atol=5e-2)
+
+
+def test_gemm_arguments_may_be_ops(backend):
+    a = np.ones((4, 6), np.float32)
+    b = np.full((6, 5), 2.0, np.float32)
+    out, _, _ = K.gemm(do.zeros((4, 5), do.float32), do.from_numpy(a), do.from_numpy(b)).sync()
+    np.testing.assert_array_equal(out.numpy(), np.full((4, 5), 12.0, np.float32))
+
+
+def test_gemm_chains_and_awaits(backend):
+    import asyncio
+
+    x = do.from_numpy(np.eye(8, dtype=np.float32) * 2).sync()
+    y = do.zeros((8, 8), do.float32).sync()
+    z = do.zeros((8, 8), do.float32).sync()
+    op = K.gemm(y, x, x).then(lambda r: K.gemm(z, r[0], x))  # z = (2I)(2I)(2I)
+    asyncio.run(_await(op))
+    np.testing.assert_array_equal(z.numpy(), np.eye(8, dtype=np.float32) * 8)
+
+
+async def _await(op):
+    return await op
+
+
+def test_gemm_in_a_graph(backend):
+    rng = np.random.default_rng(2)
+    a, b = _rand(rng, (48, 32), do.float16), _rand(rng, (32, 40), do.float16)
+    da, db = do.from_numpy(a).sync(), do.from_numpy(b).sync()
+    c = do.full((48, 40), float("nan"), do.float16).sync()
+    g = K.gemm(c, da, db).graph()
+    assert np.isnan(c.numpy().astype(np.float64)).all(), "recording must not run the GEMM"
+    for _ in range(3):
+        g.launch().sync()
+    _check(c.numpy(), _ref(a, b), do.float16, 32)
+
+
+def test_gemm_streams_are_ordered_by_the_ledger(backend):
+    # a GEMM reading y on one stream after a fill writing y on another stream
+    x = do.from_numpy(np.eye(16, dtype=np.float32)).sync()
+    y = do.zeros((16, 16), do.float32).sync()
+    z = do.zeros((16, 16), do.float32).sync()
+    s = do.streams()
+    futs = []
+    for v in (1.0, 2.0, 3.0):
+        futs.append(K.fill(y.view(-1).partition((256,)), v).submit(s[0]))
+        futs.append(K.gemm(z, x, y).submit(s[1 % len(s)]))
+    for f in futs:
+        f.result(30)
+    assert (z.numpy() == 3.0).all()
+
+
+# -- bad input: every error before any GPU work ----------------------------------------------
+def test_gemm_bad_input(backend):
+    f16, f32 = do.float16, do.float32
+    a, b, c = do.zeros((4, 3), f16).sync(), do.zeros((3, 5), f16).sync(), do.zeros((4, 5), f16).sync()
+    with pytest.raises(do.ShapeError, match="does not give c"):
+        K.gemm(do.zeros((5, 4), f16).sync(), a, b)
+    with pytest.raises(do.ShapeError, match="does not give c"):
+        K.gemm(c, a, do.zeros((4, 5), f16).sync())
+    with pytest.raises(do.DTypeError, match="one dtype"):
+        K.gemm(c, a, do.zeros((3, 5), f32).sync())
+    with pytest.raises(do.DTypeError, match="float16, bfloat16 and float32"):
+        K.gemm(do.zeros((4, 5), do.int32).sync(), a, b)
+    with pytest.raises(do.ShapeError, match="2-D"):
+        K.gemm(c, do.zeros(12, f16).sync(), b)
+    with pytest.raises(do.UsageError, match="must be a Tensor"):
+        K.gemm(c, np.zeros((4, 3), np.float16), b)
+    with pytest.raises(do.UsageError, match="float32 only"):
+        K.gemm(c, a, b, tf32=True)
+    with pytest.raises(do.DTypeError, match="alpha"):
+        K.gemm(c, a, b, alpha="2")
+    with pytest.raises(do.UsageError, match="overlaps"):
+        sq = do.zeros((4, 4), f16).sync()
+        K.gemm(sq, sq, do.zeros((4, 4), f16).sync())
+    with pytest.raises(do.ShapeError, match="unit stride"):
+        big = do.zeros((8, 6), f16).sync()
+        K.gemm(c, big[::2, ::2], b)
+
+
+def test_gemm_bad_input_from_an_op_fails_at_run_time(backend):
+    op = K.gemm(do.zeros((4, 5), do.float32), do.zeros((4, 4), do.float32), do.zeros((3, 5), do.float32))
+    with pytest.raises(do.ShapeError):
+        op.sync()

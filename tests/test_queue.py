@@ -1,0 +1,249 @@
+"""Work queues: WorkQueue (one thread, S streams, asyncio/uvloop/trio) and ThreadedQueue."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+import deviceop as do
+from deviceop.executors import ItemResult, QueueCancelled, ThreadedQueue, WorkQueue
+
+from helpers import slow_fill
+
+K = do.kernels
+LOOPS = [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), pytest.param(("asyncio", {}), id="asyncio"),
+         pytest.param(("trio", {}), id="trio")]
+
+
+def _lane_buffers(n_lanes: int, size: int = 256) -> list[do.Tensor]:
+    return [do.zeros(size, do.float32).sync() for _ in range(n_lanes)]
+
+
+def _items(bufs: list[do.Tensor], count: int):
+    # item i fills its lane's buffer with i; its output says which value it wrote
+    return [lambda lane, i=i: K.fill(bufs[lane].partition((128,)), float(i)).map(lambda out, i=i: (i, out[0].tensor)) for i in range(count)]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("streams", [1, 3, 6])
+def test_work_queue_runs_every_item_in_order_of_results(backend, loop, streams):
+    bufs = _lane_buffers(streams)
+
+    async def main():
+        q = WorkQueue(streams=streams, capacity=4)
+        res = await q.run(_items(bufs, 40))
+        return q, res
+
+    q, res = anyio.run(main, backend=loop[0], backend_options=loop[1])
+    assert [r.index for r in res] == list(range(40))
+    assert all(r.ok for r in res), [r.error for r in res if not r.ok]
+    assert [r.value[0] for r in res] == list(range(40))
+    assert {r.lane for r in res} <= set(range(streams))
+    st = q.stats()
+    assert st.items == 40 and st.errors == 0 and st.cancelled == 0 and st.host_threads == 1
+    assert st.throughput > 0 and 0 <= st.latency_p50 <= st.latency_p90 <= st.latency_p99
+    assert len(st.busy_s) == streams and sum(st.busy_s) > 0
+    # every lane's buffer holds the last value some item wrote there
+    for lane in range(streams):
+        last = [r.value[0] for r in res if r.lane == lane]
+        if last:
+            assert (bufs[lane].numpy() == last[-1]).all()
+
+
+def test_work_queue_back_pressure_bounds_pending_items(backend):
+    bufs = _lane_buffers(2)
+    seen = []
+
+    async def main():
+        q = WorkQueue(streams=2, capacity=3)
+        async with q:
+            for _ in range(12):
+                await q.put(lambda lane: slow_fill(bufs[lane], 1.0, 0.002))
+                # put returns only while at most `capacity` items are queued or in flight
+                seen.append(sum(1 for r in q.results() if r.latency_s == 0.0))
+        return q
+
+    q = anyio.run(main)
+    assert q.stats().items == 12 and max(seen) <= 3 and seen[-1] >= 1
+
+
+def test_work_queue_keeps_errors_per_item_and_goes_on(backend):
+    bufs = _lane_buffers(2)
+
+    def bad(lane):
+        return K.add(bufs[lane].partition((100,)), bufs[lane], bufs[lane])  # 100 does not divide 256
+
+    def not_an_op(lane):
+        return 42
+
+    async def main():
+        q = WorkQueue(streams=2)
+        return q, await q.run([_items(bufs, 1)[0], bad, not_an_op, _items(bufs, 2)[1]])
+
+    q, res = anyio.run(main)
+    assert res[0].ok and res[3].ok
+    assert isinstance(res[1].error, do.ShapeError)
+    assert isinstance(res[2].error, do.UsageError) and "not a DeviceOp" in str(res[2].error)
+    with pytest.raises(do.ShapeError):
+        res[1].unwrap()
+    assert q.stats().errors == 2
+
+
+def test_work_queue_cancel_stops_everything(backend):
+    bufs = _lane_buffers(2)
+
+    async def main():
+        q = WorkQueue(streams=2, capacity=100)
+        async with q:
+            for _ in range(20):
+                await q.put(lambda lane: slow_fill(bufs[lane], 2.0, 0.05))
+            await anyio.sleep(0.02)
+            q.cancel()
+            await anyio.sleep(0)  # the body is inside the queue's cancel scope
+        return q
+
+    t = time.perf_counter()
+    q = anyio.run(main)
+    assert time.perf_counter() - t < 0.5, "cancel must not wait for queued work"
+    res = q.results()
+    assert len(res) == 20
+    assert any(isinstance(r.error, QueueCancelled) for r in res)
+    assert q.stats().cancelled >= 18
+    with pytest.raises(do.UsageError, match="runs once"):
+        anyio.run(q.__aenter__)
+    # buffers are usable again once the in-flight fills complete
+    do.to_numpy(bufs[0]).sync()
+
+
+def test_work_queue_async_iterator_source(backend):
+    bufs = _lane_buffers(3)
+
+    async def gen():
+        for it in _items(bufs, 10):
+            await anyio.sleep(0)
+            yield it
+
+    async def main():
+        return await WorkQueue(streams=3).run(gen())
+
+    res = anyio.run(main)
+    assert [r.value[0] for r in res] == list(range(10))
+
+
+def test_work_queue_bad_arguments(backend):
+    with pytest.raises(do.UsageError, match="at least one stream"):
+        WorkQueue(streams=0)
+    with pytest.raises(do.UsageError, match="capacity"):
+        WorkQueue(streams=2, capacity=0)
+    with pytest.raises(do.UsageError, match="not a deviceop stream"):
+        WorkQueue(streams=["s0"])
+
+    async def put_outside():
+        await WorkQueue(streams=1).put(lambda lane: None)
+
+    with pytest.raises(do.UsageError, match="inside 'async with'"):
+        anyio.run(put_outside)
+
+    async def put_junk():
+        async with WorkQueue(streams=1) as q:
+            await q.put(3)
+
+    with pytest.raises(do.UsageError, match="DeviceOps or callables"):
+        anyio.run(put_junk)
+
+
+def test_work_queue_more_streams_than_the_pool(backend):
+    n = len(do.streams()) + 3
+    bufs = _lane_buffers(n)
+
+    async def main():
+        q = WorkQueue(streams=n)
+        return q, await q.run(_items(bufs, 3 * n))
+
+    q, res = anyio.run(main)
+    assert all(r.ok for r in res) and len(q.streams) == n and len({id(s) for s in q.streams}) == n
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+def test_threaded_queue_matches(backend, streams):
+    bufs = _lane_buffers(streams)
+    q = ThreadedQueue(streams=streams, capacity=3)
+    res = q.run(_items(bufs, 30))
+    assert all(isinstance(r, ItemResult) and r.ok for r in res)
+    assert [r.value[0] for r in res] == list(range(30))
+    st = q.stats()
+    assert st.items == 30 and st.host_threads == streams and len(st.busy_s) == streams
+    with pytest.raises(do.UsageError, match="runs once"):
+        q.run([])
+
+
+def test_threaded_queue_errors_and_cancel(backend):
+    bufs = _lane_buffers(2)
+    q = ThreadedQueue(streams=2, capacity=2)
+
+    def items():
+        yield lambda lane: 42
+        for i in range(30):
+            if i == 3:
+                q.cancel()
+            yield lambda lane: slow_fill(bufs[lane], 1.0, 0.01)
+
+    res = q.run(items())
+    assert isinstance(res[0].error, do.UsageError)
+    assert len(res) < 31 or any(isinstance(r.error, QueueCancelled) for r in res)
+    assert q.stats().items == len(res)
+
+
+def test_gemm_queue_results(backend):
+    """The bimodal pattern in miniature: per-lane outputs, shared inputs, checked values."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((32, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 24)).astype(np.float32)
+    da, db = do.from_numpy(a).sync(), do.from_numpy(b).sync()
+    outs = [do.zeros((32, 24), do.float32).sync() for _ in range(3)]
+    items = [lambda lane: K.gemm(outs[lane], da, db) for _ in range(9)]
+
+    async def main():
+        return await WorkQueue(streams=3).run(items)
+
+    for r in anyio.run(main):
+        np.testing.assert_allclose(r.unwrap()[0].numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_on_done_hooks_run_per_item_in_their_lane(backend):
+    bufs = _lane_buffers(2)
+    seen_async, seen_threads = [], []
+
+    async def hook(r):
+        await anyio.sleep(0)
+        seen_async.append((r.index, r.lane))
+        if r.index == 3:
+            raise ValueError("post-processing failed")
+
+    async def main():
+        return await WorkQueue(streams=2, on_done=hook).run(_items(bufs, 6))
+
+    res = anyio.run(main)
+    assert sorted(i for i, _ in seen_async) == list(range(6))
+    assert all(lane == res[i].lane for i, lane in seen_async)
+    assert isinstance(res[3].error, ValueError) and res[2].ok
+    q = ThreadedQueue(streams=2, on_done=lambda r: seen_threads.append(r.index))
+    q.run(_items(bufs, 5))
+    assert sorted(seen_threads) == list(range(5))
+    with pytest.raises(do.UsageError, match="on_done"):
+        WorkQueue(streams=1, on_done=3)
+
+
+def test_poll_argument_is_checked(backend):
+    for bad in (-1, 2, "x", True):
+        with pytest.raises(do.UsageError, match="poll"):
+            WorkQueue(streams=1, poll=bad)
+    bufs = _lane_buffers(2)
+
+    async def main():
+        return await WorkQueue(streams=2, poll=0).run(_items(bufs, 6))  # park at once: still correct
+
+    assert [r.value[0] for r in anyio.run(main)] == list(range(6))
