@@ -4,11 +4,23 @@ queues (``WorkQueue``: S streams from one host thread; ``ThreadedQueue``: a thre
 from ._await import poll_budget, set_poll_budget
 from ._context import ExecutionContext
 from ._future import DeviceFuture
-from ._queue import WorkQueue
-from ._queue_stats import ItemResult, QueueCancelled, QueueStats
-from ._threaded import ThreadedQueue
 
 __all__ = [
     "ExecutionContext", "DeviceFuture", "set_poll_budget", "poll_budget",
     "WorkQueue", "ThreadedQueue", "ItemResult", "QueueStats", "QueueCancelled",
 ]
+
+# the work queues load on first use: every millisecond of import is start-up time
+_LAZY = {"WorkQueue": "._queue", "ThreadedQueue": "._threaded", "ItemResult": "._queue_stats",
+         "QueueStats": "._queue_stats", "QueueCancelled": "._queue_stats"}
+
+
+def __getattr__(name: str) -> object:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'deviceop.executors' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value

@@ -9,7 +9,6 @@ arguments.
 
 from ._builtins import BUILTIN_SOURCE, builtin_names, compile_builtins, warmup
 from ._elementwise import add, axpy, copy, fill, gelu, mul, relu, scale, silu
-from ._gemm import gemm
 from ._kernel import Kernel
 from ._nvrtc import cache_dir, cache_stats, compile_cubin
 from ._params import In, InOut, Out
@@ -23,3 +22,13 @@ __all__ = [
     "sum", "max", "softmax", "rms_norm", "matvec", "gemm",
     "compile_builtins", "builtin_names", "warmup", "BUILTIN_SOURCE", "compile_cubin", "cache_dir", "cache_stats",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # gemm loads on first use (its module is start-up time for programs that never call it)
+    if name == "gemm":
+        from ._gemm import gemm
+
+        globals()["gemm"] = gemm
+        return gemm
+    raise AttributeError(f"module 'deviceop.kernels' has no attribute {name!r}")

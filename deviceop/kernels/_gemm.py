@@ -37,9 +37,11 @@ def gemm(c: Any, a: Any, b: Any, alpha: float = 1.0, beta: float = 0.0, *, tf32:
     On cuda each stream has its own cuBLAS handle and workspace, so GEMMs can be recorded into
     graphs; the host backend computes with numpy in float32.
     """
-    alpha = check_scalar(alpha, float32, "alpha of gemm()")
-    beta = check_scalar(beta, float32, "beta of gemm()")
-    if not isinstance(tf32, bool):
+    if type(alpha) is not float:  # plain floats skip the abstract-number checks
+        alpha = check_scalar(alpha, float32, "alpha of gemm()")
+    if type(beta) is not float:
+        beta = check_scalar(beta, float32, "beta of gemm()")
+    if tf32 is not False and tf32 is not True:
         raise UsageError(f"tf32 of gemm() must be True or False, got {tf32!r}")
     args = (c, a, b)
     lazy = has_op(args)
