@@ -2,8 +2,11 @@
 
 2000 f16 GEMMs, 80% 512^3 and 20% 2048^3 interleaved (every fifth is large), drained:
   serial    one thread, one stream, sync per op                  (deviceop and PyTorch)
-  threaded  S threads, a stream each, sync per op (ThreadedQueue) (deviceop and PyTorch)
+  threaded  S threads, a stream each (ThreadedQueue; PyTorch: sync per op)
   async     one thread (uvloop), S tasks, a stream each (WorkQueue)
+deviceop's queues run with their default batching (a worker takes up to 8 items that are
+already waiting and awaits them together) and again with batch=1 (one sync or await per item,
+as the paper's loops do).
 for S in {1, 2, 4, 8, 16, 32}. Throughput in work units (GEMMs) per ms, median over --reps
 runs after a warm-up run; process CPU time per work unit. Inputs are shared (read only); each
 stream writes its own outputs, so the access ledger never orders one stream after another.
@@ -61,18 +64,18 @@ def run_serial(w: Workload, think=None) -> dict:
     return _row(len(w.sizes), time.perf_counter() - t0, time.process_time() - c0, 1)
 
 
-def run_threaded(w: Workload, S: int, think=None) -> dict:
-    q = ThreadedQueue(streams=S, capacity=4 * S, on_done=(lambda r: think()) if think else None)
+def run_threaded(w: Workload, S: int, think=None, batch: int = 8) -> dict:
+    q = ThreadedQueue(streams=S, capacity=4 * S, on_done=(lambda r: think()) if think else None, batch=batch)
     res = q.run(w.items())
     _check(res)
     st = q.stats()
     return _row(len(res), st.seconds, st.cpu_s, st.host_threads)
 
 
-def run_async(w: Workload, S: int, think_async=None) -> dict:
+def run_async(w: Workload, S: int, think_async=None, batch: int = 8) -> dict:
     import uvloop
 
-    q = WorkQueue(streams=S, capacity=4 * S, on_done=think_async)
+    q = WorkQueue(streams=S, capacity=4 * S, on_done=think_async, batch=batch)
     res = uvloop.run(q.run(w.items()))
     _check(res)
     st = q.stats()
@@ -168,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     for S in S_list:
         run_threaded(warm, S)
         run_async(warm, S)
+        run_async(warm, S, batch=1)
     if tw is not None:
         tw.serial()
         tw.threaded(max(S_list))
@@ -184,11 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         doc["torch_serial"] = rep(tw.serial)
         print(f"torch serial:    {doc['torch_serial']['wu_per_ms']:.1f} WU/ms", file=sys.stderr)
     for S in S_list:
-        row = {"streams": S, "threaded": rep(run_threaded, w, S), "async": rep(run_async, w, S)}
+        row = {"streams": S, "threaded": rep(run_threaded, w, S), "async": rep(run_async, w, S),
+               "threaded_batch1": rep(run_threaded, w, S, None, 1), "async_batch1": rep(run_async, w, S, None, 1)}
         if tw is not None:
             row["torch_threaded"] = rep(tw.threaded, S)
         doc["rows"].append(row)
-        print(f"S={S:2d}: threaded {row['threaded']['wu_per_ms']:6.1f}  async {row['async']['wu_per_ms']:6.1f}"
+        print(f"S={S:2d}: threaded {row['threaded']['wu_per_ms']:6.1f}  async {row['async']['wu_per_ms']:6.1f}  "
+              f"(batch=1: threaded {row['threaded_batch1']['wu_per_ms']:6.1f}  async {row['async_batch1']['wu_per_ms']:6.1f})"
               + (f"  torch threaded {row['torch_threaded']['wu_per_ms']:6.1f}" if tw else "") + " WU/ms", file=sys.stderr)
     best = max(doc["rows"], key=lambda r: r["async"]["wu_per_ms"])
     doc["async_best"] = {"streams": best["streams"], "wu_per_ms": best["async"]["wu_per_ms"],

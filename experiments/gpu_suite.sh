@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (for the lent H100): tests on cuda and host, the demo, and the
-# benchmarks; JSON, logs and PNG figures go to $OUT. Usage: bash experiments/gpu_suite.sh [quick|full|core|work]
+# benchmarks; JSON, logs and PNG figures go to $OUT. Usage: bash experiments/gpu_suite.sh [quick|full|core|work|queue]
 # (core: build, tests, exec_modes and kernels; work: build, tests, kernels (GEMM included) and the
-# bimodal queues; full and quick: everything, quick with fewer repeats)
+# bimodal queues; queue: build, tests and the bimodal queues; full and quick: everything, quick
+# with fewer repeats)
 set -u -o pipefail
 MODE=${1:-full}
 OUT=${OUT:-/tmp/deviceop-out}
@@ -30,6 +31,9 @@ cat "$log"
 
 DEVICEOP_PROPERTY_EXAMPLES=1000 python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/pytest.xml" tests 2>&1 | tee "$OUT/pytest.log" | tail -n 40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
+# GEMM through cublasGemmEx instead of cuBLASLt plans
+DEVICEOP_GEMM=ex python3 -m pytest -q -p no:cacheprovider tests/test_gemm.py 2>&1 | tee "$OUT/pytest_gemm_ex.log" | tail -n 3
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 # the await path without the native module (watcher-thread wake-ups, cuda.bindings launches)
 DEVICEOP_NATIVE=0 python3 -m pytest -q -p no:cacheprovider tests/test_await.py 2>&1 | tee "$OUT/pytest_nonative.log" | tail -n 5
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
@@ -45,6 +49,10 @@ kernels() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 plots() { python3 experiments/plots.py "$OUT" || status=1; }
+if [ "$MODE" = queue ]; then
+  bimodal; plots
+  echo "gpu_suite status: $status"; exit $status
+fi
 if [ "$MODE" = work ]; then
   kernels; bimodal
   # the bench command end to end (its overlap bench: JSON, log and figure into one folder)

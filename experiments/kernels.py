@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import deviceop as do  # noqa: E402
 from cuda.bindings import driver  # noqa: E402
+from deviceop.kernels import _gemm  # noqa: E402
 
 K = do.kernels
 
@@ -125,21 +126,33 @@ def gemm(sizes: tuple[int, ...], trials: int) -> dict:
             for _ in range(reps):
                 torch.matmul(ta, tb, out=tc)
 
+        def ours_gemm_ex(reps=reps) -> None:
+            # the same through cublasGemmEx on every call (cuBLAS heuristics each time)
+            _gemm._USE_LT[0] = False
+            try:
+                ours(reps)
+            finally:
+                _gemm._USE_LT[0] = True
+
         r: dict = {"reps": reps}
         with torch.cuda.stream(ts):
-            # interleaved, so clock and thermal drift hit both alike
-            g_ours, g_torch, h_ours, h_torch = [], [], [], []
+            # interleaved, so clock and thermal drift hit all alike
+            g_ours, g_torch, h_ours, h_torch, g_ex, h_ex = [], [], [], [], [], []
             for _ in range(3):
                 g_ours.append(gpu_ms_queued(ours, s, 1, trials) / reps)
                 g_torch.append(gpu_ms_queued(theirs, s, 1, trials) / reps)
+                g_ex.append(gpu_ms_queued(ours_gemm_ex, s, 1, trials) / reps)
                 h_ours.append(host_ms(ours, s, 1, trials) / reps)
                 h_torch.append(host_ms(theirs, s, 1, trials) / reps)
-        for k, v in (("gpu_ms", g_ours), ("torch_gpu_ms", g_torch), ("wall_ms", h_ours), ("torch_wall_ms", h_torch)):
+                h_ex.append(host_ms(ours_gemm_ex, s, 1, trials) / reps)
+        for k, v in (("gpu_ms", g_ours), ("torch_gpu_ms", g_torch), ("wall_ms", h_ours), ("torch_wall_ms", h_torch),
+                     ("gemm_ex_gpu_ms", g_ex), ("gemm_ex_wall_ms", h_ex)):
             r[k] = float(np.median(v))
         r["tflops"] = flop / r["gpu_ms"] / 1e9
         r["torch_tflops"] = flop / r["torch_gpu_ms"] / 1e9
         r["of_torch"] = r["torch_gpu_ms"] / r["gpu_ms"]
         r["wall_of_torch"] = r["torch_wall_ms"] / r["wall_ms"]
+        r["gemm_ex_of_torch"] = r["torch_gpu_ms"] / r["gemm_ex_gpu_ms"]
         want = (ta.float() @ tb.float()).half()
         if not torch.allclose(torch.from_dlpack(c).float(), want.float(), rtol=2e-2, atol=2e-2):
             raise AssertionError(f"deviceop gemm {n}^3 produced wrong values")
@@ -308,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in doc["gemm"].items():
         if isinstance(v, dict):
             print(f"gemm {k}^3 f16: {v['tflops']:.0f} TFLOP/s, torch {v['torch_tflops']:.0f}: {v['of_torch'] * 100:.1f}% "
-                  f"(wall per call {v['wall_ms'] * 1e3:.1f} us vs torch {v['torch_wall_ms'] * 1e3:.1f} us)")
+                  f"(wall per call {v['wall_ms'] * 1e3:.1f} us vs torch {v['torch_wall_ms'] * 1e3:.1f} us); "
+                  f"through cublasGemmEx: {v['gemm_ex_of_torch'] * 100:.1f}%, {v['gemm_ex_wall_ms'] * 1e3:.1f} us per call")
     print("second process start:", {k: round(v, 1) for k, v in doc["second_process_start"].items()})
     return 0
 

@@ -75,6 +75,9 @@ def plot_bimodal(doc: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(S, [r["async"]["wu_per_ms"] for r in rows], "o-", linewidth=2.2, label="deviceop async (1 thread)")
     ax.plot(S, [r["threaded"]["wu_per_ms"] for r in rows], "s-", label="deviceop threaded (S threads)")
+    if "async_batch1" in rows[0]:
+        ax.plot(S, [r["async_batch1"]["wu_per_ms"] for r in rows], "o:", color="C0", alpha=0.6, label="deviceop async, batch=1")
+        ax.plot(S, [r["threaded_batch1"]["wu_per_ms"] for r in rows], "s:", color="C1", alpha=0.6, label="deviceop threaded, batch=1")
     ax.axhline(doc["serial"]["wu_per_ms"], color="C2", linestyle=":", label="deviceop serial")
     if "torch_serial" in doc:
         ax.plot(S, [r["torch_threaded"]["wu_per_ms"] for r in rows], "^--", color="C3", label="PyTorch threaded")

@@ -247,3 +247,41 @@ def test_poll_argument_is_checked(backend):
         return await WorkQueue(streams=2, poll=0).run(_items(bufs, 6))  # park at once: still correct
 
     assert [r.value[0] for r in anyio.run(main)] == list(range(6))
+
+
+@pytest.mark.parametrize("batch", [1, 3, 16])
+def test_batches_keep_per_item_outcomes(backend, batch):
+    bufs = _lane_buffers(2)
+
+    def bad(lane):
+        return K.add(bufs[lane].partition((100,)), bufs[lane], bufs[lane])  # fails when enqueued
+
+    items = _items(bufs, 10)
+    items[4] = bad
+
+    async def main():
+        q = WorkQueue(streams=2, capacity=10, batch=batch)
+        async with q:
+            for it in items:  # all queued before a task takes any: batches of up to `batch`
+                await q.put(it)
+        return q.results()
+
+    res = anyio.run(main)
+    assert isinstance(res[4].error, do.ShapeError)
+    assert [r.value[0] for i, r in enumerate(res) if i != 4] == [i for i in range(10) if i != 4]
+    tq = ThreadedQueue(streams=2, capacity=10, batch=batch)
+    tres = tq.run(items[:4] + [bad] + _items(bufs, 10)[5:])
+    assert isinstance(tres[4].error, do.ShapeError)
+    assert all(r.ok for i, r in enumerate(tres) if i != 4)
+    for lane in range(2):
+        last = [r.value[0] for r in tres if r.lane == lane and r.ok]
+        if last:
+            assert (bufs[lane].numpy() == last[-1]).all()
+
+
+def test_batch_argument_is_checked(backend):
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(do.UsageError, match="batch"):
+            WorkQueue(streams=1, batch=bad)
+        with pytest.raises(do.UsageError, match="batch"):
+            ThreadedQueue(streams=1, batch=bad)

@@ -18,7 +18,9 @@ from typing import Any, AsyncIterable, Iterable, Sequence
 
 from .._errors import UsageError
 from ._await import await_op
-from ._queue_stats import ItemResult, QueueCancelled, QueueStats, Recorder, check_capacity, lanes_of, resolve
+from ._queue_stats import (
+    Batch, ItemResult, QueueCancelled, QueueStats, Recorder, check_batch, check_capacity, lanes_of, resolve, take_batch,
+)
 
 __all__ = ["WorkQueue"]
 
@@ -37,10 +39,16 @@ class WorkQueue:
     costs nothing extra (the loop has other tasks to run between checks) and keeps host
     functions, and the thread hand-offs they cause, off the streams; an item that runs longer
     parks and costs no CPU. Default 2 ms.
+    ``batch``: a task takes up to this many items that are already waiting (it never waits
+    for more) and runs them as one execution on its stream, awaiting them together. Results
+    and errors stay per item; an item's latency then includes the rest of its batch. When
+    items arrive faster than the GPU drains them this removes most of the per-item host work;
+    when they trickle in, batches are of one. Default 8.
     """
 
     def __init__(self, streams: "int | Sequence[Any] | None" = None, capacity: int | None = None,
-                 on_done: Any = None, poll: float = 2e-3) -> None:
+                 on_done: Any = None, poll: float = 2e-3, batch: int = 8) -> None:
+        self.batch = check_batch(batch)
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0 <= poll <= 1:
             raise UsageError(f"poll must be 0 to 1 seconds, got {poll!r}")
         self.poll = float(poll)
@@ -147,6 +155,10 @@ class WorkQueue:
         clock = time.perf_counter
         busy = self._rec.busy
         items = self._items
+
+        def more() -> Any:
+            return items.popleft() if items else None
+
         while True:
             if not items:
                 if self._closed:
@@ -155,28 +167,49 @@ class WorkQueue:
                 self._idle.append(ev)
                 await ev.wait()
                 continue
-            item, r = items.popleft()
+            batch = take_batch(items.popleft(), more, self.batch)
             t0 = clock()
-            r.queued_s = t0 - r.queued_s
-            r.lane = lane
+            ops = []
+            for item, r in batch:
+                r.queued_s = t0 - r.queued_s
+                r.lane = lane
+                try:
+                    op = resolve(item, lane)
+                    op._take("a WorkQueue")
+                    ops.append((r, op))
+                except Exception as e:  # kept per item; the queue goes on
+                    r.error = e
             try:
-                op = resolve(item, lane)
-                op._take("a WorkQueue")
-                r.value = await await_op(op, stream, "WorkQueue", None, self.poll)
-            except Exception as e:  # kept per item; the queue goes on
-                r.error = e
+                if len(ops) == 1:
+                    r, op = ops[0]
+                    r.value = await await_op(op, stream, "WorkQueue", None, self.poll)
+                elif ops:
+                    outs = await await_op(Batch.op([op for _, op in ops]), stream, "WorkQueue", None, self.poll)
+                    for (r, _), (ok, v) in zip(ops, outs):
+                        if ok:
+                            r.value = v
+                        else:
+                            r.error = v
+            except Exception as e:  # the execution failed as a whole (a CUDA error)
+                for r, _ in ops:
+                    r.error = r.error or e
             except BaseException:  # cancelled: the await path hands the GPU work to a watcher
-                r.error = QueueCancelled(f"item {r.index} was cancelled while it ran on stream {lane}")
+                for r, _ in ops:
+                    r.error = QueueCancelled(f"item {r.index} was cancelled while it ran on stream {lane}")
                 raise
             finally:
                 t1 = clock()
-                r.latency_s = t1 - t0
+                for _, r in batch:
+                    r.latency_s = t1 - t0
                 busy[lane] += t1 - t0
-                self._pending -= 1
-                if self._space:
+                self._pending -= len(batch)
+                for _ in batch:
+                    if not self._space:
+                        break
                     self._wake(self._space)
             if self.on_done is not None:
-                try:
-                    await self.on_done(r)
-                except Exception as e:  # kept with the item, like the op's own errors
-                    r.error = r.error or e
+                for _, r in batch:
+                    try:
+                        await self.on_done(r)
+                    except Exception as e:  # kept with the item, like the op's own errors
+                        r.error = r.error or e

@@ -168,3 +168,58 @@ def check_capacity(capacity: Any, lanes: int) -> int:
 
 
 Factory = Callable[[int], Any]
+
+
+class Batch:
+    """Several queue items run as one execution on one stream; each keeps its own outcome.
+
+    Items of one stream run in order on it anyway, so one execution context (one completion
+    event, one wait) serves them all; what the batch saves is the per-item bookkeeping of
+    the host thread, which is what limits a queue of short GPU work.
+    """
+
+    _cls: Any = None
+
+    @classmethod
+    def op(cls, ops: "list[Any]") -> Any:
+        if cls._cls is None:
+            from ..ops._base import DeviceOp  # noqa: PLC0415 - executors load before ops
+
+            class _BatchOp(DeviceOp):  # type: ignore[type-arg]
+                __slots__ = ("_ops",)
+
+                def __init__(self, ops: "list[Any]") -> None:
+                    self._used = None
+                    self._ops = ops
+
+                def __repr__(self) -> str:
+                    return f"<{len(self._ops)} queue items>"
+
+                def _run(self, cx: Any) -> "list[tuple[bool, Any]]":
+                    out: "list[tuple[bool, Any]]" = []
+                    for o in self._ops:
+                        try:
+                            out.append((True, o._run(cx)))
+                        except Exception as e:  # this item's error; the others still run
+                            out.append((False, e))
+                    return out
+
+            cls._cls = _BatchOp
+        return cls._cls(ops)
+
+
+def take_batch(first: Any, more: Callable[[], Any], limit: int) -> list[Any]:
+    """``first`` plus up to ``limit - 1`` more from ``more()`` (which returns None when empty)."""
+    batch = [first]
+    while len(batch) < limit:
+        nxt = more()
+        if nxt is None:
+            break
+        batch.append(nxt)
+    return batch
+
+
+def check_batch(batch: Any) -> int:
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise UsageError(f"batch (items a stream's worker takes at once) must be an int >= 1, got {batch!r}")
+    return batch

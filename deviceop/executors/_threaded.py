@@ -10,7 +10,9 @@ import time
 from typing import Any, Iterable, Sequence
 
 from .._errors import UsageError
-from ._queue_stats import ItemResult, QueueStats, Recorder, check_capacity, lanes_of, resolve
+from ._queue_stats import (
+    Batch, ItemResult, QueueStats, Recorder, check_batch, check_capacity, lanes_of, resolve, take_batch,
+)
 from ._terminals import run_sync
 
 __all__ = ["ThreadedQueue"]
@@ -24,10 +26,13 @@ class ThreadedQueue:
     ``run(items)`` puts every item (blocking while ``capacity`` are pending), waits for all and
     returns their results; ``cancel()`` (from any thread) stops workers taking new items.
     ``on_done``: optional ``f(result)`` called in the stream's thread after each item.
+    ``batch``: as for :class:`WorkQueue`, a thread takes up to this many waiting items and
+    runs them as one execution (default 8; 1 for one ``sync_on`` per item).
     """
 
     def __init__(self, streams: "int | Sequence[Any] | None" = None, capacity: int | None = None,
-                 on_done: Any = None) -> None:
+                 on_done: Any = None, batch: int = 8) -> None:
+        self.batch = check_batch(batch)
         if on_done is not None and not callable(on_done):
             raise UsageError(f"on_done must be a callable f(result), got {type(on_done).__name__}")
         self.on_done = on_done
@@ -86,30 +91,64 @@ class ThreadedQueue:
     def _worker(self, lane: int, stream: Any) -> None:
         clock = time.perf_counter
         busy = self._rec.busy
-        while True:
-            got = self._q.get()
+        q = self._q
+        stop = []
+
+        def more() -> Any:
+            if stop:
+                return None
+            try:
+                got = q.get_nowait()
+            except queue.Empty:
+                return None
+            if got is _STOP:
+                stop.append(True)
+                return None
+            return got
+
+        while not stop:
+            got = q.get()
             if got is _STOP:
                 return
-            item, r = got
+            batch = take_batch(got, more, self.batch)
             if self._cancelled.is_set():
-                self._slots.release()
+                for _ in batch:
+                    self._slots.release()
                 continue
             t0 = clock()
-            r.queued_s = t0 - r.queued_s
-            r.lane = lane
+            ops = []
+            for item, r in batch:
+                r.queued_s = t0 - r.queued_s
+                r.lane = lane
+                try:
+                    op = resolve(item, lane)
+                    op._take("a ThreadedQueue")
+                    ops.append((r, op))
+                except Exception as e:
+                    r.error = e
             try:
-                op = resolve(item, lane)
-                op._take("a ThreadedQueue")
-                r.value = run_sync(op, stream, "ThreadedQueue")
+                if len(ops) == 1:
+                    ops[0][0].value = run_sync(ops[0][1], stream, "ThreadedQueue")
+                elif ops:
+                    outs = run_sync(Batch.op([op for _, op in ops]), stream, "ThreadedQueue")
+                    for (r, _), (ok, v) in zip(ops, outs):
+                        if ok:
+                            r.value = v
+                        else:
+                            r.error = v
             except Exception as e:
-                r.error = e
+                for r, _ in ops:
+                    r.error = r.error or e
             finally:
                 t1 = clock()
-                r.latency_s = t1 - t0
+                for _, r in batch:
+                    r.latency_s = t1 - t0
                 busy[lane] += t1 - t0
-                self._slots.release()
+                for _ in batch:
+                    self._slots.release()
             if self.on_done is not None:
-                try:
-                    self.on_done(r)
-                except Exception as e:  # kept with the item, like the op's own errors
-                    r.error = r.error or e
+                for _, r in batch:
+                    try:
+                        self.on_done(r)
+                    except Exception as e:  # kept with the item, like the op's own errors
+                        r.error = r.error or e

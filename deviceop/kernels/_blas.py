@@ -14,14 +14,14 @@ from typing import Any
 from .._errors import BackendError, CudaError
 from ..device._capture import CAPTURE
 
-__all__ = ["WORKSPACE_BYTES", "cublas", "handle_for", "call"]
+__all__ = ["WORKSPACE_BYTES", "cublas", "handle_for", "workspace_of", "relaxed_capture", "call"]
 
 # cuBLAS recommends 32 MiB on Hopper for its best kernels (cuBLAS docs, cublasSetWorkspace)
 WORKSPACE_BYTES = 32 << 20
 
 _lock = threading.Lock()
 _handles: dict[int, int] = {}  # stream handle -> cublasHandle_t
-_workspaces: list[int] = []  # device pointers, kept for the process's lifetime
+_workspaces: dict[int, int] = {}  # stream handle -> its workspace (kept for the process's lifetime)
 _mod: list[Any] = []
 
 
@@ -52,28 +52,46 @@ def handle_for(stream: Any) -> int:
     return h
 
 
+def workspace_of(stream: Any) -> int:
+    """The device workspace of ``stream``'s handle (create the handle first)."""
+    return _workspaces[stream.handle_int]
+
+
+class relaxed_capture:
+    """Relaxed capture mode on this thread while it records (a no-op otherwise).
+
+    cublasCreate, cuMemAlloc and cuBLASLt's set-up are not stream-ordered: inside this
+    thread's recording they would invalidate it, so the thread relaxes for those calls only.
+    """
+
+    def __enter__(self) -> None:
+        self.prev = None
+        if CAPTURE.scope is not None:
+            from cuda.bindings import driver as drv
+
+            _, self.prev = drv.cuThreadExchangeStreamCaptureMode(drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.prev is not None:
+            from cuda.bindings import driver as drv
+
+            drv.cuThreadExchangeStreamCaptureMode(self.prev)
+
+
 def _create(stream: Any) -> int:
     from cuda.bindings import driver as drv
 
     m = cublas()
-    # cublasCreate and cuMemAlloc are not stream-ordered: inside this thread's recording they
-    # would invalidate it, so the thread switches to relaxed capture mode for these calls only
-    relax = CAPTURE.scope is not None
-    if relax:
-        err, prev = drv.cuThreadExchangeStreamCaptureMode(drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
-    try:
+    with relaxed_capture():
         h = call(m.create)
         err, ws = drv.cuMemAlloc(WORKSPACE_BYTES)
         if err:
             call(m.destroy, h)
             raise CudaError(f"cuMemAlloc of the {WORKSPACE_BYTES >> 20} MiB cuBLAS workspace failed ({err.name}); free memory first", err.name, int(err))
-        _workspaces.append(int(ws))
+        _workspaces[stream.handle_int] = int(ws)
         call(m.set_stream, h, stream.handle_int)
         call(m.set_workspace, h, int(ws), WORKSPACE_BYTES)
         call(m.set_pointer_mode, h, m.PointerMode.HOST)
-    finally:
-        if relax:
-            drv.cuThreadExchangeStreamCaptureMode(prev)
     return h
 
 

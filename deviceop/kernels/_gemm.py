@@ -8,6 +8,7 @@ so the row-major product runs as ``c^T = b^T a^T``, which needs no data movement
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 import numpy as np
@@ -16,13 +17,17 @@ from .._dtypes import DType, bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device import _ledger
 from ..device._tensor import Partition, Tensor
-from ._blas import call, cublas, handle_for
+from ._blas import WORKSPACE_BYTES, call, cublas, handle_for, workspace_of
 from ._kernel import check_scalar
 from ._launch import KernelCall, _register, has_op, host_array, launch_host, same, weak
 
 __all__ = ["gemm"]
 
 _CUDA_TYPE = {"float16": 2, "bfloat16": 14, "float32": 0}  # cudaDataType_t: R_16F, R_16BF, R_32F
+_COMPUTE_32F, _COMPUTE_TF32 = 68, 77  # cublasComputeType_t: COMPUTE_32F, COMPUTE_32F_FAST_TF32
+# cuBLASLt with a plan made once per problem (default), or cublasGemmEx on every call ("ex"):
+# the latter only to compare the two
+_USE_LT = [os.environ.get("DEVICEOP_GEMM", "lt") != "ex"]
 _FLOATS = (float16, bfloat16, float32)
 
 
@@ -35,7 +40,8 @@ def gemm(c: Any, a: Any, b: Any, alpha: float = 1.0, beta: float = 0.0, *, tf32:
     cores (faster, about 10 mantissa bits). With ``beta=0``, ``c`` is not read (it may hold
     NaN). Arguments may be ops producing them. Returns an op whose output is ``(c, a, b)``.
     On cuda each stream has its own cuBLAS handle and workspace, so GEMMs can be recorded into
-    graphs; the host backend computes with numpy in float32.
+    graphs; a cuBLASLt plan (descriptors and algorithm) is made once per problem shape and
+    reused. The host backend computes with numpy in float32.
     """
     if type(alpha) is not float:  # plain floats skip the abstract-number checks
         alpha = check_scalar(alpha, float32, "alpha of gemm()")
@@ -82,26 +88,44 @@ class _Gemm:
             arrays = (host_array(c), host_array(a), host_array(b), alpha, beta)
             launch_host(cx, self, _host_gemm, arrays, g.tensors, (True, False, False))
             return
-        m = cublas()
-        h = handle_for(cx.stream)
+        stream = cx.stream
+        h = handle_for(stream)
         al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
         dt = _CUDA_TYPE[c.dtype.name]
-        compute = m.ComputeType.COMPUTE_32F_FAST_TF32 if tf32 else m.ComputeType.COMPUTE_32F
+        compute = _COMPUTE_TF32 if tf32 else _COMPUTE_32F
+        lp = None
+        if _USE_LT[0]:
+            lp = g.lt
+            if lp is None and not g.lt_tried and g.k:
+                from ._blaslt import lt_plan
+
+                g.lt_tried = True
+                lp = g.lt = lt_plan(g, dt, compute)
         with _ledger.LOCK:  # registration and the enqueue in one order, as for every launch
             _register(cx, self, g.tensors, (True, False, False))
             # column-major view of the row-major product: c^T (n x m) = op(b') op(a')
-            call(
-                m.gemm_ex, h, g.op_b, g.op_a, g.n, g.m, g.k,
-                ctypes.addressof(al), g.ptr_b, dt, g.ld_b, g.ptr_a, dt, g.ld_a,
-                ctypes.addressof(be), g.ptr_c, dt, g.ld_c, compute, m.GemmAlgo.DEFAULT,
-            )
+            if lp is not None:
+                from ._blaslt import _lt, lt_handle
+
+                call(
+                    _lt().matmul, lt_handle(), lp.desc, ctypes.addressof(al), g.ptr_b, lp.layout_a, g.ptr_a,
+                    lp.layout_b, ctypes.addressof(be), g.ptr_c, lp.layout_c, g.ptr_c, lp.layout_c, lp.algo,
+                    workspace_of(stream), WORKSPACE_BYTES, stream.handle_int,
+                )
+            else:
+                call(
+                    cublas().gemm_ex, h, g.op_b, g.op_a, g.n, g.m, g.k,
+                    ctypes.addressof(al), g.ptr_b, dt, g.ld_b, g.ptr_a, dt, g.ld_a,
+                    ctypes.addressof(be), g.ptr_c, dt, g.ld_c, compute, -1,  # CUBLAS_GEMM_DEFAULT
+                )
 
 
 GEMM = _Gemm()
 
 
 class _Geometry:
-    __slots__ = ("tensors", "m", "n", "k", "op_a", "op_b", "ld_a", "ld_b", "ld_c", "ptr_a", "ptr_b", "ptr_c")
+    __slots__ = ("tensors", "m", "n", "k", "op_a", "op_b", "ld_a", "ld_b", "ld_c", "ptr_a", "ptr_b", "ptr_c",
+                 "lt", "lt_tried")
 
 
 def _geometry(args: tuple[Any, ...], opts: Any) -> _Geometry:
@@ -130,6 +154,7 @@ def _geometry(args: tuple[Any, ...], opts: Any) -> _Geometry:
         if x.buffer is ct.buffer and x.size and ct.size and x._span[0] < ct._span[1] and ct._span[0] < x._span[1]:
             raise UsageError(f"gemm(): c overlaps {what}; cuBLAS reads {what} while it writes c, so write into another tensor")
     g = _Geometry()
+    g.lt, g.lt_tried = None, False
     g.tensors = (ct, a, b)
     if _layout(ct, "c")[0]:
         # c is column-major (a transposed view): compute c^T = b^T a^T, whose output is row-major

@@ -1,0 +1,118 @@
+"""cuBLASLt plans for GEMM: descriptors and a chosen algorithm, made once per problem.
+
+cublasGemmEx runs cuBLAS's heuristics on every call, several microseconds of host time; in a
+queue of small GEMMs that host time is the throughput. A plan (matmul descriptor, the three
+layouts and the heuristic's first algorithm) is made once per (dtype, shape, transposes,
+leading dimensions, pointer alignment) and reused, so a call is one ``cublasLtMatmul``.
+Plans are host objects; they are kept for the process's lifetime (a bounded number).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+import numpy as np
+
+from ._blas import WORKSPACE_BYTES, call, relaxed_capture
+
+__all__ = ["lt_plan", "lt_handle", "LtPlan"]
+
+_lock = threading.Lock()
+_plans: dict[tuple[Any, ...], "LtPlan | None"] = {}
+_MAX_PLANS = 4096
+_state: dict[str, Any] = {}
+
+
+def _lt() -> Any:
+    m = _state.get("mod")
+    if m is None:
+        from nvmath.bindings import cublasLt as m
+
+        _state["mod"] = m
+    return m
+
+
+def lt_handle() -> int:
+    """The process's cuBLASLt handle (streams are given per call)."""
+    h = _state.get("handle")
+    if h is None:
+        with _lock:
+            h = _state.get("handle")
+            if h is None:
+                with relaxed_capture():
+                    h = _state["handle"] = call(_lt().create)
+    return h  # type: ignore[no-any-return]
+
+
+class LtPlan:
+    """What one cublasLtMatmul call needs besides the pointers and the stream."""
+
+    __slots__ = ("desc", "layout_a", "layout_b", "layout_c", "algo", "_result")
+
+    def __init__(self, desc: int, la: int, lb: int, lc: int, result: Any) -> None:
+        self.desc, self.layout_a, self.layout_b, self.layout_c = desc, la, lb, lc
+        self._result = result  # owns the algorithm's memory
+        self.algo = result.ptr  # cublasLtMatmulHeuristicResult_t starts with its algo
+
+
+def _align(ptr: int) -> int:
+    return min(256, ptr & -ptr) if ptr else 256
+
+
+def lt_plan(g: Any, cuda_type: int, compute: int) -> "LtPlan | None":
+    """The plan for geometry ``g`` (see _gemm), or None if cuBLASLt offers no algorithm."""
+    key = (cuda_type, compute, g.m, g.n, g.k, g.op_a, g.op_b, g.ld_a, g.ld_b, g.ld_c,
+           _align(g.ptr_a), _align(g.ptr_b), _align(g.ptr_c))
+    if key in _plans:
+        return _plans[key]
+    with _lock:
+        if key not in _plans:
+            with relaxed_capture():
+                plan = _make(key)
+            if len(_plans) < _MAX_PLANS:
+                _plans[key] = plan
+            return plan
+    return _plans[key]
+
+
+def _set(fn: Any, obj: int, attr: Any, ctype: Any, value: int) -> None:
+    v = ctype(value)
+    call(fn, obj, int(attr), ctypes.addressof(v), ctypes.sizeof(v))
+
+
+def _make(key: tuple[Any, ...]) -> "LtPlan | None":
+    lt = _lt()
+    dt, compute, m, n, k, op_a, op_b, ld_a, ld_b, ld_c, al_a, al_b, al_c = key
+    h = lt_handle()
+    # the row-major product as column-major: c^T (n x m) = op(b') (n x k) op(a') (k x m)
+    desc = call(lt.matmul_desc_create, compute, 0)  # scale type: CUDA_R_32F
+    A = lt.MatmulDescAttribute
+    _set(lt.matmul_desc_set_attribute, desc, A.TRANSA, ctypes.c_int32, op_b)
+    _set(lt.matmul_desc_set_attribute, desc, A.TRANSB, ctypes.c_int32, op_a)
+    la = call(lt.matrix_layout_create, dt, *((k, n) if op_b else (n, k)), ld_b)
+    lb = call(lt.matrix_layout_create, dt, *((m, k) if op_a else (k, m)), ld_a)
+    lc = call(lt.matrix_layout_create, dt, n, m, ld_c)
+    pref = call(lt.matmul_preference_create)
+    P = lt.MatmulPreferenceAttribute
+    try:
+        _set(lt.matmul_preference_set_attribute, pref, P.MAX_WORKSPACE_BYTES, ctypes.c_uint64, WORKSPACE_BYTES)
+        _set(lt.matmul_preference_set_attribute, pref, P.MIN_ALIGNMENT_A_BYTES, ctypes.c_uint32, al_b)
+        _set(lt.matmul_preference_set_attribute, pref, P.MIN_ALIGNMENT_B_BYTES, ctypes.c_uint32, al_a)
+        _set(lt.matmul_preference_set_attribute, pref, P.MIN_ALIGNMENT_C_BYTES, ctypes.c_uint32, al_c)
+        _set(lt.matmul_preference_set_attribute, pref, P.MIN_ALIGNMENT_D_BYTES, ctypes.c_uint32, al_c)
+        result = lt.MatmulHeuristicResult(1)
+        count = np.zeros(1, np.int32)
+        try:
+            call(lt.matmul_algo_get_heuristic, h, desc, la, lb, lc, lc, pref, 1, result.ptr, count.ctypes.data)
+        except Exception:
+            count[0] = 0  # no algorithm for this problem: the caller uses cublasGemmEx
+    finally:
+        lt.matmul_preference_destroy(pref)
+    if count[0] == 0:
+        for lay in (la, lb, lc):
+            lt.matrix_layout_destroy(lay)
+        lt.matmul_desc_destroy(desc)
+        return None
+    return LtPlan(desc, la, lb, lc, result)
