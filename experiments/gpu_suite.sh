@@ -5,6 +5,7 @@
 # bimodal queues; queue: build, tests and the bimodal queues; full and quick: everything, quick
 # with fewer repeats)
 set -u -o pipefail
+# every step has a time limit (timeout): a hang fails its step instead of the whole call
 MODE=${1:-full}
 OUT=${OUT:-/tmp/deviceop-out}
 mkdir -p "$OUT"
@@ -29,23 +30,23 @@ run python3 -m deviceop demo
 run python3 -c "import time; t=time.perf_counter(); import deviceop as do, numpy as np; K=do.kernels; z=do.zeros(1024, do.float32).map(lambda t: t.partition((128,))); K.fill(z, 1.0).sync(); print(f'second-process start to first launch done: {(time.perf_counter()-t)*1e3:.1f} ms')"
 cat "$log"
 
-DEVICEOP_PROPERTY_EXAMPLES=1000 python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/pytest.xml" tests 2>&1 | tee "$OUT/pytest.log" | tail -n 40
+DEVICEOP_PROPERTY_EXAMPLES=1000 timeout 420 python3 -m pytest -q -p no:cacheprovider --junitxml="$OUT/pytest.xml" tests 2>&1 | tee "$OUT/pytest.log" | tail -n 40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 # GEMM through cublasGemmEx instead of cuBLASLt plans
-DEVICEOP_GEMM=ex python3 -m pytest -q -p no:cacheprovider tests/test_gemm.py 2>&1 | tee "$OUT/pytest_gemm_ex.log" | tail -n 3
+DEVICEOP_GEMM=ex timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gemm.py 2>&1 | tee "$OUT/pytest_gemm_ex.log" | tail -n 3
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 # the await path without the native module (watcher-thread wake-ups, cuda.bindings launches)
-DEVICEOP_NATIVE=0 python3 -m pytest -q -p no:cacheprovider tests/test_await.py 2>&1 | tee "$OUT/pytest_nonative.log" | tail -n 5
+DEVICEOP_NATIVE=0 timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_await.py 2>&1 | tee "$OUT/pytest_nonative.log" | tail -n 5
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 bimodal() {
-  python3 experiments/bimodal.py --out "$OUT/bimodal.json" 2>&1 | tee "$OUT/bimodal.log" | tail -n 12
+  timeout 240 python3 experiments/bimodal.py --out "$OUT/bimodal.json" 2>&1 | tee "$OUT/bimodal.log" | tail -n 12
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  python3 experiments/bimodal_hostwork.py --out "$OUT/bimodal_hostwork.json" 2>&1 | tee "$OUT/bimodal_hostwork.log" | tail -n 10
+  timeout 180 python3 experiments/bimodal_hostwork.py --out "$OUT/bimodal_hostwork.json" 2>&1 | tee "$OUT/bimodal_hostwork.log" | tail -n 10
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 kernels() {
-  python3 experiments/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -n 20
+  timeout 240 python3 experiments/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -n 20
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 plots() { python3 experiments/plots.py "$OUT" || status=1; }
@@ -56,7 +57,7 @@ fi
 if [ "$MODE" = work ]; then
   kernels; bimodal
   # the bench command end to end (its overlap bench: JSON, log and figure into one folder)
-  python3 -m deviceop bench overlap --out "$OUT/bench" 2>&1 | tail -n 5
+  timeout 120 python3 -m deviceop bench overlap --out "$OUT/bench" 2>&1 | tail -n 5
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   plots
   echo "gpu_suite status: $status"; exit $status

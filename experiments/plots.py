@@ -72,7 +72,7 @@ def plot_bimodal(doc: dict, path: str) -> None:
     plt = _plt()
     rows = doc["rows"]
     S = [r["streams"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(8.6, 4.2))
     ax.plot(S, [r["async"]["wu_per_ms"] for r in rows], "o-", linewidth=2.2, label="deviceop async (1 thread)")
     ax.plot(S, [r["threaded"]["wu_per_ms"] for r in rows], "s-", label="deviceop threaded (S threads)")
     if "async_batch1" in rows[0]:
@@ -89,7 +89,7 @@ def plot_bimodal(doc: dict, path: str) -> None:
     ax.set_ylim(bottom=0)
     ax.set_title(f"Bimodal queue: {doc['items']} f16 GEMMs, 80% 512³ / 20% 2048³")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(fig, path)
 
 

@@ -19,7 +19,7 @@ from ._blas import WORKSPACE_BYTES, call, relaxed_capture
 
 __all__ = ["lt_plan", "lt_handle", "LtPlan"]
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # plan creation takes it, then may create the handle
 _plans: dict[tuple[Any, ...], "LtPlan | None"] = {}
 _MAX_PLANS = 4096
 _state: dict[str, Any] = {}
@@ -67,6 +67,7 @@ def lt_plan(g: Any, cuda_type: int, compute: int) -> "LtPlan | None":
            _align(g.ptr_a), _align(g.ptr_b), _align(g.ptr_c))
     if key in _plans:
         return _plans[key]
+    lt_handle()  # before the plan lock
     with _lock:
         if key not in _plans:
             with relaxed_capture():
