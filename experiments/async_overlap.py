@@ -115,22 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.out, "w") as fh:
             json.dump(doc, fh, indent=1)
     if a.png:
-        import matplotlib
+        from plots import plot_overlap
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fx = [r["w_over_gpu"] for r in rows]
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(fx, [r["sync_it_per_s"] for r in rows], "o-", label="sync (then host work)")
-        ax.plot(fx, [r["async_it_per_s"] for r in rows], "s-", label="async (overlapped)")
-        ax.set_xlabel("host work W / GPU time G")
-        ax.set_ylabel("iterations per second")
-        ax.set_title(f"Overlap: {N_OPS} chained kernels, G = {gpu_s * 1e3:.1f} ms")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(a.png, dpi=120)
+        plot_overlap(doc, a.png)
     return 0
 
 

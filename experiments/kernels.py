@@ -38,14 +38,18 @@ def _ck(r):
     return r[1] if len(r) == 2 else None
 
 
-def gpu_ms(enqueue, stream_handle, reps: int, trials: int) -> float:
-    """Median over ``trials`` of the GPU time of ``reps`` calls of ``enqueue()``, per call, in ms."""
+def gpu_ms(enqueue, stream_handle, reps: int, trials: int, before=None) -> float:
+    """Median over ``trials`` of the GPU time of ``reps`` calls of ``enqueue()``, per call, in ms.
+
+    ``before()``, if given, is enqueued ahead of each trial, outside the timed span."""
     e0, e1 = _ck(driver.cuEventCreate(0)), _ck(driver.cuEventCreate(0))
     for _ in range(3):
         enqueue()
     _ck((driver.cuStreamSynchronize(stream_handle)[0],))
     out = []
     for _ in range(trials):
+        if before is not None:
+            before()
         driver.cuEventRecord(e0, stream_handle)
         for _ in range(reps):
             enqueue()
@@ -65,22 +69,9 @@ SPIN = K.Kernel(
 def gpu_ms_queued(enqueue, stream, reps: int, trials: int, spin_cycles: int = 60_000_000) -> float:
     """Like :func:`gpu_ms`, with the launches queued behind a ~30 ms spin kernel: the events
     bracket only GPU execution, however slow the host side is."""
-    sh = stream.handle
     flag = do.zeros(1, do.float32).sync_on(stream)
-    e0, e1 = _ck(driver.cuEventCreate(0)), _ck(driver.cuEventCreate(0))
-    for _ in range(3):
-        enqueue()
-    _ck((driver.cuStreamSynchronize(sh)[0],))
-    out = []
-    for _ in range(trials):
-        SPIN(flag, spin_cycles, grid=(1,), block=(1,)).submit(stream)
-        driver.cuEventRecord(e0, sh)
-        for _ in range(reps):
-            enqueue()
-        driver.cuEventRecord(e1, sh)
-        driver.cuEventSynchronize(e1)
-        out.append(_ck(driver.cuEventElapsedTime(e0, e1)) / reps)
-    return float(np.median(out))
+    return gpu_ms(enqueue, stream.handle, reps, trials,
+                  before=lambda: SPIN(flag, spin_cycles, grid=(1,), block=(1,)).submit(stream))
 
 
 def host_ms(enqueue, stream, reps: int, trials: int) -> float:

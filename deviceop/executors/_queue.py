@@ -19,7 +19,8 @@ from typing import Any, AsyncIterable, Iterable, Sequence
 from .._errors import UsageError
 from ._await import await_op
 from ._queue_stats import (
-    Batch, ItemResult, QueueCancelled, QueueStats, Recorder, check_batch, check_capacity, lanes_of, resolve, take_batch,
+    ItemResult, QueueCancelled, QueueStats, Recorder, check_batch, check_capacity, lanes_of, resolve, settle, start_batch,
+    take_batch,
 )
 
 __all__ = ["WorkQueue"]
@@ -169,27 +170,10 @@ class WorkQueue:
                 continue
             batch = take_batch(items.popleft(), more, self.batch)
             t0 = clock()
-            ops = []
-            for item, r in batch:
-                r.queued_s = t0 - r.queued_s
-                r.lane = lane
-                try:
-                    op = resolve(item, lane)
-                    op._take("a WorkQueue")
-                    ops.append((r, op))
-                except Exception as e:  # kept per item; the queue goes on
-                    r.error = e
+            ops, run = start_batch(batch, lane, t0, "a WorkQueue")
             try:
-                if len(ops) == 1:
-                    r, op = ops[0]
-                    r.value = await await_op(op, stream, "WorkQueue", None, self.poll)
-                elif ops:
-                    outs = await await_op(Batch.op([op for _, op in ops]), stream, "WorkQueue", None, self.poll)
-                    for (r, _), (ok, v) in zip(ops, outs):
-                        if ok:
-                            r.value = v
-                        else:
-                            r.error = v
+                if run is not None:
+                    settle(ops, await await_op(run, stream, "WorkQueue", None, self.poll))
             except Exception as e:  # the execution failed as a whole (a CUDA error)
                 for r, _ in ops:
                     r.error = r.error or e

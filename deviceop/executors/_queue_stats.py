@@ -208,6 +208,39 @@ class Batch:
         return cls._cls(ops)
 
 
+def start_batch(batch: "list[tuple[Any, ItemResult]]", lane: int, t0: float, who: str) -> "tuple[list[Any], Any]":
+    """Mark a batch's items started on ``lane``; return (their (result, op) pairs, the op to run).
+
+    An item whose op cannot be made gets its error now and is left out; the op to run is the
+    item's own op for a batch of one, a :class:`Batch` op otherwise, None if nothing is left.
+    """
+    ops = []
+    for item, r in batch:
+        r.queued_s = t0 - r.queued_s
+        r.lane = lane
+        try:
+            op = resolve(item, lane)
+            op._take(who)
+            ops.append((r, op))
+        except Exception as e:  # kept per item; the queue goes on
+            r.error = e
+    if not ops:
+        return ops, None
+    return ops, ops[0][1] if len(ops) == 1 else Batch.op([op for _, op in ops])
+
+
+def settle(ops: "list[Any]", out: Any) -> None:
+    """Give each item its output (or its own error) from what the batch's op returned."""
+    if len(ops) == 1:
+        ops[0][0].value = out
+        return
+    for (r, _), (ok, v) in zip(ops, out):
+        if ok:
+            r.value = v
+        else:
+            r.error = v
+
+
 def take_batch(first: Any, more: Callable[[], Any], limit: int) -> list[Any]:
     """``first`` plus up to ``limit - 1`` more from ``more()`` (which returns None when empty)."""
     batch = [first]

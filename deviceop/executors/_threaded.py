@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 
 from .._errors import UsageError
 from ._queue_stats import (
-    Batch, ItemResult, QueueStats, Recorder, check_batch, check_capacity, lanes_of, resolve, take_batch,
+    ItemResult, QueueStats, Recorder, check_batch, check_capacity, lanes_of, resolve, settle, start_batch, take_batch,
 )
 from ._terminals import run_sync
 
@@ -116,26 +116,10 @@ class ThreadedQueue:
                     self._slots.release()
                 continue
             t0 = clock()
-            ops = []
-            for item, r in batch:
-                r.queued_s = t0 - r.queued_s
-                r.lane = lane
-                try:
-                    op = resolve(item, lane)
-                    op._take("a ThreadedQueue")
-                    ops.append((r, op))
-                except Exception as e:
-                    r.error = e
+            ops, run = start_batch(batch, lane, t0, "a ThreadedQueue")
             try:
-                if len(ops) == 1:
-                    ops[0][0].value = run_sync(ops[0][1], stream, "ThreadedQueue")
-                elif ops:
-                    outs = run_sync(Batch.op([op for _, op in ops]), stream, "ThreadedQueue")
-                    for (r, _), (ok, v) in zip(ops, outs):
-                        if ok:
-                            r.value = v
-                        else:
-                            r.error = v
+                if run is not None:
+                    settle(ops, run_sync(run, stream, "ThreadedQueue"))
             except Exception as e:
                 for r, _ in ops:
                     r.error = r.error or e
