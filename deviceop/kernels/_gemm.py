@@ -18,6 +18,7 @@ from .._errors import DTypeError, ShapeError, UsageError
 from ..device import _ledger
 from ..device._tensor import Partition, Tensor
 from ._blas import WORKSPACE_BYTES, call, cublas, handle_for, workspace_of
+from ._blaslt import _lt, lt_handle, lt_plan
 from ._kernel import check_scalar
 from ._launch import KernelCall, _register, has_op, host_array, launch_host, same, weak
 
@@ -97,16 +98,12 @@ class _Gemm:
         if _USE_LT[0]:
             lp = g.lt
             if lp is None and not g.lt_tried and g.k:
-                from ._blaslt import lt_plan
-
                 g.lt_tried = True
                 lp = g.lt = lt_plan(g, dt, compute)
         with _ledger.LOCK:  # registration and the enqueue in one order, as for every launch
             _register(cx, self, g.tensors, (True, False, False))
             # column-major view of the row-major product: c^T (n x m) = op(b') op(a')
             if lp is not None:
-                from ._blaslt import _lt, lt_handle
-
                 call(
                     _lt().matmul, lt_handle(), lp.desc, ctypes.addressof(al), g.ptr_b, lp.layout_a, g.ptr_a,
                     lp.layout_b, ctypes.addressof(be), g.ptr_c, lp.layout_c, g.ptr_c, lp.layout_c, lp.algo,
