@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .._errors import DeviceOpError, UsageError
+from ..ops._base import DeviceOp  # the queues load on first use, after deviceop.ops
 
 __all__ = ["ItemResult", "QueueStats", "QueueCancelled", "Recorder", "resolve"]
 
@@ -62,7 +63,6 @@ class QueueStats:
     busy_s: tuple[float, ...]  # per lane: time with an item in flight
     cpu_s: float  # process CPU time (all threads) during the run
     host_threads: int  # threads the queue drove the streams from
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def busy_fraction(self) -> tuple[float, ...]:
@@ -116,8 +116,6 @@ class Recorder:
 
 def resolve(item: Any, lane: int) -> Any:
     """An item is an op, or a callable ``f(lane) -> op`` (to use per-stream buffers)."""
-    from ..ops._base import DeviceOp  # noqa: PLC0415 - executors load before ops
-
     if isinstance(item, DeviceOp):
         return item
     if callable(item):
@@ -167,10 +165,8 @@ def check_capacity(capacity: Any, lanes: int) -> int:
     return capacity
 
 
-Factory = Callable[[int], Any]
 
-
-class Batch:
+class Batch(DeviceOp):  # type: ignore[type-arg]
     """Several queue items run as one execution on one stream; each keeps its own outcome.
 
     Items of one stream run in order on it anyway, so one execution context (one completion
@@ -178,34 +174,23 @@ class Batch:
     the host thread, which is what limits a queue of short GPU work.
     """
 
-    _cls: Any = None
+    __slots__ = ("_ops",)
 
-    @classmethod
-    def op(cls, ops: "list[Any]") -> Any:
-        if cls._cls is None:
-            from ..ops._base import DeviceOp  # noqa: PLC0415 - executors load before ops
+    def __init__(self, ops: "list[Any]") -> None:
+        self._used = None
+        self._ops = ops
 
-            class _BatchOp(DeviceOp):  # type: ignore[type-arg]
-                __slots__ = ("_ops",)
+    def __repr__(self) -> str:
+        return f"<{len(self._ops)} queue items>"
 
-                def __init__(self, ops: "list[Any]") -> None:
-                    self._used = None
-                    self._ops = ops
-
-                def __repr__(self) -> str:
-                    return f"<{len(self._ops)} queue items>"
-
-                def _run(self, cx: Any) -> "list[tuple[bool, Any]]":
-                    out: "list[tuple[bool, Any]]" = []
-                    for o in self._ops:
-                        try:
-                            out.append((True, o._run(cx)))
-                        except Exception as e:  # this item's error; the others still run
-                            out.append((False, e))
-                    return out
-
-            cls._cls = _BatchOp
-        return cls._cls(ops)
+    def _run(self, cx: Any) -> "list[tuple[bool, Any]]":
+        out: "list[tuple[bool, Any]]" = []
+        for o in self._ops:
+            try:
+                out.append((True, o._run(cx)))
+            except Exception as e:  # this item's error; the others still run
+                out.append((False, e))
+        return out
 
 
 def start_batch(batch: "list[tuple[Any, ItemResult]]", lane: int, t0: float, who: str) -> "tuple[list[Any], Any]":
@@ -226,7 +211,7 @@ def start_batch(batch: "list[tuple[Any, ItemResult]]", lane: int, t0: float, who
             r.error = e
     if not ops:
         return ops, None
-    return ops, ops[0][1] if len(ops) == 1 else Batch.op([op for _, op in ops])
+    return ops, ops[0][1] if len(ops) == 1 else Batch([op for _, op in ops])
 
 
 def settle(ops: "list[Any]", out: Any) -> None:
