@@ -62,9 +62,11 @@ def run_bench(which: str, out: str | None = None) -> int:
             stem = script[: -len(".py")]
             cmd = [sys.executable, str(exp / script), "--out", str(folder / f"{stem}.json"), *args]
             if script == "exec_modes.py":
-                chain = _build_chain(exp, folder)
+                chain, lib = _build_chain(exp, folder)
                 if chain:
                     cmd += ["--chain-bin", chain]
+                if lib:
+                    cmd += ["--graph-lib", lib]
             with open(folder / f"{stem}.log", "w") as log:
                 rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
             if rc:
@@ -81,10 +83,12 @@ def run_bench(which: str, out: str | None = None) -> int:
     return 1 if failed else 0
 
 
-def _build_chain(exp: Path, folder: Path) -> str | None:
-    """The CUDA C++ reference for exec-modes, built with nvcc when there is one."""
+def _build_chain(exp: Path, folder: Path) -> tuple[str | None, str | None]:
+    """The CUDA C++ references for exec-modes (program, in-process graph library), built with nvcc when there is one."""
     if shutil.which("nvcc") is None:
-        return None
-    exe = folder / "chain"
+        return None, None
+    exe, lib = folder / "chain", folder / "libgraphref.so"
     r = subprocess.run(["nvcc", "-O3", "-arch=native", "-o", str(exe), str(exp / "ref" / "chain.cu")], capture_output=True)
-    return str(exe) if r.returncode == 0 else None
+    r2 = subprocess.run(["nvcc", "-O3", "-arch=native", "-shared", "-Xcompiler", "-fPIC", "-o", str(lib),
+                         str(exp / "ref" / "graph_ref.cu")], capture_output=True)
+    return (str(exe) if r.returncode == 0 else None), (str(lib) if r2.returncode == 0 else None)

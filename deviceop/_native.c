@@ -1,6 +1,7 @@
 /* deviceop._native: the two places where Python is too slow or must not run.
  *
- * 1. launch(): cuLaunchKernel through the driver's own entry point. cuda.bindings spends
+ * 1. launch() (and run_planned, lt_matmul, graph_launch, event_record/query): driver and
+ *    cuBLASLt calls through their own entry points. cuda.bindings spends
  *    about as long converting its arguments as the driver spends launching; here the caller
  *    passes plain integers it prepared once (function handle, stream handle, parameter block).
  * 2. Channel + notify(): completion wake-ups for `await`. notify() enqueues a C host function
@@ -29,9 +30,21 @@
 typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                          unsigned, void *, void **, void **);
 typedef int (*hostfunc_fn)(void *, void (*)(void *), void *);
+typedef int (*graphlaunch_fn)(void *, void *);
+typedef int (*evrecord_fn)(void *, void *);
+typedef int (*evquery_fn)(void *);
+typedef int (*ssync_fn)(void *);
+/* cublasLtMatmul(handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, ws, wsSize, stream) */
+typedef int (*ltmatmul_fn)(void *, void *, const void *, const void *, void *, const void *, void *,
+                           const void *, const void *, void *, void *, void *, const void *, void *,
+                           size_t, void *);
 
 static launch_fn p_launch = NULL;
 static hostfunc_fn p_hostfunc = NULL;
+static graphlaunch_fn p_graph_launch = NULL;
+static evrecord_fn p_ev_record = NULL;
+static evquery_fn p_ev_query = NULL;
+static ssync_fn p_stream_sync = NULL;
 
 /* ---- channel: a token queue plus a wake-up fd, shared with host functions ----------------- */
 
@@ -287,37 +300,76 @@ static PyObject *load_driver(PyObject *self, PyObject *unused) {
     if (h == NULL) Py_RETURN_FALSE;
     p_launch = (launch_fn)dlsym(h, "cuLaunchKernel");
     p_hostfunc = (hostfunc_fn)dlsym(h, "cuLaunchHostFunc");
-    if (p_launch == NULL || p_hostfunc == NULL) {
+    p_graph_launch = (graphlaunch_fn)dlsym(h, "cuGraphLaunch");
+    p_ev_record = (evrecord_fn)dlsym(h, "cuEventRecord");
+    p_ev_query = (evquery_fn)dlsym(h, "cuEventQuery");
+    p_stream_sync = (ssync_fn)dlsym(h, "cuStreamSynchronize");
+    if (p_launch == NULL || p_hostfunc == NULL || p_graph_launch == NULL || p_ev_record == NULL || p_ev_query == NULL ||
+        p_stream_sync == NULL) {
         p_launch = NULL;
         p_hostfunc = NULL;
+        p_graph_launch = NULL;
+        p_ev_record = NULL;
+        p_ev_query = NULL;
+        p_stream_sync = NULL;
         Py_RETURN_FALSE;
     }
     Py_RETURN_TRUE;
 }
 
-/* launch((fn, gx, gy, gz, bx, by, bz, shmem), stream, params) -> CUresult
- * The geometry tuple is built once per launch plan; only the stream varies per call. */
+/* A launch geometry packed once per plan (geometry(): fn, grid, block, shared memory). */
+typedef struct {
+    uint64_t fn;
+    unsigned v[7];
+} geom_t;
+
+static int release_gil = 1;  /* set_gil_release(): for measuring what releasing costs */
+
+/* geometry(fn, gx, gy, gz, bx, by, bz, shmem) -> bytes: what launch() takes as its first argument */
+static PyObject *geometry(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "geometry(fn, gx, gy, gz, bx, by, bz, shmem) takes 8 ints");
+        return NULL;
+    }
+    geom_t g;
+    g.fn = (uint64_t)(uintptr_t)PyLong_AsVoidPtr(args[0]);
+    for (int i = 0; i < 7; i++) g.v[i] = (unsigned)PyLong_AsUnsignedLong(args[1 + i]);
+    if (PyErr_Occurred()) return NULL;
+    return PyBytes_FromStringAndSize((const char *)&g, sizeof g);
+}
+
+/* launch(geometry, stream, params) -> CUresult
+ * The geometry is built once per launch plan (geometry()); only the stream varies per call. */
 static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 8) {
-        PyErr_SetString(PyExc_TypeError, "launch((fn, gx, gy, gz, bx, by, bz, shmem), stream, params) takes 3 arguments");
+    if (nargs != 3 || !PyBytes_Check(args[0]) || PyBytes_GET_SIZE(args[0]) != (Py_ssize_t)sizeof(geom_t)) {
+        PyErr_SetString(PyExc_TypeError, "launch(geometry(...), stream, params) takes 3 arguments");
         return NULL;
     }
     if (p_launch == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
         return NULL;
     }
-    PyObject *g = args[0];
-    void *fn = PyLong_AsVoidPtr(PyTuple_GET_ITEM(g, 0));
-    unsigned v[7];
-    for (int i = 0; i < 7; i++) v[i] = (unsigned)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(g, 1 + i));
+    geom_t g;
+    memcpy(&g, PyBytes_AS_STRING(args[0]), sizeof g);
     void *stream = PyLong_AsVoidPtr(args[1]);
     void **params = (void **)PyLong_AsVoidPtr(args[2]);
     if (PyErr_Occurred()) return NULL;
     int err;
-    Py_BEGIN_ALLOW_THREADS
-    err = p_launch(fn, v[0], v[1], v[2], v[3], v[4], v[5], v[6], stream, params, NULL);
-    Py_END_ALLOW_THREADS
+    if (release_gil) {
+        Py_BEGIN_ALLOW_THREADS
+        err = p_launch((void *)(uintptr_t)g.fn, g.v[0], g.v[1], g.v[2], g.v[3], g.v[4], g.v[5], g.v[6], stream, params, NULL);
+        Py_END_ALLOW_THREADS
+    } else {
+        err = p_launch((void *)(uintptr_t)g.fn, g.v[0], g.v[1], g.v[2], g.v[3], g.v[4], g.v[5], g.v[6], stream, params, NULL);
+    }
     return PyLong_FromLong(err);
+}
+
+static PyObject *set_gil_release(PyObject *self, PyObject *flag) {
+    int f = PyObject_IsTrue(flag);
+    if (f < 0) return NULL;
+    release_gil = f;
+    Py_RETURN_NONE;
 }
 
 static PyObject *s_buffer, *s_accesses, *s_span;
@@ -376,12 +428,353 @@ static PyObject *launch_held(PyObject *self, PyObject *const *args, Py_ssize_t n
     return launch(self, rest, 3);
 }
 
+
+/* held_all(cx, tensors, writes) -> bool: cx already holds every tensor's span (see held()).
+ * Call with the ledger lock held; False sends the caller through the ledger's full path. */
+static PyObject *held_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_Check(args[1]) || !PyTuple_Check(args[2]) ||
+        PyTuple_GET_SIZE(args[1]) > PyTuple_GET_SIZE(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "held_all(cx, tensors, writes): tensors and writes are tuples");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[1]); i++) {
+        int h = held(args[0], PyTuple_GET_ITEM(args[1], i), PyTuple_GET_ITEM(args[2], i) == Py_True);
+        if (h < 0) return NULL;
+        if (h == 0) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *s_tensor, *s_stream, *s_handle_int, *s_fast, *s_last_ptrs, *s_ptrs, *s_last_scalars, *s_acquire,
+    *s_release;
+
+static PyObject *lock_acquire, *lock_release;  /* the ledger lock's bound methods (set_lock) */
+
+/* set_lock(lock): the ledger lock run_planned takes (its acquire/release, looked up once) */
+static PyObject *set_lock(PyObject *self, PyObject *lock) {
+    PyObject *a = PyObject_GetAttr(lock, s_acquire), *r = PyObject_GetAttr(lock, s_release);
+    if (a == NULL || r == NULL) {
+        Py_XDECREF(a);
+        Py_XDECREF(r);
+        return NULL;
+    }
+    Py_XSETREF(lock_acquire, a);
+    Py_XSETREF(lock_release, r);
+    Py_RETURN_NONE;
+}
+
+/* The rest of run_planned once the lock is held: -1 if some tensor is not held yet. */
+static PyObject *run_planned_locked(PyObject *cx, PyObject *a, Py_ssize_t nt, PyObject *writes, PyObject *geom,
+                                    PyObject *addr) {
+    if (!PyTuple_Check(writes) || PyTuple_GET_SIZE(writes) < nt) {
+        PyErr_SetString(PyExc_TypeError, "run_planned: plan writes must be a tuple covering the tensors");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        PyObject *t = i == 0 ? PyObject_GetAttr(PyTuple_GET_ITEM(a, 0), s_tensor) : PyTuple_GET_ITEM(a, i);
+        if (t == NULL) return NULL;
+        int h = held(cx, t, PyTuple_GET_ITEM(writes, i) == Py_True);
+        if (i == 0) Py_DECREF(t);
+        if (h <= 0) return h < 0 ? NULL : PyLong_FromLong(-1);
+    }
+    PyObject *stream = PyObject_GetAttr(cx, s_stream);
+    if (stream == NULL) return NULL;
+    PyObject *rest[3] = {geom, PyObject_GetAttr(stream, s_handle_int), addr};
+    Py_DECREF(stream);
+    if (rest[1] == NULL) return NULL;
+    PyObject *r = launch(NULL, rest, 3);
+    Py_DECREF(rest[1]);
+    return r;
+}
+
+/* run_planned(cx, plan, args) -> CUresult, or -1 (nothing launched).
+ * The chained launch of a planned elementwise call in one C call: args[0] is the output
+ * Partition, args[1:nt] the input tensors, args[nt:] the scalars (plan.fast = (nt, packer,
+ * writes, geom, params address)). Launches only if the parameter block already holds these
+ * pointers and scalars and cx already holds every tensor (checked and launched under the
+ * ledger lock, see set_lock); otherwise the caller takes the full path (repack, ledger
+ * registration). */
+static PyObject *run_planned(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "run_planned(cx, plan, args): args is a tuple");
+        return NULL;
+    }
+    if (p_launch == NULL || lock_acquire == NULL) return PyLong_FromLong(-1);
+    PyObject *cx = args[0], *plan = args[1], *a = args[2];
+    PyObject *fast = PyObject_GetAttr(plan, s_fast);
+    if (fast == NULL) return NULL;
+    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 5) {
+        Py_DECREF(fast);
+        PyErr_SetString(PyExc_TypeError, "run_planned: plan.fast must be (nt, packer, writes, geom, addr)");
+        return NULL;
+    }
+    Py_ssize_t nt = PyLong_AsSsize_t(PyTuple_GET_ITEM(fast, 0));
+    PyObject *packer = PyTuple_GET_ITEM(fast, 1);
+    Py_ssize_t n = PyTuple_GET_SIZE(a);
+    PyObject *result = NULL;
+    PyObject *lp = NULL, *pp = NULL, *ls = NULL;
+    if (nt < 0 && PyErr_Occurred()) goto done;
+    if (nt < 1 || nt > n) {
+        result = PyLong_FromLong(-1);
+        goto done;
+    }
+    lp = PyObject_GetAttr(packer, s_last_ptrs);
+    pp = PyObject_GetAttr(plan, s_ptrs);
+    ls = PyObject_GetAttr(packer, s_last_scalars);
+    if (lp == NULL || pp == NULL || ls == NULL) goto done;
+    int same = lp == pp && PyTuple_Check(ls) && PyTuple_GET_SIZE(ls) == n - nt;
+    for (Py_ssize_t i = 0; same && i < n - nt; i++) {
+        int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(ls, i), PyTuple_GET_ITEM(a, nt + i), Py_EQ);
+        if (eq < 0) goto done;
+        same = eq;
+    }
+    if (!same) {
+        result = PyLong_FromLong(-1);
+        goto done;
+    }
+    PyObject *r = PyObject_CallNoArgs(lock_acquire);
+    if (r == NULL) goto done;
+    Py_DECREF(r);
+    result = run_planned_locked(cx, a, nt, PyTuple_GET_ITEM(fast, 2), PyTuple_GET_ITEM(fast, 3), PyTuple_GET_ITEM(fast, 4));
+    PyObject *et, *ev, *etb;  /* keep an error from the launch path across release() */
+    PyErr_Fetch(&et, &ev, &etb);
+    r = PyObject_CallNoArgs(lock_release);
+    if (r == NULL) {
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(etb);
+        Py_CLEAR(result);
+    } else {
+        Py_DECREF(r);
+        PyErr_Restore(et, ev, etb);
+    }
+done:
+    Py_XDECREF(lp);
+    Py_XDECREF(pp);
+    Py_XDECREF(ls);
+    Py_DECREF(fast);
+    return result;
+}
+
+static PyObject *s_used, *s_run, *s_take, *s_then, *s_map, *s_plan, *s_cuda, *s_be, *s_backend, *s_args,
+    *s_then_by;
+
+/* The planned fast path of one op inside run_steps: the op's output (its args), or NULL with
+ * no error set when the generic path must run it. */
+static PyObject *try_planned(PyObject *cx, PyObject *op) {
+    PyObject *p = PyObject_GetAttr(op, s_plan);
+    if (p == NULL) return NULL;
+    PyObject *c = PyObject_GetAttr(p, s_cuda), *be = PyObject_GetAttr(p, s_be);
+    PyObject *cbe = PyObject_GetAttr(cx, s_backend), *a = PyObject_GetAttr(op, s_args);
+    Py_DECREF(p);
+    PyObject *out = NULL;
+    if (c == NULL || be == NULL || cbe == NULL || a == NULL) goto done;
+    if (c == Py_None || be != cbe || !PyTuple_Check(a)) goto done;
+    PyObject *argv[3] = {cx, c, a};
+    PyObject *r = run_planned(NULL, argv, 3);
+    if (r == NULL) goto done;
+    long err = PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (err == 0) {
+        Py_INCREF(a);
+        out = a;
+    }
+    /* err != 0: the generic _run repeats the checks and raises a launch error properly */
+done:
+    Py_XDECREF(c);
+    Py_XDECREF(be);
+    Py_XDECREF(cbe);
+    Py_XDECREF(a);
+    return out;
+}
+
+/* run_steps(cx, out, steps, op_type, planned_type, fast) -> (i, value)
+ * The step loop of a then/map/inspect chain. Returns (len(steps), output) when done, or
+ * (i, returned) when step i's function returned something that is not an op (the caller
+ * raises the usage error). ``fast``: the planned launch may be tried (native driver bound and
+ * the ledger on). Exceptions from the steps propagate. */
+static PyObject *run_steps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "run_steps(cx, out, steps, op_type, planned_type, fast)");
+        return NULL;
+    }
+    PyObject *cx = args[0], *steps = args[2], *op_type = args[3], *planned = args[4];
+    int fast = PyObject_IsTrue(args[5]) && p_launch != NULL;
+    PyObject *out = args[1];
+    Py_INCREF(out);
+    Py_ssize_t i;
+    for (i = 0; i < PyList_GET_SIZE(steps); i++) {
+        PyObject *st = PyList_GET_ITEM(steps, i);
+        if (!PyTuple_Check(st) || PyTuple_GET_SIZE(st) != 2) {
+            PyErr_SetString(PyExc_TypeError, "run_steps: a step is a (kind, function) tuple");
+            goto fail;
+        }
+        PyObject *kind = PyTuple_GET_ITEM(st, 0), *f = PyTuple_GET_ITEM(st, 1);
+        PyObject *v = PyObject_CallOneArg(f, out);
+        if (v == NULL) goto fail;
+        if (kind == s_then || PyUnicode_Compare(kind, s_then) == 0) {
+            int isop = Py_IS_TYPE(v, (PyTypeObject *)planned) || PyObject_IsInstance(v, op_type);
+            if (isop < 0) {
+                Py_DECREF(v);
+                goto fail;
+            }
+            if (!isop) {
+                Py_DECREF(out);
+                PyObject *r = Py_BuildValue("(nN)", i, v);
+                return r;
+            }
+            PyObject *used = PyObject_GetAttr(v, s_used);
+            if (used == NULL) {
+                Py_DECREF(v);
+                goto fail;
+            }
+            int ok;
+            if (used == Py_None) {
+                ok = PyObject_SetAttr(v, s_used, s_then_by) == 0;
+            } else {  /* already consumed: _take raises the usage error */
+                PyObject *r = PyObject_CallMethodOneArg(v, s_take, s_then_by);
+                ok = r != NULL;
+                Py_XDECREF(r);
+            }
+            Py_DECREF(used);
+            if (!ok) {
+                Py_DECREF(v);
+                goto fail;
+            }
+            PyObject *nout = NULL;
+            if (fast && Py_IS_TYPE(v, (PyTypeObject *)planned)) {
+                nout = try_planned(cx, v);
+                if (nout == NULL && PyErr_Occurred()) {
+                    Py_DECREF(v);
+                    goto fail;
+                }
+            }
+            if (nout == NULL) nout = PyObject_CallMethodOneArg(v, s_run, cx);
+            Py_DECREF(v);
+            if (nout == NULL) goto fail;
+            Py_DECREF(out);
+            out = nout;
+        } else if (kind == s_map || PyUnicode_Compare(kind, s_map) == 0) {
+            Py_DECREF(out);
+            out = v;
+        } else {  /* inspect: the output passes on */
+            Py_DECREF(v);
+        }
+    }
+    return Py_BuildValue("(nN)", i, out);
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* lt_matmul((fn, handle, desc, A, Adesc, B, Bdesc, C, Cdesc, algo), alpha, beta, workspace,
+ * workspace_bytes, stream) -> cublasStatus_t. D = C (in place). fn is cublasLtMatmul's address,
+ * the rest are handles and device pointers as ints, alpha/beta host floats. */
+static PyObject *lt_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 10) {
+        PyErr_SetString(PyExc_TypeError, "lt_matmul(static 10-tuple, alpha, beta, workspace, workspace_bytes, stream)");
+        return NULL;
+    }
+    void *v[10];
+    for (int i = 0; i < 10; i++) v[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(args[0], i));
+    float alpha = (float)PyFloat_AsDouble(args[1]), beta = (float)PyFloat_AsDouble(args[2]);
+    void *ws = PyLong_AsVoidPtr(args[3]);
+    size_t wsz = PyLong_AsSize_t(args[4]);
+    void *stream = PyLong_AsVoidPtr(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (v[0] == NULL) {
+        PyErr_SetString(PyExc_ValueError, "lt_matmul: no cublasLtMatmul address");
+        return NULL;
+    }
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = ((ltmatmul_fn)v[0])(v[1], v[2], &alpha, v[3], v[4], v[5], v[6], &beta, v[7], v[8], v[7], v[8], v[9], ws, wsz, stream);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(st);
+}
+
+/* graph_launch(exec, stream) -> CUresult */
+static PyObject *graph_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "graph_launch(exec, stream) takes 2 ints");
+        return NULL;
+    }
+    void *g = PyLong_AsVoidPtr(args[0]), *s = PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (p_graph_launch == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
+        return NULL;
+    }
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = p_graph_launch(g, s);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(err);
+}
+
+/* stream_sync(stream) -> CUresult (the GIL is released while it waits) */
+static PyObject *stream_sync(PyObject *self, PyObject *sobj) {
+    void *h = PyLong_AsVoidPtr(sobj);
+    if (PyErr_Occurred()) return NULL;
+    if (p_stream_sync == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
+        return NULL;
+    }
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = p_stream_sync(h);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(err);
+}
+
+/* event_record(event, stream) -> CUresult;  event_query(event) -> CUresult (0: complete) */
+static PyObject *event_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "event_record(event, stream) takes 2 ints");
+        return NULL;
+    }
+    void *e = PyLong_AsVoidPtr(args[0]), *s = PyLong_AsVoidPtr(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (p_ev_record == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
+        return NULL;
+    }
+    return PyLong_FromLong(p_ev_record(e, s));
+}
+
+static PyObject *event_query(PyObject *self, PyObject *e) {
+    void *h = PyLong_AsVoidPtr(e);
+    if (PyErr_Occurred()) return NULL;
+    if (p_ev_query == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
+        return NULL;
+    }
+    return PyLong_FromLong(p_ev_query(h));
+}
+
 static PyMethodDef module_methods[] = {
     {"load_driver", load_driver, METH_NOARGS, "Find cuLaunchKernel / cuLaunchHostFunc in the loaded libcuda; True on success."},
+    {"geometry", (PyCFunction)(void (*)(void))geometry, METH_FASTCALL,
+     "geometry(fn, gx, gy, gz, bx, by, bz, shmem) -> bytes: a launch geometry for launch()."},
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
-     "launch((fn, gx, gy, gz, bx, by, bz, shmem), stream, params) -> CUresult (ints; params: a void** address)."},
+     "launch(geometry, stream, params) -> CUresult (stream: an int; params: a void** address)."},
+    {"set_gil_release", (PyCFunction)set_gil_release, METH_O,
+     "set_gil_release(flag): whether launches release the GIL (default True; False only to measure its cost)."},
     {"launch_held", (PyCFunction)(void (*)(void))launch_held, METH_FASTCALL,
      "launch_held(cx, tensors, writes, geom, stream, params) -> CUresult, or -1 (not launched) if cx does not hold every tensor yet."},
+    {"held_all", (PyCFunction)(void (*)(void))held_all, METH_FASTCALL,
+     "held_all(cx, tensors, writes) -> True if cx already holds every tensor's span (call under the ledger lock)."},
+    {"run_planned", (PyCFunction)(void (*)(void))run_planned, METH_FASTCALL,
+     "run_planned(cx, plan, args) -> CUresult, or -1 (not launched): a planned elementwise launch in one call."},
+    {"lt_matmul", (PyCFunction)(void (*)(void))lt_matmul, METH_FASTCALL,
+     "lt_matmul(static, alpha, beta, workspace, workspace_bytes, stream) -> cublasStatus_t."},
+    {"run_steps", (PyCFunction)(void (*)(void))run_steps, METH_FASTCALL,
+     "run_steps(cx, out, steps, op_type, planned_type, fast) -> (i, value): a chain's step loop."},
+    {"set_lock", (PyCFunction)set_lock, METH_O, "set_lock(lock): the ledger lock run_planned takes."},
+    {"graph_launch", (PyCFunction)(void (*)(void))graph_launch, METH_FASTCALL, "graph_launch(exec, stream) -> CUresult."},
+    {"stream_sync", (PyCFunction)stream_sync, METH_O, "stream_sync(stream) -> CUresult (releases the GIL while waiting)."},
+    {"event_record", (PyCFunction)(void (*)(void))event_record, METH_FASTCALL, "event_record(event, stream) -> CUresult."},
+    {"event_query", (PyCFunction)event_query, METH_O, "event_query(event) -> CUresult (0: complete, 600: not ready)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -396,6 +789,32 @@ PyMODINIT_FUNC PyInit__native(void) {
     s_accesses = PyUnicode_InternFromString("accesses");
     s_span = PyUnicode_InternFromString("_span");
     if (s_buffer == NULL || s_accesses == NULL || s_span == NULL) return NULL;
+    s_tensor = PyUnicode_InternFromString("tensor");
+    s_stream = PyUnicode_InternFromString("stream");
+    s_handle_int = PyUnicode_InternFromString("handle_int");
+    s_fast = PyUnicode_InternFromString("fast");
+    s_last_ptrs = PyUnicode_InternFromString("last_ptrs");
+    s_ptrs = PyUnicode_InternFromString("ptrs");
+    s_last_scalars = PyUnicode_InternFromString("last_scalars");
+    s_acquire = PyUnicode_InternFromString("acquire");
+    s_release = PyUnicode_InternFromString("release");
+    s_used = PyUnicode_InternFromString("_used");
+    s_run = PyUnicode_InternFromString("_run");
+    s_take = PyUnicode_InternFromString("_take");
+    s_then = PyUnicode_InternFromString("then");
+    s_map = PyUnicode_InternFromString("map");
+    s_plan = PyUnicode_InternFromString("_plan");
+    s_cuda = PyUnicode_InternFromString("cuda");
+    s_be = PyUnicode_InternFromString("be");
+    s_backend = PyUnicode_InternFromString("backend");
+    s_args = PyUnicode_InternFromString("_args");
+    s_then_by = PyUnicode_InternFromString(".then()");
+    if (s_used == NULL || s_run == NULL || s_take == NULL || s_then == NULL || s_map == NULL || s_plan == NULL ||
+        s_cuda == NULL || s_be == NULL || s_backend == NULL || s_args == NULL || s_then_by == NULL)
+        return NULL;
+    if (s_tensor == NULL || s_stream == NULL || s_handle_int == NULL || s_fast == NULL || s_last_ptrs == NULL ||
+        s_ptrs == NULL || s_last_scalars == NULL || s_acquire == NULL || s_release == NULL)
+        return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
     Py_INCREF(&ChannelType);

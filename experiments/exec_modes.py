@@ -5,7 +5,7 @@ timed region: building is part of the cost a user pays), beside raw cuda.binding
 PyTorch, cuda.core and a CUDA C++ program doing the same, all in one run. The ledger-off
 variant measures the access ledger's cost per op. Writes JSON with the machine, versions and date.
 
-    python experiments/exec_modes.py --reps 200 --out results.json [--chain-bin experiments/ref/chain]
+    python experiments/exec_modes.py --reps 200 --out results.json [--chain-bin chain] [--graph-lib libgraphref.so]
 """
 
 from __future__ import annotations
@@ -175,12 +175,14 @@ def paired_chain(n_ops: int, reps: int, warmup: int) -> dict:
     }
 
 
-def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5) -> dict:
+def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5, graph_lib: str | None = None) -> dict:
     """deviceop ``g.launch().sync_on(s)`` against raw cuda.bindings cuGraphLaunch + sync of the same
-    N-kernel graph, interleaved rep by rep after a time-based warm-up.
+    N-kernel graph and, with ``graph_lib``, the CUDA C++ graph replay (experiments/ref/graph_ref.cu
+    built as a shared library), interleaved rep by rep after a time-based warm-up.
 
-    A graph of N small kernels runs at the GPU's node rate, which follows its clocks: both sides
-    get the same warm GPU, as the CUDA C++ binary's graph (run right after its chained mode) does.
+    A graph of N small kernels runs at the GPU's node rate, which follows its clock state; the
+    state changes over seconds (the same graph replays 18 % slower or faster), so only replays
+    interleaved in one process compare like with like.
     """
     from cuda.bindings import driver
 
@@ -195,31 +197,61 @@ def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5) -> dict:
     for _ in range(n_ops - 1):
         op = op.then(lambda o: K.scale(*o))
     g = op.graph()
+    clock = time.perf_counter_ns
 
-    def raw() -> None:
+    def raw() -> float:
+        t = clock()
         glaunch(gexec, rstream)
         sync(rstream)
+        return (clock() - t) / 1e3
 
-    def dev() -> None:
+    def dev() -> float:
+        t = clock()
         g.launch().sync_on(s)
+        return (clock() - t) / 1e3
 
+    fns = {"raw_bindings": raw, "deviceop": dev}
+    lib = None
+    if graph_lib:
+        import ctypes
+
+        lib = ctypes.CDLL(graph_lib)
+        lib.ref_replay_us.restype = ctypes.c_double
+        if lib.ref_setup(n_ops) != 0:
+            raise RuntimeError(f"{graph_lib}: ref_setup({n_ops}) failed")
+        replay = lib.ref_replay_us
+
+        def cpp() -> float:  # timed inside C++ (steady_clock), as chain.cu times itself
+            us = replay(n_ops)
+            if us < 0:
+                raise RuntimeError(f"{graph_lib}: replay failed ({us})")
+            return float(us)
+
+        fns["cuda_cpp"] = cpp
     t_end = time.perf_counter() + warmup_s
     while time.perf_counter() < t_end:
-        raw()
-        dev()
-    samples: dict[str, list[float]] = {"raw_bindings": [], "deviceop": []}
-    clock = time.perf_counter_ns
-    for _ in range(reps):
-        for name, fn in (("raw_bindings", raw), ("deviceop", dev)):
-            t = clock()
+        for fn in fns.values():
             fn()
-            samples[name].append((clock() - t) / 1e3 / n_ops)
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            samples[name].append(fn() / n_ops)
     if not np.array_equal(y.numpy(), np.full(N_ELEMS, 0.75, np.float16)):
         raise AssertionError("deviceop graph replay produced wrong values")
+    if lib is not None and lib.ref_check() != 1:
+        raise AssertionError("the C++ graph replay produced wrong values")
     med = {k: float(np.median(v)) for k, v in samples.items()}
-    ratio = [d / r for d, r in zip(samples["deviceop"], samples["raw_bindings"])]
-    return {"n_ops": n_ops, "reps": reps, "us_per_op_median": med,
-            "deviceop_over_raw_median_of_ratios": float(np.median(ratio))}
+    out = {"n_ops": n_ops, "reps": reps, "us_per_op_median": med,
+           "deviceop_over_raw_median_of_ratios": _ratio(samples, "raw_bindings")}
+    if lib is not None:
+        out["deviceop_over_cuda_cpp_in_process"] = _ratio(samples, "cuda_cpp")
+        out["raw_over_cuda_cpp_in_process"] = float(np.median([r / c for r, c in zip(samples["raw_bindings"], samples["cuda_cpp"])]))
+    return out
+
+
+def _ratio(samples: dict[str, list[float]], ref: str) -> float:
+    """Median over reps of deviceop's time over ``ref``'s in the same rep."""
+    return float(np.median([d / r for d, r in zip(samples["deviceop"], samples[ref])]))
 
 
 def graph_update_cost(n_ops: int, reps: int) -> dict:
@@ -309,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1,10,100,1000")
     ap.add_argument("--impls", default="raw_bindings,cupy,torch,cuda_core")
     ap.add_argument("--chain-bin", default=None)
+    ap.add_argument("--graph-lib", default=None, help="libgraphref.so (experiments/ref/graph_ref.cu) for the in-process C++ graph column")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     sizes = [int(v) for v in a.sizes.split(",")]
@@ -332,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(paired[-1]), file=sys.stderr)
     graphs = []
     for n in sizes:
-        graphs.append(paired_graph(n, a.reps))
+        graphs.append(paired_graph(n, a.reps, graph_lib=a.graph_lib))
         print(json.dumps(graphs[-1]), file=sys.stderr)
     if a.chain_bin:
         results.extend(r for r in _refs.run_chain_bin(a.chain_bin, a.reps) if r["n_ops"] in sizes)
@@ -351,10 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in doc["ratios"]:
         if r["vs"] == "raw_bindings" or (r["mode"] == "graph" and r["vs"] == "cuda_cpp"):
             print(f"deviceop {r['mode']:<20} N={r['n_ops']:<5} {r['ratio']:.3f}x {r['vs']}")
-    print("paired graph replays (interleaved with raw cuda.bindings after a warm-up):")
+    print("paired graph replays (interleaved with raw cuda.bindings and the in-process C++ library after a warm-up):")
     for p in graphs:
         m = p["us_per_op_median"]
-        cpp_s = f"  C++ {p['cuda_cpp_us_per_op_median']:.3f} -> {p['deviceop_over_cuda_cpp']:.3f}x C++" if "deviceop_over_cuda_cpp" in p else ""
+        cpp_s = f"  C++ binary {p['cuda_cpp_us_per_op_median']:.3f} -> {p['deviceop_over_cuda_cpp']:.3f}x" if "deviceop_over_cuda_cpp" in p else ""
+        if "cuda_cpp" in m:
+            cpp_s += f"  C++ in-process {m['cuda_cpp']:.3f} -> {p['deviceop_over_cuda_cpp_in_process']:.3f}x C++"
         print(f"  N={p['n_ops']:<5} raw {m['raw_bindings']:.3f}  deviceop {m['deviceop']:.3f} us/op -> "
               f"{p['deviceop_over_raw_median_of_ratios']:.3f}x raw{cpp_s}")
     print(f"graph update, N={update['n_ops']}: update in place {update['update_us']:.0f} us, record + instantiate "

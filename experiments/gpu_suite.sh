@@ -63,8 +63,9 @@ if [ "$MODE" = work ]; then
   echo "gpu_suite status: $status"; exit $status
 fi
 case "$MODE" in full) REPS=200 ;; core) REPS=100 ;; *) REPS=30 ;; esac
-( cd experiments/ref && nvcc -O3 -arch=sm_90 -o /tmp/chain chain.cu ) || status=1
-python3 experiments/exec_modes.py --reps $REPS --chain-bin /tmp/chain --out "$OUT/exec_modes.json" 2>&1 | tee "$OUT/exec_modes.log" | tail -n 40
+( cd experiments/ref && nvcc -O3 -arch=sm_90 -o /tmp/chain chain.cu \
+  && nvcc -O3 -arch=sm_90 -shared -Xcompiler -fPIC -o /tmp/libgraphref.so graph_ref.cu ) || status=1
+python3 experiments/exec_modes.py --reps $REPS --chain-bin /tmp/chain --graph-lib /tmp/libgraphref.so --out "$OUT/exec_modes.json" 2>&1 | tee "$OUT/exec_modes.log" | tail -n 40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 DEVICEOP_NATIVE=0 python3 experiments/exec_modes.py --reps 50 --sizes 1000 --impls raw_bindings --out "$OUT/exec_modes_nonative.json" 2>&1 | tail -n 4
 [ "${PIPESTATUS[0]}" = 0 ] || status=1

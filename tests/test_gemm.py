@@ -190,3 +190,83 @@ def test_gemm_bad_input_from_an_op_fails_at_run_time(backend):
     op = K.gemm(do.zeros((4, 5), do.float32), do.zeros((4, 4), do.float32), do.zeros((3, 5), do.float32))
     with pytest.raises(do.ShapeError):
         op.sync()
+
+
+def test_repeated_gemms_replay_correctly(backend):
+    # the same call many times (recorded into a graph on cuda after a few), then with other
+    # scalars, pointers and streams: every result must match the reference
+    from deviceop.kernels import _gemm
+
+    rng = np.random.default_rng(5)
+    a_np, b_np = _rand(rng, (64, 48), do.float16), _rand(rng, (48, 32), do.float16)
+    a, b = do.from_numpy(a_np).sync(), do.from_numpy(b_np).sync()
+    cs = [do.zeros((64, 32), do.float16).sync() for _ in range(2)]
+    before = _gemm.REPLAYS.recorded
+    s0, s1 = do.streams()[0], do.streams()[1]
+    for i in range(8):
+        K.gemm(cs[0], a, b).sync_on(s0)
+        _check(cs[0].numpy(), _ref(a_np, b_np), do.float16, 48)
+    for alpha, c, s in ((0.5, cs[0], s0), (0.5, cs[1], s1), (2.0, cs[1], s1)):
+        for _ in range(4):
+            K.gemm(c, a, b, alpha=alpha).sync_on(s)
+            _check(c.numpy(), alpha * _ref(a_np, b_np), do.float16, 48)
+    if backend == "cuda" and _gemm._MODE[0] == "auto":
+        assert _gemm.REPLAYS.recorded >= before + 4  # one per distinct (scalars, pointers, stream)
+
+
+def test_repeated_gemm_inside_a_recording_is_recorded_not_replayed(backend):
+    a, b = do.ones((32, 32), do.float32).sync(), do.ones((32, 32), do.float32).sync()
+    c = do.zeros((32, 32), do.float32).sync()
+    for _ in range(4):
+        K.gemm(c, a, b).sync()
+    g = K.gemm(c, a, b, alpha=3.0).graph()  # the replay cache never serves a recording
+    g.launch().sync()
+    np.testing.assert_array_equal(c.numpy(), np.full((32, 32), 96.0, np.float32))
+
+
+def test_gemm_replays_record_when_hot_remember_failures_and_are_bounded():
+    from deviceop.kernels._gemm_replay import HOT, MAX, Replays
+
+    class _Ex:
+        def __init__(self, n: int) -> None:
+            self.handle_int = 1000 + n
+
+    class _Graphs:  # a stand-in for the cuda backend's graph operations
+        def __init__(self) -> None:
+            self.made = 0
+
+        def acquire_stream(self):
+            return type("S", (), {"handle_int": 7})()
+
+        def release_stream(self, s) -> None:
+            pass
+
+        def begin(self, s) -> None:
+            pass
+
+        def end(self, s):
+            return "raw"
+
+        def nodes(self, raw) -> int:
+            return 1
+
+        def instantiate(self, raw, stream):
+            self.made += 1
+            return _Ex(self.made)
+
+    be = type("Be", (), {"graphs": _Graphs()})()
+    r = Replays()
+    calls = []
+    got = [r.get("k", be, None, lambda s: calls.append(s) or 0) for _ in range(HOT + 2)]
+    assert got[: HOT - 1] == [0] * (HOT - 1)  # direct calls until the key is hot
+    assert got[HOT - 1] == got[HOT] == got[HOT + 1] == 1001 and calls == [7] and r.recorded == 1
+    # a failed recording (status != 0) is remembered: no retry on every later call
+    fails = []
+    for _ in range(HOT + 3):
+        assert r.get("bad", be, None, lambda s: fails.append(s) or 13) == 0
+    assert len(fails) == 1
+    # bounded: the oldest graphs go first
+    for i in range(MAX + 5):
+        for _ in range(HOT):
+            r.get(("fill", i), be, None, lambda s: 0)
+    assert len(r) == MAX and r.get("k", be, None, lambda s: 0) == 0  # "k" was dropped

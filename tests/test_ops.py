@@ -243,3 +243,53 @@ def test_done_callback(backend):
     fut.add_done_callback(lambda f: (got.append(f.result()), ev.set()))
     assert ev.wait(30)
     assert got == [3]
+
+
+@pytest.fixture(params=["native", "python"])
+def step_loop(request, monkeypatch):
+    """Run a test with the chain's native step loop and again with its Python twin."""
+    from deviceop.combinators import _chain
+
+    if request.param == "native" and _chain._STEPS is None:
+        pytest.skip("the native module is not built (or DEVICEOP_NATIVE=0)")
+    if request.param == "python":
+        monkeypatch.setattr(_chain, "_STEPS", None)
+    return request.param
+
+
+def test_step_loops_agree_on_then_map_inspect(backend, step_loop):
+    seen = []
+    t = do.zeros(256, do.float32).sync()
+    op = do.value(t)
+    for i in range(50):
+        op = op.then(lambda u, i=i: K.fill(u.partition((128,)), float(i))).inspect(seen.append).map(lambda p: p[0].tensor)
+        op = op.then(lambda u: K.scale(do.empty(256, do.float32).map(lambda v: v.partition((128,))), do.value(u), 2.0)).map(
+            lambda p: p[1])  # an op argument: the generic launch path inside the loop
+    out = op.then(do.to_numpy).sync()
+    np.testing.assert_array_equal(out, np.full(256, 49.0, np.float32))
+    assert len(seen) == 50 and all(isinstance(p, tuple) for p in seen)
+
+
+def test_step_loops_raise_the_same_usage_errors(backend, step_loop):
+    with pytest.raises(do.UsageError, match=r"returned int, not a DeviceOp"):
+        do.value(1).then(lambda x: x + 1).sync()
+    used = do.value(5)
+    used.sync()
+    with pytest.raises(do.UsageError, match="already consumed"):
+        do.value(1).then(lambda x: used).sync()
+    with pytest.raises(ZeroDivisionError):
+        do.value(0).map(lambda x: 1 / x).then(do.value).sync()
+
+
+def test_chained_kernels_with_changing_scalars_and_tensors(backend, step_loop):
+    # the planned fast path must fall back when the scalar or the tensors differ from the last launch
+    a, b = do.full(512, 1.0, do.float32).sync(), do.full(512, 1.0, do.float32).sync()
+    pa, pb = a.partition((128,)), b.partition((128,))
+    op = K.scale(pa, a, 2.0)
+    for g in (2.0, 3.0, 3.0, 0.5):
+        op = op.then(lambda o, g=g: K.scale(pa, a, g))
+    op = op.then(lambda o: K.scale(pb, a, 1.0)).then(lambda o: K.add(pa, a, b))
+    op.sync()
+    # a: 1 -> 2 -> 4 -> 12 -> 36 -> 18; b = a; a = a + b
+    np.testing.assert_array_equal(b.numpy(), np.full(512, 18.0, np.float32))
+    np.testing.assert_array_equal(a.numpy(), np.full(512, 36.0, np.float32))

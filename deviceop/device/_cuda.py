@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import BackendError, CudaError
+from . import _capture, _fast
 from ._buffer import Buffer
 from ._capture import release
 
@@ -27,6 +28,8 @@ except Exception:  # pragma: no cover - cuda-python is a dependency; kept for br
 
 def _error_text(err: Any) -> tuple[str, str]:
     try:
+        if type(err) is int:  # from the native paths
+            err = _drv.CUresult(err)
         _, name = _drv.cuGetErrorName(err)
         _, text = _drv.cuGetErrorString(err)
         return name.decode(), text.decode()
@@ -51,21 +54,37 @@ def check(result: Any, call: str) -> Any:
 
 
 class CudaEvent:
-    """A CUDA event (timing disabled; waits sleep rather than spin)."""
+    """A CUDA event (timing disabled; waits sleep rather than spin).
 
-    __slots__ = ("backend", "handle")
+    Handles are reused: a dropped event's handle goes to a small free list and the next event
+    takes it, so a queue of short executions does not create and destroy an event each (a
+    later record replaces an earlier one; waits already enqueued keep the record they saw).
+    """
+
+    __slots__ = ("backend", "handle", "handle_int")
 
     _FLAGS = 0
+    _free: "list[tuple[Any, int]]" = []  # (handle, handle as int) of dropped events
+    _FREE_MAX = 256
 
     def __init__(self, backend: "CudaBackend") -> None:
         self.backend = backend
+        free = CudaEvent._free
+        if free:
+            try:
+                self.handle, self.handle_int = free.pop()
+                return
+            except IndexError:  # another thread took the last one
+                pass
         self.handle = check(_drv.cuEventCreate(CudaEvent._FLAGS), "cuEventCreate")
+        self.handle_int = int(self.handle)
 
     def query(self) -> bool:
-        err = _drv.cuEventQuery(self.handle)[0]
+        nd = _fast.DRIVER[0]
+        err = nd.event_query(self.handle_int) if nd is not None else _drv.cuEventQuery(self.handle)[0]
         if not err:
             return True
-        if err == _drv.CUresult.CUDA_ERROR_NOT_READY:
+        if err == 600:  # CUDA_ERROR_NOT_READY
             return False
         raise cuda_error(err, "cuEventQuery")
 
@@ -75,7 +94,14 @@ class CudaEvent:
 
     def __del__(self) -> None:
         try:
-            release(_drv.cuEventDestroy, self.handle)
+            h = self.handle
+        except AttributeError:  # creation failed
+            return
+        if len(CudaEvent._free) < CudaEvent._FREE_MAX and _capture.CAPTURE.scope is None:
+            CudaEvent._free.append((h, self.handle_int))
+            return
+        try:
+            release(_drv.cuEventDestroy, h)
         except Exception:
             pass
 
@@ -98,7 +124,8 @@ class CudaStream:
         return (0, self.handle_int)
 
     def synchronize(self) -> None:
-        err = _drv.cuStreamSynchronize(self.handle)[0]
+        nd = _fast.DRIVER[0]
+        err = nd.stream_sync(self.handle_int) if nd is not None else _drv.cuStreamSynchronize(self.handle)[0]
         if err:
             raise cuda_error(err, "cuStreamSynchronize")
 
@@ -111,7 +138,8 @@ class CudaStream:
         raise cuda_error(err, "cuStreamQuery")
 
     def record(self, event: CudaEvent) -> None:
-        err = _drv.cuEventRecord(event.handle, self.handle)[0]
+        nd = _fast.DRIVER[0]
+        err = nd.event_record(event.handle_int, self.handle_int) if nd is not None else _drv.cuEventRecord(event.handle, self.handle)[0]
         if err:
             raise cuda_error(err, "cuEventRecord")
 
@@ -200,8 +228,6 @@ class CudaBackend:
 
         self.graphs = CudaGraphs(self)
         # the native launch and host-function paths bind to the libcuda loaded above
-        from . import _fast
-
         self.native = _fast.enable_driver()
 
     # -- context -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import CaptureError
+from . import _fast
 from ._capture import StreamPool, release
 from ._cuda import _drv, check, cuda_error
 
@@ -34,10 +35,11 @@ class _Raw:
 class _Exec:
     """An executable graph. Destroying one in flight is allowed: the driver frees it after it ends."""
 
-    __slots__ = ("handle",)
+    __slots__ = ("handle", "handle_int")
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
+        self.handle_int = int(handle)  # for the native launch
 
     def __del__(self) -> None:
         try:
@@ -96,6 +98,7 @@ class CudaGraphs:
         raise cuda_error(err, "cuGraphExecUpdate")
 
     def launch(self, ex: _Exec, stream: Any) -> None:
-        err = _drv.cuGraphLaunch(ex.handle, stream.handle)[0]
+        nd = _fast.DRIVER[0]
+        err = nd.graph_launch(ex.handle_int, stream.handle_int) if nd is not None else _drv.cuGraphLaunch(ex.handle, stream.handle)[0]
         if err:
             raise cuda_error(err, "cuGraphLaunch")

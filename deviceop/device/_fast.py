@@ -15,14 +15,21 @@ try:
 except ImportError:  # no compiler at install time: the pure-Python paths serve
     native = None
 
-__all__ = ["native", "LAUNCH", "LAUNCH_HELD", "enable_driver", "available", "Channel"]
+__all__ = ["native", "LAUNCH", "LAUNCH_HELD", "RUN_PLANNED", "PLANNED", "DRIVER", "enable_driver", "available", "steps", "Channel"]
 
 #: [native launch function or None]; read on the launch path, set once the driver is loaded
 LAUNCH: list[Any] = [None]
 #: [native "launch if the execution already holds every region" or None]
 LAUNCH_HELD: list[Any] = [None]
+#: [native "planned elementwise launch in one call" or None]
+RUN_PLANNED: list[Any] = [None]
+#: [the op type the native step loop may launch directly]: set by kernels._elementwise
+PLANNED: list[Any] = [type(None)]
 #: [True once cuLaunchHostFunc can be called natively]
 NOTIFY: list[bool] = [False]
+#: [the native module once its driver entry points are bound, else None]: held_all, lt_matmul,
+#: graph_launch, event_record, event_query
+DRIVER: list[Any] = [None]
 
 
 def available() -> bool:
@@ -30,14 +37,24 @@ def available() -> bool:
     return native is not None and os.environ.get("DEVICEOP_NATIVE", "1") != "0"
 
 
+def steps() -> Any:
+    """The native step loop of then/map chains (needs no driver), or None."""
+    return native.run_steps if available() else None
+
+
 def enable_driver() -> bool:
     """Bind the native launch/host-function paths to the libcuda cuda.bindings loaded."""
     if not available() or not native.load_driver():
-        LAUNCH[0] = LAUNCH_HELD[0] = None
+        LAUNCH[0] = LAUNCH_HELD[0] = RUN_PLANNED[0] = DRIVER[0] = None
         NOTIFY[0] = False
         return False
+    from ._ledger import LOCK
+
+    native.set_lock(LOCK)
     LAUNCH[0] = native.launch
     LAUNCH_HELD[0] = native.launch_held
+    RUN_PLANNED[0] = native.run_planned
+    DRIVER[0] = native
     NOTIFY[0] = True
     return True
 

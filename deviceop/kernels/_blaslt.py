@@ -17,7 +17,7 @@ import numpy as np
 
 from ._blas import WORKSPACE_BYTES, call, relaxed_capture
 
-__all__ = ["lt_plan", "lt_handle", "LtPlan"]
+__all__ = ["lt_plan", "lt_handle", "LtPlan", "matmul_address", "status_error"]
 
 _lock = threading.RLock()  # plan creation takes it, then may create the handle
 _plans: dict[tuple[Any, ...], "LtPlan | None"] = {}
@@ -44,6 +44,37 @@ def lt_handle() -> int:
                 with relaxed_capture():
                     h = _state["handle"] = call(_lt().create)
     return h  # type: ignore[no-any-return]
+
+
+def matmul_address() -> int:
+    """The address of the ``cublasLtMatmul`` that nvmath's bindings call (0 if it cannot be had).
+
+    The native launch calls it directly: the same library instance as the handle and plans.
+    """
+    a = _state.get("addr")
+    if a is None:
+        try:
+            from nvmath.bindings._internal import cublasLt as internal
+
+            a = int(internal._inspect_function_pointer("__cublasLtMatmul"))
+        except Exception:  # another nvmath layout: the bindings' own call serves
+            a = 0
+        _state["addr"] = a
+    return a  # type: ignore[no-any-return]
+
+
+def status_error(status: int, what: str) -> Exception:
+    """A CudaError naming a non-zero cublasStatus_t."""
+    from .._errors import CudaError
+
+    try:
+        name = _lt().Status(status).name
+    except Exception:
+        name = f"cublasStatus {status}"
+    return CudaError(
+        f"cuBLASLt {what} failed with {name}. Check the GEMM's shapes and strides; a launch failure here "
+        "can also be an earlier kernel's error (run with CUDA_LAUNCH_BLOCKING=1)", name, status,
+    )
 
 
 class LtPlan:

@@ -15,10 +15,12 @@ import numpy as np
 
 from .._dtypes import DType, bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
-from ..device import _ledger
+from ..device import _fast, _ledger
+from ..device._cuda import cuda_error
 from ..device._tensor import Partition, Tensor
 from ._blas import WORKSPACE_BYTES, call, cublas, handle_for, workspace_of
-from ._blaslt import _lt, lt_handle, lt_plan
+from ._blaslt import _lt, lt_handle, lt_plan, matmul_address, status_error
+from ._gemm_replay import Replays
 from ._kernel import check_scalar
 from ._launch import KernelCall, _register, has_op, host_array, launch_host, same, weak
 
@@ -26,9 +28,12 @@ __all__ = ["gemm"]
 
 _CUDA_TYPE = {"float16": 2, "bfloat16": 14, "float32": 0}  # cudaDataType_t: R_16F, R_16BF, R_32F
 _COMPUTE_32F, _COMPUTE_TF32 = 68, 77  # cublasComputeType_t: COMPUTE_32F, COMPUTE_32F_FAST_TF32
-# cuBLASLt with a plan made once per problem (default), or cublasGemmEx on every call ("ex"):
-# the latter only to compare the two
-_USE_LT = [os.environ.get("DEVICEOP_GEMM", "lt") != "ex"]
+# DEVICEOP_GEMM: "auto" (default) cuBLASLt with a plan made once per problem, and a call repeated
+# exactly (same pointers, scalars, stream) replayed as a recorded graph; "lt" cuBLASLt calls only;
+# "ex" cublasGemmEx on every call. The last two only to compare.
+_MODE = [os.environ.get("DEVICEOP_GEMM", "auto")]
+if _MODE[0] not in ("auto", "lt", "ex"):
+    raise UsageError(f"DEVICEOP_GEMM={_MODE[0]!r} is not known; use auto (the default), lt or ex")
 _FLOATS = (float16, bfloat16, float32)
 
 
@@ -87,34 +92,67 @@ class _Gemm:
         c, a, b = g.tensors
         if cx.backend.name != "cuda":
             arrays = (host_array(c), host_array(a), host_array(b), alpha, beta)
-            launch_host(cx, self, _host_gemm, arrays, g.tensors, (True, False, False))
+            launch_host(cx, self, _host_gemm, arrays, g.tensors, _WRITES)
             return
         stream = cx.stream
-        h = handle_for(stream)
-        al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
+        h = handle_for(stream)  # also makes the stream's workspace
         dt = _CUDA_TYPE[c.dtype.name]
         compute = _COMPUTE_TF32 if tf32 else _COMPUTE_32F
         lp = None
-        if _USE_LT[0]:
+        if _MODE[0] != "ex":
             lp = g.lt
             if lp is None and not g.lt_tried and g.k:
                 g.lt_tried = True
                 lp = g.lt = lt_plan(g, dt, compute)
+        nd = _fast.DRIVER[0]
         with _ledger.LOCK:  # registration and the enqueue in one order, as for every launch
-            _register(cx, self, g.tensors, (True, False, False))
+            if nd is None or not _ledger.ENABLED[0] or not nd.held_all(cx, g.tensors, _WRITES):
+                _register(cx, self, g.tensors, _WRITES)
             # column-major view of the row-major product: c^T (n x m) = op(b') op(a')
-            if lp is not None:
-                call(
-                    _lt().matmul, lt_handle(), lp.desc, ctypes.addressof(al), g.ptr_b, lp.layout_a, g.ptr_a,
-                    lp.layout_b, ctypes.addressof(be), g.ptr_c, lp.layout_c, g.ptr_c, lp.layout_c, lp.algo,
-                    workspace_of(stream), WORKSPACE_BYTES, stream.handle_int,
-                )
-            else:
+            if lp is None:
+                al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
                 call(
                     cublas().gemm_ex, h, g.op_b, g.op_a, g.n, g.m, g.k,
                     ctypes.addressof(al), g.ptr_b, dt, g.ld_b, g.ptr_a, dt, g.ld_a,
                     ctypes.addressof(be), g.ptr_c, dt, g.ld_c, compute, -1,  # CUBLAS_GEMM_DEFAULT
                 )
+                return
+            ws, sh = workspace_of(stream), stream.handle_int
+            st = g.lt_static
+            if st is None:
+                st = g.lt_static = _lt_static(g, lp) if nd is not None else False
+            if not st:  # no native module: nvmath's binding
+                al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
+                call(
+                    _lt().matmul, lt_handle(), lp.desc, ctypes.addressof(al), g.ptr_b, lp.layout_a, g.ptr_a,
+                    lp.layout_b, ctypes.addressof(be), g.ptr_c, lp.layout_c, g.ptr_c, lp.layout_c, lp.algo,
+                    ws, WORKSPACE_BYTES, sh,
+                )
+                return
+            if _MODE[0] == "auto" and cx.captured is None:
+                ex = REPLAYS.get((st, alpha, beta, sh), cx.backend, stream,
+                                 lambda on: nd.lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, on))
+                if ex:
+                    err = nd.graph_launch(ex, sh)
+                    if err:
+                        raise cuda_error(err, "cuGraphLaunch (a recorded GEMM)")
+                    return
+            status = nd.lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, sh)
+            if status:
+                raise status_error(status, "cublasLtMatmul")
+
+
+def _lt_static(g: "_Geometry", lp: Any) -> "tuple[int, ...] | bool":
+    """The fixed arguments of the native cublasLtMatmul call for ``g`` (False if unavailable)."""
+    fn = matmul_address()
+    if not fn:
+        return False
+    return (fn, lt_handle(), lp.desc, g.ptr_b, lp.layout_a, g.ptr_a, lp.layout_b, g.ptr_c, lp.layout_c, lp.algo)
+
+
+_WRITES = (True, False, False)
+#: graphs of repeated GEMM calls (see _gemm_replay)
+REPLAYS = Replays()
 
 
 GEMM = _Gemm()
@@ -122,7 +160,7 @@ GEMM = _Gemm()
 
 class _Geometry:
     __slots__ = ("tensors", "m", "n", "k", "op_a", "op_b", "ld_a", "ld_b", "ld_c", "ptr_a", "ptr_b", "ptr_c",
-                 "lt", "lt_tried")
+                 "lt", "lt_tried", "lt_static")
 
 
 def _geometry(args: tuple[Any, ...], opts: Any) -> _Geometry:
@@ -151,7 +189,7 @@ def _geometry(args: tuple[Any, ...], opts: Any) -> _Geometry:
         if x.buffer is ct.buffer and x.size and ct.size and x._span[0] < ct._span[1] and ct._span[0] < x._span[1]:
             raise UsageError(f"gemm(): c overlaps {what}; cuBLAS reads {what} while it writes c, so write into another tensor")
     g = _Geometry()
-    g.lt, g.lt_tried = None, False
+    g.lt, g.lt_tried, g.lt_static = None, False, None
     g.tensors = (ct, a, b)
     if _layout(ct, "c")[0]:
         # c is column-major (a transposed view): compute c^T = b^T a^T, whose output is row-major

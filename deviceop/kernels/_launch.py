@@ -116,7 +116,7 @@ class CudaPlan:
     so the per-launch path only registers accesses, rewrites changed scalars and launches.
     """
 
-    __slots__ = ("fn", "packer", "geom", "grid", "block", "shmem", "writes", "ptrs", "tail")
+    __slots__ = ("fn", "packer", "geom", "grid", "block", "shmem", "writes", "ptrs", "tail", "fast")
 
     def __init__(
         self, fn: Any, packer: Packer, grid: tuple[int, int, int], block: tuple[int, int, int], shmem: int,
@@ -127,10 +127,15 @@ class CudaPlan:
         self.grid = grid
         self.block = block
         self.shmem = shmem
-        self.geom = (packer.handle, *grid, *block, shmem)  # the native launch's first argument
+        # the native launch's first argument, packed once (an 8-tuple without the native module)
+        g = (packer.handle, *grid, *block, shmem)
+        self.geom = _fast.native.geometry(*g) if _fast.native is not None else g
         self.writes = tuple(writes)
         self.ptrs = ptrs
         self.tail = tail
+        # what the native planned launch reads, in one attribute: tensor count, parameter block,
+        # writes, geometry, the block's address
+        self.fast = (len(ptrs), packer, self.writes, self.geom, packer.addr)
 
 
 def launch_cuda(cx: Any, k: Any, plan: CudaPlan, tensors: tuple[Tensor, ...], scalars: Sequence[Any]) -> None:
