@@ -291,6 +291,98 @@ static PyTypeObject ChannelType = {
     .tp_methods = Channel_methods,
 };
 
+
+/* ---- Lock: the ledger lock, takeable from C without a method call ---------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lock;
+    int locked;
+} LockObject;
+
+static PyTypeObject LockType;
+
+/* Take the lock with the GIL held; waits (GIL released) if another thread has it. */
+static int lock_take(LockObject *l) {
+    if (!PyThread_acquire_lock(l->lock, NOWAIT_LOCK)) {
+        int ok;
+        Py_BEGIN_ALLOW_THREADS
+        ok = PyThread_acquire_lock(l->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+        if (!ok) {
+            PyErr_SetString(PyExc_RuntimeError, "could not take the lock");
+            return -1;
+        }
+    }
+    l->locked = 1;
+    return 0;
+}
+
+static int lock_give(LockObject *l) {
+    if (!l->locked) {
+        PyErr_SetString(PyExc_RuntimeError, "release of an unlocked lock");
+        return -1;
+    }
+    l->locked = 0;
+    PyThread_release_lock(l->lock);
+    return 0;
+}
+
+static int Lock_init(LockObject *self, PyObject *args, PyObject *kw) {
+    if (self->lock == NULL) self->lock = PyThread_allocate_lock();
+    if (self->lock == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void Lock_dealloc(LockObject *self) {
+    if (self->lock != NULL) {
+        if (self->locked) PyThread_release_lock(self->lock);
+        PyThread_free_lock(self->lock);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Lock_acquire(LockObject *self, PyObject *unused) {
+    if (lock_take(self) < 0) return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Lock_release(LockObject *self, PyObject *unused) {
+    if (lock_give(self) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Lock_exit(LockObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (lock_give(self) < 0) return NULL;
+    Py_RETURN_FALSE;
+}
+
+static PyObject *Lock_locked(LockObject *self, PyObject *unused) { return PyBool_FromLong(self->locked); }
+
+static PyMethodDef Lock_methods[] = {
+    {"acquire", (PyCFunction)Lock_acquire, METH_NOARGS, "acquire() -> True: take the lock, waiting if needed."},
+    {"release", (PyCFunction)Lock_release, METH_NOARGS, "release(): give the lock back."},
+    {"locked", (PyCFunction)Lock_locked, METH_NOARGS, "locked() -> bool."},
+    {"__enter__", (PyCFunction)Lock_acquire, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))Lock_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "deviceop._native.Lock",
+    .tp_basicsize = sizeof(LockObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A non-reentrant lock like threading.Lock, which native launch paths take without a method call.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Lock_init,
+    .tp_dealloc = (destructor)Lock_dealloc,
+    .tp_methods = Lock_methods,
+};
+
 /* ---- the driver ------------------------------------------------------------------------ */
 
 static PyObject *load_driver(PyObject *self, PyObject *unused) {
@@ -449,9 +541,16 @@ static PyObject *s_tensor, *s_stream, *s_handle_int, *s_fast, *s_last_ptrs, *s_p
     *s_release;
 
 static PyObject *lock_acquire, *lock_release;  /* the ledger lock's bound methods (set_lock) */
+static LockObject *native_lock;                  /* or the lock itself, if it is a native Lock */
 
-/* set_lock(lock): the ledger lock run_planned takes (its acquire/release, looked up once) */
+/* set_lock(lock): the ledger lock run_planned takes (a native Lock, or any lock's acquire/release) */
 static PyObject *set_lock(PyObject *self, PyObject *lock) {
+    if (Py_IS_TYPE(lock, &LockType)) {
+        Py_INCREF(lock);
+        Py_XSETREF(native_lock, (LockObject *)lock);
+    } else {
+        Py_CLEAR(native_lock);
+    }
     PyObject *a = PyObject_GetAttr(lock, s_acquire), *r = PyObject_GetAttr(lock, s_release);
     if (a == NULL || r == NULL) {
         Py_XDECREF(a);
@@ -530,6 +629,13 @@ static PyObject *run_planned(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     if (!same) {
         result = PyLong_FromLong(-1);
+        goto done;
+    }
+    if (native_lock != NULL) {
+        if (lock_take(native_lock) < 0) goto done;
+        result = run_planned_locked(cx, a, nt, PyTuple_GET_ITEM(fast, 2), PyTuple_GET_ITEM(fast, 3), PyTuple_GET_ITEM(fast, 4));
+        native_lock->locked = 0;
+        PyThread_release_lock(native_lock->lock);
         goto done;
     }
     PyObject *r = PyObject_CallNoArgs(lock_acquire);
@@ -785,6 +891,7 @@ static struct PyModuleDef moduledef = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&ChannelType) < 0) return NULL;
+    if (PyType_Ready(&LockType) < 0) return NULL;
     s_buffer = PyUnicode_InternFromString("buffer");
     s_accesses = PyUnicode_InternFromString("accesses");
     s_span = PyUnicode_InternFromString("_span");
@@ -820,6 +927,12 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&ChannelType);
     if (PyModule_AddObject(m, "Channel", (PyObject *)&ChannelType) < 0) {
         Py_DECREF(&ChannelType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&LockType);
+    if (PyModule_AddObject(m, "Lock", (PyObject *)&LockType) < 0) {
+        Py_DECREF(&LockType);
         Py_DECREF(m);
         return NULL;
     }

@@ -117,32 +117,36 @@ def gemm(sizes: tuple[int, ...], trials: int) -> dict:
             for _ in range(reps):
                 torch.matmul(ta, tb, out=tc)
 
-        def ours_gemm_ex(reps=reps) -> None:
-            # the same through cublasGemmEx on every call (cuBLAS heuristics each time)
-            _gemm._USE_LT[0] = False
-            try:
-                ours(reps)
-            finally:
-                _gemm._USE_LT[0] = True
+        def mode(m: str):
+            # the same GEMMs with DEVICEOP_GEMM=m: "lt" plain cuBLASLt calls (no graph replays),
+            # "ex" cublasGemmEx on every call (cuBLAS heuristics each time)
+            def run(reps=reps) -> None:
+                _gemm._MODE[0] = m
+                try:
+                    ours(reps)
+                finally:
+                    _gemm._MODE[0] = "auto"
+            return run
 
         r: dict = {"reps": reps}
+        fns = {"": ours, "torch_": theirs, "lt_": mode("lt"), "gemm_ex_": mode("ex")}
         with torch.cuda.stream(ts):
             # interleaved, so clock and thermal drift hit all alike
-            g_ours, g_torch, h_ours, h_torch, g_ex, h_ex = [], [], [], [], [], []
+            g: dict = {k: [] for k in fns}
+            h: dict = {k: [] for k in fns}
             for _ in range(3):
-                g_ours.append(gpu_ms_queued(ours, s, 1, trials) / reps)
-                g_torch.append(gpu_ms_queued(theirs, s, 1, trials) / reps)
-                g_ex.append(gpu_ms_queued(ours_gemm_ex, s, 1, trials) / reps)
-                h_ours.append(host_ms(ours, s, 1, trials) / reps)
-                h_torch.append(host_ms(theirs, s, 1, trials) / reps)
-                h_ex.append(host_ms(ours_gemm_ex, s, 1, trials) / reps)
-        for k, v in (("gpu_ms", g_ours), ("torch_gpu_ms", g_torch), ("wall_ms", h_ours), ("torch_wall_ms", h_torch),
-                     ("gemm_ex_gpu_ms", g_ex), ("gemm_ex_wall_ms", h_ex)):
-            r[k] = float(np.median(v))
+                for k, fn in fns.items():
+                    g[k].append(gpu_ms_queued(fn, s, 1, trials) / reps)
+                for k, fn in fns.items():
+                    h[k].append(host_ms(fn, s, 1, trials) / reps)
+        for k in fns:
+            r[f"{k}gpu_ms"] = float(np.median(g[k]))
+            r[f"{k}wall_ms"] = float(np.median(h[k]))
         r["tflops"] = flop / r["gpu_ms"] / 1e9
         r["torch_tflops"] = flop / r["torch_gpu_ms"] / 1e9
         r["of_torch"] = r["torch_gpu_ms"] / r["gpu_ms"]
         r["wall_of_torch"] = r["torch_wall_ms"] / r["wall_ms"]
+        r["lt_of_torch"] = r["torch_gpu_ms"] / r["lt_gpu_ms"]
         r["gemm_ex_of_torch"] = r["torch_gpu_ms"] / r["gemm_ex_gpu_ms"]
         want = (ta.float() @ tb.float()).half()
         if not torch.allclose(torch.from_dlpack(c).float(), want.float(), rtol=2e-2, atol=2e-2):
@@ -313,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(v, dict):
             print(f"gemm {k}^3 f16: {v['tflops']:.0f} TFLOP/s, torch {v['torch_tflops']:.0f}: {v['of_torch'] * 100:.1f}% "
                   f"(wall per call {v['wall_ms'] * 1e3:.1f} us vs torch {v['torch_wall_ms'] * 1e3:.1f} us); "
+                  f"plain cuBLASLt calls: {v['lt_of_torch'] * 100:.1f}%, {v['lt_wall_ms'] * 1e3:.1f} us per call; "
                   f"through cublasGemmEx: {v['gemm_ex_of_torch'] * 100:.1f}%, {v['gemm_ex_wall_ms'] * 1e3:.1f} us per call")
     print("second process start:", {k: round(v, 1) for k, v in doc["second_process_start"].items()})
     return 0

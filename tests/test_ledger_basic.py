@@ -227,3 +227,27 @@ def test_dropped_future_frees_nothing_early(backend):
     assert do.used_bytes() >= baseline + 2 * 4 * n
     del src
     assert _settle(baseline, timeout=10) == baseline  # and everything returns once the work completes
+
+
+def test_the_ledger_lock_excludes_other_threads():
+    # the native Lock (where built) must behave as threading.Lock: exclusive, not re-entrant
+    import threading
+    import time
+
+    from deviceop.device._ledger import LOCK
+
+    order = []
+
+    def other():
+        with LOCK:
+            order.append("other")
+
+    with LOCK:
+        th = threading.Thread(target=other)
+        th.start()
+        time.sleep(0.05)  # the other thread waits (without the GIL) while we hold the lock
+        order.append("main")
+    th.join(10)
+    assert order == ["main", "other"] and not LOCK.locked()
+    with pytest.raises(RuntimeError):
+        LOCK.release()

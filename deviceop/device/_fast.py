@@ -15,7 +15,7 @@ try:
 except ImportError:  # no compiler at install time: the pure-Python paths serve
     native = None
 
-__all__ = ["native", "LAUNCH", "LAUNCH_HELD", "RUN_PLANNED", "PLANNED", "DRIVER", "enable_driver", "available", "steps", "Channel"]
+__all__ = ["native", "LAUNCH", "LAUNCH_HELD", "RUN_PLANNED", "PLANNED", "DRIVER", "enable_driver", "available", "steps", "make_lock", "Channel"]
 
 #: [native launch function or None]; read on the launch path, set once the driver is loaded
 LAUNCH: list[Any] = [None]
@@ -35,6 +35,15 @@ DRIVER: list[Any] = [None]
 def available() -> bool:
     """True if the native module is built and not disabled by ``DEVICEOP_NATIVE=0``."""
     return native is not None and os.environ.get("DEVICEOP_NATIVE", "1") != "0"
+
+
+def make_lock() -> Any:
+    """The ledger's lock: the native Lock (native launches take it without a method call) or threading.Lock."""
+    if available():
+        return native.Lock()
+    import threading
+
+    return threading.Lock()
 
 
 def steps() -> Any:

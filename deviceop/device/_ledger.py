@@ -15,17 +15,18 @@ Finished executions remove their entries (``release``), so the lists stay short.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any
 
 from .._errors import BorrowError
+from . import _fast
 
 if TYPE_CHECKING:
     from ..executors._context import ExecutionContext
     from ._buffer import Buffer
 
-#: held around check + launch + register; see the module docstring for why
-LOCK = threading.Lock()
+#: held around check + launch + register; see the module docstring for why (a native lock where
+#: the native module is built: its launch paths take it without a Python method call)
+LOCK = _fast.make_lock()
 
 _policy = {"mode": "order", "enabled": True}
 #: mirrors _policy["enabled"] for the launch path's inlined fast check

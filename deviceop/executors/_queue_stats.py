@@ -20,7 +20,7 @@ class QueueCancelled(DeviceOpError):
     """The work queue was cancelled before this item completed."""
 
 
-@dataclass
+@dataclass(slots=True)
 class ItemResult:
     """The outcome of one queue item, in the order items were put.
 
@@ -205,7 +205,10 @@ def start_batch(batch: "list[tuple[Any, ItemResult]]", lane: int, t0: float, who
         r.lane = lane
         try:
             op = resolve(item, lane)
-            op._take(who)
+            if op._used is None:
+                op._used = who
+            else:
+                op._take(who)  # raises: already consumed
             ops.append((r, op))
         except Exception as e:  # kept per item; the queue goes on
             r.error = e
