@@ -1,16 +1,21 @@
-/* deviceop._native: the two places where Python is too slow or must not run.
+/* deviceop._native: the places where Python is too slow or must not run.
  *
- * 1. launch() (and run_planned, lt_matmul, graph_launch, event_record/query): driver and
- *    cuBLASLt calls through their own entry points. cuda.bindings spends
- *    about as long converting its arguments as the driver spends launching; here the caller
- *    passes plain integers it prepared once (function handle, stream handle, parameter block).
- * 2. Channel + notify(): completion wake-ups for `await`. notify() enqueues a C host function
+ * 1. Launch paths: launch() (cuLaunchKernel with a geometry packed once per plan),
+ *    run_planned() (a planned elementwise launch: parameter check, ledger "already held"
+ *    check and launch under the ledger lock, in one call), run_steps() (the step loop of a
+ *    then/map chain, which launches planned calls directly), lt_matmul() (cublasLtMatmul),
+ *    graph_launch(), event_record/event_query(), stream_sync(). cuda.bindings spends about as
+ *    long converting its arguments as the driver spends launching; here callers pass plain
+ *    integers prepared once.
+ * 2. Lock: the ledger lock, which these paths take without a Python method call.
+ * 3. Channel + notify(): completion wake-ups for `await`. notify() enqueues a C host function
  *    with cuLaunchHostFunc; when the stream reaches it, the function (on the driver's thread,
  *    without the GIL, without any CUDA call) appends a token to the channel's queue and
  *    writes the channel's eventfd. The event loop watches the fd and drains the tokens.
  *
  * The driver is not linked: its entry points are looked up with dlsym in the libcuda that
- * cuda.bindings already loaded (load_driver), so importing this module never needs a GPU.
+ * cuda.bindings already loaded (load_driver), and cublasLtMatmul's address comes from the
+ * library nvmath loaded, so importing this module never needs a GPU.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -537,8 +542,7 @@ static PyObject *held_all(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_TRUE;
 }
 
-static PyObject *s_tensor, *s_stream, *s_handle_int, *s_fast, *s_last_ptrs, *s_ptrs, *s_last_scalars, *s_acquire,
-    *s_release;
+static PyObject *s_tensor, *s_sh, *s_fast, *s_last_ptrs, *s_last_scalars, *s_acquire, *s_release;
 
 static PyObject *lock_acquire, *lock_release;  /* the ledger lock's bound methods (set_lock) */
 static LockObject *native_lock;                  /* or the lock itself, if it is a native Lock */
@@ -576,52 +580,41 @@ static PyObject *run_planned_locked(PyObject *cx, PyObject *a, Py_ssize_t nt, Py
         if (i == 0) Py_DECREF(t);
         if (h <= 0) return h < 0 ? NULL : PyLong_FromLong(-1);
     }
-    PyObject *stream = PyObject_GetAttr(cx, s_stream);
-    if (stream == NULL) return NULL;
-    PyObject *rest[3] = {geom, PyObject_GetAttr(stream, s_handle_int), addr};
-    Py_DECREF(stream);
+    PyObject *rest[3] = {geom, PyObject_GetAttr(cx, s_sh), addr};
     if (rest[1] == NULL) return NULL;
     PyObject *r = launch(NULL, rest, 3);
     Py_DECREF(rest[1]);
     return r;
 }
 
-/* run_planned(cx, plan, args) -> CUresult, or -1 (nothing launched).
+/* run_planned(cx, fast, args) -> CUresult, or -1 (nothing launched).
  * The chained launch of a planned elementwise call in one C call: args[0] is the output
- * Partition, args[1:nt] the input tensors, args[nt:] the scalars (plan.fast = (nt, packer,
- * writes, geom, params address)). Launches only if the parameter block already holds these
- * pointers and scalars and cx already holds every tensor (checked and launched under the
- * ledger lock, see set_lock); otherwise the caller takes the full path (repack, ledger
- * registration). */
+ * Partition, args[1:nt] the input tensors, args[nt:] the scalars; fast = (nt, packer, writes,
+ * geometry, params address, pointers[, backend]) from the plan. Launches only if the parameter
+ * block already holds these pointers and scalars and cx already holds every tensor (checked
+ * and launched under the ledger lock, see set_lock); otherwise the caller takes the full path
+ * (repack, ledger registration). */
 static PyObject *run_planned(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "run_planned(cx, plan, args): args is a tuple");
+    if (nargs != 3 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) < 6 || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "run_planned(cx, fast, args): fast is (nt, packer, writes, geom, addr, ptrs, ...)");
         return NULL;
     }
     if (p_launch == NULL || lock_acquire == NULL) return PyLong_FromLong(-1);
-    PyObject *cx = args[0], *plan = args[1], *a = args[2];
-    PyObject *fast = PyObject_GetAttr(plan, s_fast);
-    if (fast == NULL) return NULL;
-    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 5) {
-        Py_DECREF(fast);
-        PyErr_SetString(PyExc_TypeError, "run_planned: plan.fast must be (nt, packer, writes, geom, addr)");
-        return NULL;
-    }
+    PyObject *cx = args[0], *fast = args[1], *a = args[2];
     Py_ssize_t nt = PyLong_AsSsize_t(PyTuple_GET_ITEM(fast, 0));
     PyObject *packer = PyTuple_GET_ITEM(fast, 1);
     Py_ssize_t n = PyTuple_GET_SIZE(a);
     PyObject *result = NULL;
-    PyObject *lp = NULL, *pp = NULL, *ls = NULL;
+    PyObject *lp = NULL, *ls = NULL;
     if (nt < 0 && PyErr_Occurred()) goto done;
     if (nt < 1 || nt > n) {
         result = PyLong_FromLong(-1);
         goto done;
     }
     lp = PyObject_GetAttr(packer, s_last_ptrs);
-    pp = PyObject_GetAttr(plan, s_ptrs);
     ls = PyObject_GetAttr(packer, s_last_scalars);
-    if (lp == NULL || pp == NULL || ls == NULL) goto done;
-    int same = lp == pp && PyTuple_Check(ls) && PyTuple_GET_SIZE(ls) == n - nt;
+    if (lp == NULL || ls == NULL) goto done;
+    int same = lp == PyTuple_GET_ITEM(fast, 5) && PyTuple_Check(ls) && PyTuple_GET_SIZE(ls) == n - nt;
     for (Py_ssize_t i = 0; same && i < n - nt; i++) {
         int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(ls, i), PyTuple_GET_ITEM(a, nt + i), Py_EQ);
         if (eq < 0) goto done;
@@ -656,27 +649,27 @@ static PyObject *run_planned(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
 done:
     Py_XDECREF(lp);
-    Py_XDECREF(pp);
     Py_XDECREF(ls);
-    Py_DECREF(fast);
     return result;
 }
 
-static PyObject *s_used, *s_run, *s_take, *s_then, *s_map, *s_plan, *s_cuda, *s_be, *s_backend, *s_args,
-    *s_then_by;
+static PyObject *s_used, *s_run, *s_take, *s_then, *s_map, *s_plan, *s_backend, *s_args, *s_then_by;
 
 /* The planned fast path of one op inside run_steps: the op's output (its args), or NULL with
  * no error set when the generic path must run it. */
 static PyObject *try_planned(PyObject *cx, PyObject *op) {
     PyObject *p = PyObject_GetAttr(op, s_plan);
     if (p == NULL) return NULL;
-    PyObject *c = PyObject_GetAttr(p, s_cuda), *be = PyObject_GetAttr(p, s_be);
-    PyObject *cbe = PyObject_GetAttr(cx, s_backend), *a = PyObject_GetAttr(op, s_args);
+    PyObject *fast = PyObject_GetAttr(p, s_fast);
     Py_DECREF(p);
-    PyObject *out = NULL;
-    if (c == NULL || be == NULL || cbe == NULL || a == NULL) goto done;
-    if (c == Py_None || be != cbe || !PyTuple_Check(a)) goto done;
-    PyObject *argv[3] = {cx, c, a};
+    if (fast == NULL) return NULL;
+    PyObject *out = NULL, *cbe = NULL, *a = NULL;
+    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 7) goto done;  /* None: not a cuda plan */
+    cbe = PyObject_GetAttr(cx, s_backend);
+    if (cbe == NULL || cbe != PyTuple_GET_ITEM(fast, 6)) goto done;
+    a = PyObject_GetAttr(op, s_args);
+    if (a == NULL || !PyTuple_Check(a)) goto done;
+    PyObject *argv[3] = {cx, fast, a};
     PyObject *r = run_planned(NULL, argv, 3);
     if (r == NULL) goto done;
     long err = PyLong_AsLong(r);
@@ -687,8 +680,7 @@ static PyObject *try_planned(PyObject *cx, PyObject *op) {
     }
     /* err != 0: the generic _run repeats the checks and raises a launch error properly */
 done:
-    Py_XDECREF(c);
-    Py_XDECREF(be);
+    Py_DECREF(fast);
     Py_XDECREF(cbe);
     Py_XDECREF(a);
     return out;
@@ -871,7 +863,7 @@ static PyMethodDef module_methods[] = {
     {"held_all", (PyCFunction)(void (*)(void))held_all, METH_FASTCALL,
      "held_all(cx, tensors, writes) -> True if cx already holds every tensor's span (call under the ledger lock)."},
     {"run_planned", (PyCFunction)(void (*)(void))run_planned, METH_FASTCALL,
-     "run_planned(cx, plan, args) -> CUresult, or -1 (not launched): a planned elementwise launch in one call."},
+     "run_planned(cx, fast, args) -> CUresult, or -1 (not launched): a planned elementwise launch in one call."},
     {"lt_matmul", (PyCFunction)(void (*)(void))lt_matmul, METH_FASTCALL,
      "lt_matmul(static, alpha, beta, workspace, workspace_bytes, stream) -> cublasStatus_t."},
     {"run_steps", (PyCFunction)(void (*)(void))run_steps, METH_FASTCALL,
@@ -897,11 +889,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     s_span = PyUnicode_InternFromString("_span");
     if (s_buffer == NULL || s_accesses == NULL || s_span == NULL) return NULL;
     s_tensor = PyUnicode_InternFromString("tensor");
-    s_stream = PyUnicode_InternFromString("stream");
-    s_handle_int = PyUnicode_InternFromString("handle_int");
+    s_sh = PyUnicode_InternFromString("sh");
     s_fast = PyUnicode_InternFromString("fast");
     s_last_ptrs = PyUnicode_InternFromString("last_ptrs");
-    s_ptrs = PyUnicode_InternFromString("ptrs");
     s_last_scalars = PyUnicode_InternFromString("last_scalars");
     s_acquire = PyUnicode_InternFromString("acquire");
     s_release = PyUnicode_InternFromString("release");
@@ -911,16 +901,14 @@ PyMODINIT_FUNC PyInit__native(void) {
     s_then = PyUnicode_InternFromString("then");
     s_map = PyUnicode_InternFromString("map");
     s_plan = PyUnicode_InternFromString("_plan");
-    s_cuda = PyUnicode_InternFromString("cuda");
-    s_be = PyUnicode_InternFromString("be");
     s_backend = PyUnicode_InternFromString("backend");
     s_args = PyUnicode_InternFromString("_args");
     s_then_by = PyUnicode_InternFromString(".then()");
     if (s_used == NULL || s_run == NULL || s_take == NULL || s_then == NULL || s_map == NULL || s_plan == NULL ||
-        s_cuda == NULL || s_be == NULL || s_backend == NULL || s_args == NULL || s_then_by == NULL)
+        s_backend == NULL || s_args == NULL || s_then_by == NULL)
         return NULL;
-    if (s_tensor == NULL || s_stream == NULL || s_handle_int == NULL || s_fast == NULL || s_last_ptrs == NULL ||
-        s_ptrs == NULL || s_last_scalars == NULL || s_acquire == NULL || s_release == NULL)
+    if (s_tensor == NULL || s_sh == NULL || s_fast == NULL || s_last_ptrs == NULL || s_last_scalars == NULL ||
+        s_acquire == NULL || s_release == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;

@@ -210,7 +210,9 @@ def test_repeated_gemms_replay_correctly(backend):
         for _ in range(4):
             K.gemm(c, a, b, alpha=alpha).sync_on(s)
             _check(c.numpy(), alpha * _ref(a_np, b_np), do.float16, 48)
-    if backend == "cuda" and _gemm._MODE[0] == "auto":
+    from deviceop.device import _fast
+
+    if backend == "cuda" and _gemm._MODE[0] == "auto" and _fast.DRIVER[0] is not None:
         assert _gemm.REPLAYS.recorded >= before + 4  # one per distinct (scalars, pointers, stream)
 
 

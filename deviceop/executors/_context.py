@@ -31,12 +31,13 @@ class ExecutionContext:
     """
 
     __slots__ = (
-        "stream", "backend", "buffers", "done", "label", "op", "capturing", "captured", "children",
+        "stream", "sh", "backend", "buffers", "done", "label", "op", "capturing", "captured", "children",
         "_event", "_sealed", "_waited", "_done_cbs",
     )
 
     def __init__(self, stream: Any, label: str = "op", op: Any = None) -> None:
         self.stream = stream
+        self.sh = getattr(stream, "handle_int", 0)  # the stream handle, for the native launch paths
         self.op = op
         self.backend = stream.backend
         self.buffers: list[Any] = []

@@ -264,7 +264,7 @@ class _PlannedCall(KernelCall):
         nr = _RUN_PLANNED[0]
         if nr is not None and _LEDGER_ON[0]:
             # the chained case in one native call: same parameters, regions already held
-            err = nr(cx, c, args)
+            err = nr(cx, c.fast, args)
             if err == 0:
                 return args
             if err > 0:
@@ -282,13 +282,15 @@ _fast.PLANNED[0] = _PlannedCall  # chains launch these straight from their nativ
 
 
 class _Plan:
-    __slots__ = ("refs", "be", "cuda", "empty")
+    __slots__ = ("refs", "be", "cuda", "empty", "fast")
 
     def __init__(self, refs: tuple[Any, ...], be: Any, cuda: "CudaPlan | None", empty: bool) -> None:
         self.refs = refs
         self.be = be
         self.cuda = cuda
         self.empty = empty
+        # the native step loop's view: the cuda plan's fast tuple plus the backend it is for
+        self.fast = (*cuda.fast, be) if cuda is not None else None
 
 
 def _host_args(args: tuple[Any, ...], n_in: int) -> tuple[Any, ...]:

@@ -134,8 +134,8 @@ class CudaPlan:
         self.ptrs = ptrs
         self.tail = tail
         # what the native planned launch reads, in one attribute: tensor count, parameter block,
-        # writes, geometry, the block's address
-        self.fast = (len(ptrs), packer, self.writes, self.geom, packer.addr)
+        # writes, geometry, the block's address, and the pointers' identity (packer.last_ptrs)
+        self.fast = (len(ptrs), packer, self.writes, self.geom, packer.addr, ptrs)
 
 
 def launch_cuda(cx: Any, k: Any, plan: CudaPlan, tensors: tuple[Tensor, ...], scalars: Sequence[Any]) -> None:
