@@ -25,6 +25,8 @@ from ._queue_stats import (
 
 __all__ = ["WorkQueue"]
 
+_MAX_POLL = 0.02  # seconds: the adaptive poll's ceiling (longer waits park)
+
 
 class WorkQueue:
     """Drain ops over ``streams`` (a count or a list of pool streams) from the calling thread.
@@ -36,10 +38,11 @@ class WorkQueue:
     ``on_done``: optional ``async f(result)`` awaited in the stream's task after each item
     (post-processing, host work), before the task takes its next item.
     ``poll``: seconds an item's task polls for completion (yielding to the other tasks between
-    checks) before it parks on a host-function wake-up. While several streams are busy, polling
-    costs nothing extra (the loop has other tasks to run between checks) and keeps host
-    functions, and the thread hand-offs they cause, off the streams; an item that runs longer
-    parks and costs no CPU. Default 2 ms.
+    checks) before it parks on a host-function wake-up, at least: the queue polls for up to 3x
+    its recent batch latency (at most 20 ms), since with many streams a batch waits its turn
+    in a deep GPU queue. While several streams are busy, polling costs nothing extra (the loop
+    has other tasks to run between checks) and keeps host functions, and the thread hand-offs
+    they cause, off the streams; an item that runs longer parks and costs no CPU. Default 2 ms.
     ``batch``: a task takes up to this many items that are already waiting (it never waits
     for more) and runs them as one execution on its stream, awaiting them together. Results
     and errors stay per item; an item's latency then includes the rest of its batch. When
@@ -67,6 +70,7 @@ class WorkQueue:
         self._idle: list[Any] = []
         self._space: list[Any] = []
         self._pending = 0
+        self._lat = 0.0  # moving average of a batch's start-to-completion time (seconds)
         self._closed = False
         self._state = "new"
 
@@ -173,7 +177,11 @@ class WorkQueue:
             ops, run = start_batch(batch, lane, t0, "a WorkQueue")
             try:
                 if run is not None:
-                    settle(ops, await await_op(run, stream, "WorkQueue", None, self.poll))
+                    # poll for about as long as recent batches took: with many streams the GPU's
+                    # queue is deep and a batch waits its turn; parking then would put host
+                    # functions into every stream and slow them all
+                    budget = min(max(self.poll, 3.0 * self._lat), _MAX_POLL)
+                    settle(ops, await await_op(run, stream, "WorkQueue", None, budget))
             except Exception as e:  # the execution failed as a whole (a CUDA error)
                 for r, _ in ops:
                     r.error = r.error or e
@@ -183,6 +191,7 @@ class WorkQueue:
                 raise
             finally:
                 t1 = clock()
+                self._lat += 0.1 * (t1 - t0 - self._lat)
                 for _, r in batch:
                     r.latency_s = t1 - t0
                 busy[lane] += t1 - t0
