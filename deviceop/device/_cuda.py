@@ -64,12 +64,11 @@ class CudaEvent:
     __slots__ = ("backend", "handle", "handle_int")
 
     _FLAGS = 0
-    _free: "list[tuple[Any, int]]" = []  # (handle, handle as int) of dropped events
     _FREE_MAX = 256
 
     def __init__(self, backend: "CudaBackend") -> None:
         self.backend = backend
-        free = CudaEvent._free
+        free = backend.free_events  # per backend: an event belongs to its device's context
         if free:
             try:
                 self.handle, self.handle_int = free.pop()
@@ -95,14 +94,12 @@ class CudaEvent:
     def __del__(self) -> None:
         try:
             h = self.handle
-        except AttributeError:  # creation failed
-            return
-        if len(CudaEvent._free) < CudaEvent._FREE_MAX and _capture.CAPTURE.scope is None:
-            CudaEvent._free.append((h, self.handle_int))
-            return
-        try:
+            free = self.backend.free_events
+            if len(free) < CudaEvent._FREE_MAX and _capture.CAPTURE.scope is None:
+                free.append((h, self.handle_int))
+                return
             release(_drv.cuEventDestroy, h)
-        except Exception:
+        except Exception:  # creation failed, or interpreter shutdown
             pass
 
 
@@ -221,6 +218,7 @@ class CudaBackend:
         )
         CudaEvent._FLAGS = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING) | int(_drv.CUevent_flags.CU_EVENT_BLOCKING_SYNC)
         self.pinned = _PinnedPool()
+        self.free_events: list[tuple[Any, int]] = []  # (handle, handle as int) of dropped events
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
         self._modules: dict[bytes, Any] = {}
         self._mod_lock = threading.Lock()
