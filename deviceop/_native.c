@@ -44,6 +44,13 @@ typedef int (*ltmatmul_fn)(void *, void *, const void *, const void *, void *, c
                            const void *, const void *, void *, void *, void *, const void *, void *,
                            size_t, void *);
 
+/* 1 (with RuntimeError set) if a driver entry point was not found: load_driver() first */
+static int driver_missing(const void *p) {
+    if (p != NULL) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
+    return 1;
+}
+
 static launch_fn p_launch = NULL;
 static hostfunc_fn p_hostfunc = NULL;
 static graphlaunch_fn p_graph_launch = NULL;
@@ -246,10 +253,7 @@ static PyObject *Channel_notify(Channel *self, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "notify(stream_handle, token) takes 2 arguments");
         return NULL;
     }
-    if (p_hostfunc == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
-        return NULL;
-    }
+    if (driver_missing(p_hostfunc)) return NULL;
     void *stream = PyLong_AsVoidPtr(args[0]);
     unsigned long long token = PyLong_AsUnsignedLongLong(args[1]);
     if (PyErr_Occurred()) return NULL;
@@ -442,10 +446,7 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "launch(geometry(...), stream, params) takes 3 arguments");
         return NULL;
     }
-    if (p_launch == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
-        return NULL;
-    }
+    if (driver_missing(p_launch)) return NULL;
     geom_t g;
     memcpy(&g, PyBytes_AS_STRING(args[0]), sizeof g);
     void *stream = PyLong_AsVoidPtr(args[1]);
@@ -799,10 +800,7 @@ static PyObject *graph_launch(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     void *g = PyLong_AsVoidPtr(args[0]), *s = PyLong_AsVoidPtr(args[1]);
     if (PyErr_Occurred()) return NULL;
-    if (p_graph_launch == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
-        return NULL;
-    }
+    if (driver_missing(p_graph_launch)) return NULL;
     int err;
     Py_BEGIN_ALLOW_THREADS
     err = p_graph_launch(g, s);
@@ -814,10 +812,7 @@ static PyObject *graph_launch(PyObject *self, PyObject *const *args, Py_ssize_t 
 static PyObject *stream_sync(PyObject *self, PyObject *sobj) {
     void *h = PyLong_AsVoidPtr(sobj);
     if (PyErr_Occurred()) return NULL;
-    if (p_stream_sync == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
-        return NULL;
-    }
+    if (driver_missing(p_stream_sync)) return NULL;
     int err;
     Py_BEGIN_ALLOW_THREADS
     err = p_stream_sync(h);
@@ -833,20 +828,14 @@ static PyObject *event_record(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     void *e = PyLong_AsVoidPtr(args[0]), *s = PyLong_AsVoidPtr(args[1]);
     if (PyErr_Occurred()) return NULL;
-    if (p_ev_record == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
-        return NULL;
-    }
+    if (driver_missing(p_ev_record)) return NULL;
     return PyLong_FromLong(p_ev_record(e, s));
 }
 
 static PyObject *event_query(PyObject *self, PyObject *e) {
     void *h = PyLong_AsVoidPtr(e);
     if (PyErr_Occurred()) return NULL;
-    if (p_ev_query == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the CUDA driver is not loaded; call load_driver() first");
-        return NULL;
-    }
+    if (driver_missing(p_ev_query)) return NULL;
     return PyLong_FromLong(p_ev_query(h));
 }
 
