@@ -10,7 +10,8 @@ setup(
     ext_modules=[
         Extension(
             "deviceop._native",
-            ["deviceop/_native.c"],
+            ["deviceop/_native.c", "deviceop/_native_objs.c"],
+            depends=["deviceop/_native.h"],
             libraries=["dl", "pthread"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
             optional=True,

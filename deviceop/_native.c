@@ -7,7 +7,12 @@
  *    graph_launch(), event_record/event_query(), stream_sync(). cuda.bindings spends about as
  *    long converting its arguments as the driver spends launching; here callers pass plain
  *    integers prepared once.
- * 2. Lock: the ledger lock, which these paths take without a Python method call.
+ *    Their attribute reads go through slot sites (sget/sset): a cached offset into the
+ *    __slots__ of the one type each site sees.
+ * 2. Lock: the ledger lock, which these paths take without a Python method call, and the
+ *    ledger's release of a finished execution (ledger_release).
+ * 2b. Graph replays: GraphBase.launch() and ReplayBase.sync()/sync_on(), the base classes of
+ *    CudaGraph and its launch op: one replay and its wait in one call (replay_core).
  * 3. Channel + notify(): completion wake-ups for `await`. notify() enqueues a C host function
  *    with cuLaunchHostFunc; when the stream reaches it, the function (on the driver's thread,
  *    without the GIL, without any CUDA call) appends a token to the channel's queue and
@@ -17,8 +22,7 @@
  * cuda.bindings already loaded (load_driver), and cublasLtMatmul's address comes from the
  * library nvmath loaded, so importing this module never needs a GPU.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_native.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -39,6 +43,8 @@ typedef int (*graphlaunch_fn)(void *, void *);
 typedef int (*evrecord_fn)(void *, void *);
 typedef int (*evquery_fn)(void *);
 typedef int (*ssync_fn)(void *);
+typedef int (*ctxget_fn)(void **);
+typedef int (*ctxset_fn)(void *);
 /* cublasLtMatmul(handle, desc, alpha, A, Adesc, B, Bdesc, beta, C, Cdesc, D, Ddesc, algo, ws, wsSize, stream) */
 typedef int (*ltmatmul_fn)(void *, void *, const void *, const void *, void *, const void *, void *,
                            const void *, const void *, void *, void *, void *, const void *, void *,
@@ -57,6 +63,8 @@ static graphlaunch_fn p_graph_launch = NULL;
 static evrecord_fn p_ev_record = NULL;
 static evquery_fn p_ev_query = NULL;
 static ssync_fn p_stream_sync = NULL;
+static ctxget_fn p_ctx_get = NULL;
+static ctxset_fn p_ctx_set = NULL;
 
 /* ---- channel: a token queue plus a wake-up fd, shared with host functions ----------------- */
 
@@ -405,17 +413,74 @@ static PyObject *load_driver(PyObject *self, PyObject *unused) {
     p_ev_record = (evrecord_fn)dlsym(h, "cuEventRecord");
     p_ev_query = (evquery_fn)dlsym(h, "cuEventQuery");
     p_stream_sync = (ssync_fn)dlsym(h, "cuStreamSynchronize");
+    p_ctx_get = (ctxget_fn)dlsym(h, "cuCtxGetCurrent");
+    p_ctx_set = (ctxset_fn)dlsym(h, "cuCtxSetCurrent");
     if (p_launch == NULL || p_hostfunc == NULL || p_graph_launch == NULL || p_ev_record == NULL || p_ev_query == NULL ||
-        p_stream_sync == NULL) {
+        p_stream_sync == NULL || p_ctx_get == NULL || p_ctx_set == NULL) {
         p_launch = NULL;
         p_hostfunc = NULL;
         p_graph_launch = NULL;
         p_ev_record = NULL;
         p_ev_query = NULL;
         p_stream_sync = NULL;
+        p_ctx_get = NULL;
+        p_ctx_set = NULL;
         Py_RETURN_FALSE;
     }
     Py_RETURN_TRUE;
+}
+
+/* ---- slot reads: the launch path's attribute accesses --------------------------------- */
+
+/* One attribute access site with a one-entry cache of where the slot lives in the last type
+ * seen: these sites see one type each (Tensor, Buffer, ...), so the read is a load instead of
+ * a generic attribute lookup. The type's version tag revalidates the cache if the class
+ * changes; anything that is not a plain __slots__ member takes the generic path. */
+typedef struct {
+    const char *cname;
+    PyObject *name;      /* interned on first use */
+    PyTypeObject *type;  /* strong reference: the address cannot be reused by another type */
+    unsigned int tag;
+    Py_ssize_t off;      /* 0: not a slot of this type, use the generic path */
+} slot_site;
+
+#define SLOT_SITE(n) {n, NULL, NULL, 0, 0}
+
+static int site_resolve(slot_site *s, PyTypeObject *t) {
+    if (s->name == NULL && (s->name = PyUnicode_InternFromString(s->cname)) == NULL) return -1;
+    Py_ssize_t off = dvo_member_offset(t, s->name);
+    if (off < 0) return -1;
+    Py_INCREF(t);
+    Py_XSETREF(s->type, t);
+    s->tag = t->tp_version_tag;
+    s->off = off;
+    return 0;
+}
+
+static inline int site_ready(slot_site *s, PyObject *o) {
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == s->type && t->tp_version_tag == s->tag && s->tag != 0) return 0;
+    return site_resolve(s, t);
+}
+
+/* o.<name>: a new reference, or NULL with an error set */
+static PyObject *sget(slot_site *s, PyObject *o) {
+    if (site_ready(s, o) < 0) return NULL;
+    if (s->off > 0) {
+        PyObject *v = *(PyObject **)((char *)o + s->off);
+        if (v != NULL) return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(o, s->name);
+}
+
+/* o.<name> = v; 0 or -1 with an error set */
+static int sset(slot_site *s, PyObject *o, PyObject *v) {
+    if (site_ready(s, o) < 0) return -1;
+    if (s->off > 0) {
+        Py_XSETREF(*(PyObject **)((char *)o + s->off), Py_NewRef(v));
+        return 0;
+    }
+    return PyObject_SetAttr(o, s->name, v);
 }
 
 /* A launch geometry packed once per plan (geometry(): fn, grid, block, shared memory). */
@@ -470,19 +535,19 @@ static PyObject *set_gil_release(PyObject *self, PyObject *flag) {
     Py_RETURN_NONE;
 }
 
-static PyObject *s_buffer, *s_accesses, *s_span;
+static slot_site T_BUFFER = SLOT_SITE("buffer"), T_SPAN = SLOT_SITE("_span"), B_ACCESSES = SLOT_SITE("accesses");
 
 /* 1 if the execution ``cx`` already holds tensor ``t``'s byte span (with ``write`` if asked):
  * the last entry of its buffer's access list is cx's and covers the span. Mirrors the
  * Python fast check in kernels/_launch.py; anything else goes to the ledger's full path. */
 static int held(PyObject *cx, PyObject *t, int write) {
     int ok = 0;
-    PyObject *buf = PyObject_GetAttr(t, s_buffer);
+    PyObject *buf = sget(&T_BUFFER, t);
     if (buf == NULL) return -1;
-    PyObject *acc = PyObject_GetAttr(buf, s_accesses);
+    PyObject *acc = sget(&B_ACCESSES, buf);
     Py_DECREF(buf);
     if (acc == NULL) return -1;
-    PyObject *span = PyObject_GetAttr(t, s_span);
+    PyObject *span = sget(&T_SPAN, t);
     if (span == NULL) {
         Py_DECREF(acc);
         return -1;
@@ -543,7 +608,9 @@ static PyObject *held_all(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_TRUE;
 }
 
-static PyObject *s_tensor, *s_sh, *s_fast, *s_last_ptrs, *s_last_scalars, *s_acquire, *s_release;
+static PyObject *s_acquire, *s_release;
+static slot_site P_TENSOR = SLOT_SITE("tensor"), CX_SH = SLOT_SITE("sh"), PK_LAST_PTRS = SLOT_SITE("last_ptrs"),
+                 PK_LAST_SCALARS = SLOT_SITE("last_scalars");
 
 static PyObject *lock_acquire, *lock_release;  /* the ledger lock's bound methods (set_lock) */
 static LockObject *native_lock;                  /* or the lock itself, if it is a native Lock */
@@ -575,13 +642,13 @@ static PyObject *run_planned_locked(PyObject *cx, PyObject *a, Py_ssize_t nt, Py
         return NULL;
     }
     for (Py_ssize_t i = 0; i < nt; i++) {
-        PyObject *t = i == 0 ? PyObject_GetAttr(PyTuple_GET_ITEM(a, 0), s_tensor) : PyTuple_GET_ITEM(a, i);
+        PyObject *t = i == 0 ? sget(&P_TENSOR, PyTuple_GET_ITEM(a, 0)) : PyTuple_GET_ITEM(a, i);
         if (t == NULL) return NULL;
         int h = held(cx, t, PyTuple_GET_ITEM(writes, i) == Py_True);
         if (i == 0) Py_DECREF(t);
         if (h <= 0) return h < 0 ? NULL : PyLong_FromLong(-1);
     }
-    PyObject *rest[3] = {geom, PyObject_GetAttr(cx, s_sh), addr};
+    PyObject *rest[3] = {geom, sget(&CX_SH, cx), addr};
     if (rest[1] == NULL) return NULL;
     PyObject *r = launch(NULL, rest, 3);
     Py_DECREF(rest[1]);
@@ -612,8 +679,8 @@ static PyObject *run_planned(PyObject *self, PyObject *const *args, Py_ssize_t n
         result = PyLong_FromLong(-1);
         goto done;
     }
-    lp = PyObject_GetAttr(packer, s_last_ptrs);
-    ls = PyObject_GetAttr(packer, s_last_scalars);
+    lp = sget(&PK_LAST_PTRS, packer);
+    ls = sget(&PK_LAST_SCALARS, packer);
     if (lp == NULL || ls == NULL) goto done;
     int same = lp == PyTuple_GET_ITEM(fast, 5) && PyTuple_Check(ls) && PyTuple_GET_SIZE(ls) == n - nt;
     for (Py_ssize_t i = 0; same && i < n - nt; i++) {
@@ -654,21 +721,23 @@ done:
     return result;
 }
 
-static PyObject *s_used, *s_run, *s_take, *s_then, *s_map, *s_plan, *s_backend, *s_args, *s_then_by;
+static PyObject *s_used, *s_run, *s_take, *s_then, *s_map, *s_backend, *s_then_by;
+static slot_site OP_PLAN = SLOT_SITE("_plan"), PLAN_FAST = SLOT_SITE("fast"), CX_BACKEND = SLOT_SITE("backend"),
+                 OP_ARGS = SLOT_SITE("_args"), OP_USED = SLOT_SITE("_used");
 
 /* The planned fast path of one op inside run_steps: the op's output (its args), or NULL with
  * no error set when the generic path must run it. */
 static PyObject *try_planned(PyObject *cx, PyObject *op) {
-    PyObject *p = PyObject_GetAttr(op, s_plan);
+    PyObject *p = sget(&OP_PLAN, op);
     if (p == NULL) return NULL;
-    PyObject *fast = PyObject_GetAttr(p, s_fast);
+    PyObject *fast = sget(&PLAN_FAST, p);
     Py_DECREF(p);
     if (fast == NULL) return NULL;
     PyObject *out = NULL, *cbe = NULL, *a = NULL;
     if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 7) goto done;  /* None: not a cuda plan */
-    cbe = PyObject_GetAttr(cx, s_backend);
+    cbe = sget(&CX_BACKEND, cx);
     if (cbe == NULL || cbe != PyTuple_GET_ITEM(fast, 6)) goto done;
-    a = PyObject_GetAttr(op, s_args);
+    a = sget(&OP_ARGS, op);
     if (a == NULL || !PyTuple_Check(a)) goto done;
     PyObject *argv[3] = {cx, fast, a};
     PyObject *r = run_planned(NULL, argv, 3);
@@ -722,14 +791,15 @@ static PyObject *run_steps(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 PyObject *r = Py_BuildValue("(nN)", i, v);
                 return r;
             }
-            PyObject *used = PyObject_GetAttr(v, s_used);
+            int pl = Py_IS_TYPE(v, (PyTypeObject *)planned);  /* the common type gets the cached slot */
+            PyObject *used = pl ? sget(&OP_USED, v) : PyObject_GetAttr(v, s_used);
             if (used == NULL) {
                 Py_DECREF(v);
                 goto fail;
             }
             int ok;
             if (used == Py_None) {
-                ok = PyObject_SetAttr(v, s_used, s_then_by) == 0;
+                ok = (pl ? sset(&OP_USED, v, s_then_by) : PyObject_SetAttr(v, s_used, s_then_by)) == 0;
             } else {  /* already consumed: _take raises the usage error */
                 PyObject *r = PyObject_CallMethodOneArg(v, s_take, s_then_by);
                 ok = r != NULL;
@@ -839,6 +909,390 @@ static PyObject *event_query(PyObject *self, PyObject *e) {
     return PyLong_FromLong(p_ev_query(h));
 }
 
+/* ---- the ledger's release, and the lean replay of a graph ------------------------------- */
+
+static PyObject *one;  /* the int 1 */
+static slot_site CX_BUFFERS = SLOT_SITE("buffers"), CX_CHILDREN = SLOT_SITE("children"), CX_DONE_CBS = SLOT_SITE("_done_cbs"),
+                 CX_DONE = SLOT_SITE("done"), CX_WAITED = SLOT_SITE("_waited"), CX_OP = SLOT_SITE("op"),
+                 GL_USED = SLOT_SITE("_used"), GL_G = SLOT_SITE("_g");
+static PyObject *s_finish, *s_gfast, *s_scope, *s_handle_int, *s_launches;
+
+/* Drop every access entry of ``cx`` from the buffers it touched; call with the ledger lock held.
+ * The twin of the Python loop in device/_ledger.py (release). */
+static int release_entries(PyObject *cx) {
+    PyObject *bufs = sget(&CX_BUFFERS, cx);
+    if (bufs == NULL) return -1;
+    if (!PyList_Check(bufs)) {
+        Py_DECREF(bufs);
+        PyErr_SetString(PyExc_TypeError, "release: an execution's buffers are a list");
+        return -1;
+    }
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(bufs); i++) {
+        PyObject *buf = PyList_GET_ITEM(bufs, i);
+        Py_INCREF(buf);
+        PyObject *acc = sget(&B_ACCESSES, buf);
+        if (acc == NULL) {
+            rc = -1;
+        } else if (PyList_Check(acc) && PyList_GET_SIZE(acc) > 0) {
+            Py_ssize_t n = PyList_GET_SIZE(acc), mine = 0;
+            for (Py_ssize_t j = 0; j < n; j++) {
+                PyObject *e = PyList_GET_ITEM(acc, j);
+                mine += PyList_Check(e) && PyList_GET_SIZE(e) > 0 && PyList_GET_ITEM(e, 0) == cx;
+            }
+            /* in place (the lock is held; readers copy the list under the GIL) */
+            for (Py_ssize_t j = n - 1; mine && rc == 0 && j >= 0; j--) {
+                PyObject *e = PyList_GET_ITEM(acc, j);
+                if (PyList_Check(e) && PyList_GET_SIZE(e) > 0 && PyList_GET_ITEM(e, 0) == cx) {
+                    rc = PyList_SetSlice(acc, j, j + 1, NULL);
+                    mine--;
+                }
+            }
+        }
+        Py_XDECREF(acc);
+        Py_DECREF(buf);
+    }
+    Py_DECREF(bufs);
+    return rc;
+}
+
+/* give back a lock this code took (cannot fail; leaves any error set) */
+static void lock_drop(LockObject *l) {
+    l->locked = 0;
+    PyThread_release_lock(l->lock);
+}
+
+/* ledger_release(cx): forget every access of a finished execution (takes the ledger lock) */
+static PyObject *ledger_release(PyObject *self, PyObject *cx) {
+    if (native_lock == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ledger_release: no native ledger lock (set_lock first)");
+        return NULL;
+    }
+    if (lock_take(native_lock) < 0) return NULL;
+    int rc = release_entries(cx);
+    lock_drop(native_lock);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* set_replay(...): what the lean replay needs, set once the driver is bound (device/_fast.py) */
+static PyObject *rp_maker, *rp_capture, *rp_recording, *rp_stream_type, *rp_touch, *rp_enabled, *rp_error, *rp_next_stream,
+    *rp_switch, *empty_tuple;
+
+static PyObject *set_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9 || !PyList_Check(args[2]) || !PyType_Check(args[3]) || !PyList_Check(args[5]) || !PyList_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "set_replay(context_maker, capture_state, recording, stream_type, touch, enabled, "
+                                         "cuda_error, next_stream, switch)");
+        return NULL;
+    }
+    PyObject **dst[9] = {&rp_maker, &rp_capture, &rp_recording, &rp_stream_type, &rp_touch, &rp_enabled, &rp_error,
+                         &rp_next_stream, &rp_switch};
+    for (int i = 0; i < 9; i++) Py_XSETREF(*dst[i], Py_NewRef(args[i]));
+    Py_RETURN_NONE;
+}
+
+static void set_cuda_error(int err, const char *what) {
+    PyObject *e = PyObject_CallFunction(rp_error, "is", err, what);
+    if (e != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+        Py_DECREF(e);
+    }
+}
+
+/* Register cx's access to one recorded region: inline when nobody else has the buffer in flight
+ * (the common case; ``entry`` is cx's entry for it, [cx, lo, hi, write]), else through the
+ * ledger's Python touch (ordering, strict mode). */
+static int touch_region(PyObject *cx, PyObject *bufs, PyObject *reg, PyObject *entry, PyObject *op) {
+    PyObject *buf = PyTuple_GET_ITEM(reg, 0);
+    PyObject *acc = sget(&B_ACCESSES, buf);
+    if (acc == NULL) return -1;
+    int rc;
+    if (PyList_CheckExact(acc) && PyList_GET_SIZE(acc) == 0) {
+        rc = PyList_Append(acc, entry) < 0 || PyList_Append(bufs, buf) < 0 ? -1 : 0;
+    } else {
+        PyObject *r = PyObject_CallFunctionObjArgs(rp_touch, cx, buf, PyTuple_GET_ITEM(reg, 1), PyTuple_GET_ITEM(reg, 2),
+                                                   PyTuple_GET_ITEM(reg, 3), op, NULL);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(acc);
+    return rc;
+}
+
+/* cx's ledger entries for ``regions``: a tuple of [cx, lo, hi, write] lists */
+static PyObject *make_entries(PyObject *cx, PyObject *regions) {
+    Py_ssize_t n = PyTuple_GET_SIZE(regions);
+    PyObject *t = PyTuple_New(n);
+    for (Py_ssize_t i = 0; t != NULL && i < n; i++) {
+        PyObject *reg = PyTuple_GET_ITEM(regions, i);
+        PyObject *e = NULL;
+        if (!PyTuple_Check(reg) || PyTuple_GET_SIZE(reg) != 4) {
+            PyErr_SetString(PyExc_TypeError, "replay: a region is (buffer, lo, hi, write)");
+        } else if ((e = PyList_New(4)) != NULL) {
+            PyList_SET_ITEM(e, 0, Py_NewRef(cx));
+            for (int k = 1; k < 4; k++) PyList_SET_ITEM(e, k, Py_NewRef(PyTuple_GET_ITEM(reg, k)));
+        }
+        if (e == NULL) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, i, e);
+    }
+    return t;
+}
+
+/* After a failure with work possibly enqueued: wait for the stream, finish cx as failed, keep
+ * the original error (as executors/_terminals.py does). */
+static PyObject *replay_failed(PyObject *cx, void *sh) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    Py_BEGIN_ALLOW_THREADS
+    p_stream_sync(sh);
+    Py_END_ALLOW_THREADS
+    PyObject *r = PyObject_CallMethod(cx, "finish", "O", Py_False);
+    if (r == NULL) PyErr_Clear();
+    Py_XDECREF(r);
+    PyErr_Restore(et, ev, etb);
+    return NULL;
+}
+
+/* The end of a replay whose work is complete: what ExecutionContext.finish does for an execution
+ * without children or completion callbacks (others go through finish itself). */
+static int replay_finish(PyObject *cx, PyObject *bufs) {
+    PyObject *ch = sget(&CX_CHILDREN, cx);
+    if (ch == NULL) return -1;
+    PyObject *cbs = sget(&CX_DONE_CBS, cx);
+    if (cbs == NULL) {
+        Py_DECREF(ch);
+        return -1;
+    }
+    int plain = PyObject_Length(ch) == 0 && cbs == Py_None;
+    Py_DECREF(ch);
+    Py_DECREF(cbs);
+    if (PyErr_Occurred()) return -1;
+    if (!plain) {
+        PyObject *r = PyObject_CallMethodNoArgs(cx, s_finish);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    if (sset(&CX_DONE, cx, Py_True) < 0) return -1;
+    if (lock_take(native_lock) < 0) return -1;
+    int rc = release_entries(cx);
+    lock_drop(native_lock);
+    if (rc < 0) return -1;
+    return PyList_SetSlice(bufs, 0, PyList_GET_SIZE(bufs), NULL) < 0 || sset(&CX_WAITED, cx, empty_tuple) < 0 ||
+           sset(&CX_OP, cx, Py_None) < 0 ? -1 : 0;
+}
+
+/* g.launches += delta (call with the ledger lock held, as the Python path does) */
+static int add_launches(PyObject *g, PyObject *delta) {
+    PyObject *n = PyObject_GetAttr(g, s_launches), *n1 = NULL;
+    if (n != NULL) n1 = PyNumber_Add(n, delta);
+    int rc = n1 == NULL || PyObject_SetAttr(g, s_launches, n1) < 0 ? -1 : 0;
+    Py_XDECREF(n);
+    Py_XDECREF(n1);
+    return rc;
+}
+
+static slot_site CX_STREAM = SLOT_SITE("stream"), CX_LABEL = SLOT_SITE("label"), CX_EVENT = SLOT_SITE("_event"),
+                 CX_SEALED = SLOT_SITE("_sealed"), CX_WAITED_ON = SLOT_SITE("_waited_on");
+
+/* One replay of a CudaGraph and the wait for it, as the generic path does it (graph/_graph.py
+ * GraphLaunch._run under executors/_terminals.py run_sync) without its Python frames: consume the
+ * op, make the device's context current, build the execution context, register the graph's
+ * regions and launch under the ledger lock, wait for the stream (GIL released), release.
+ * Returns 1 when done (*out: the graph's output, or NULL with an error set) and 0 when it does
+ * not apply, having done nothing: another stream type or backend, a recording open on this
+ * thread, the ledger off, an op already consumed (the generic terminal then runs, and raises
+ * the usage errors). */
+static int replay_core(PyObject *op, PyObject *stream, PyObject *label, PyObject **out) {
+    *out = NULL;
+    if (rp_maker == NULL || p_graph_launch == NULL || native_lock == NULL) return 0;
+    if (!Py_IS_TYPE(stream, (PyTypeObject *)rp_stream_type) || PyList_GET_SIZE(rp_enabled) < 1 ||
+        PyList_GET_ITEM(rp_enabled, 0) != Py_True)
+        return 0;
+    PyObject *used = sget(&GL_USED, op);
+    if (used == NULL) return 1;
+    Py_DECREF(used);
+    if (used != Py_None) return 0;
+    /* a recording on this thread refuses the replay (generic path); skip the thread-local
+     * lookup while no recording is open anywhere */
+    if (PyList_GET_SIZE(rp_recording) < 1 || PyLong_AsLong(PyList_GET_ITEM(rp_recording, 0)) != 0) {
+        if (PyErr_Occurred()) return 1;
+        PyObject *scope = PyObject_GetAttr(rp_capture, s_scope);
+        if (scope == NULL) return 1;
+        Py_DECREF(scope);
+        if (scope != Py_None) return 0;
+    }
+
+    int applies = 0;
+    PyObject *g = NULL, *fast = NULL, *be = NULL, *sho = NULL, *cx = NULL, *bufs = NULL, *entries = NULL;
+    g = sget(&GL_G, op);
+    if (g == NULL) goto done;
+    fast = PyObject_GetAttr(g, s_gfast);
+    if (fast == NULL) goto done;
+    be = PyObject_GetAttr(stream, s_backend);
+    if (be == NULL) goto done;
+    /* fast: (backend, context, exec object, exec handle or 0, regions, output, park); park is
+     * [execution context, its ledger entries] kept between replays, or [None, None] */
+    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 7 || PyTuple_GET_ITEM(fast, 0) != be ||
+        !PyTuple_Check(PyTuple_GET_ITEM(fast, 4)) || !PyList_Check(PyTuple_GET_ITEM(fast, 6)) ||
+        PyList_GET_SIZE(PyTuple_GET_ITEM(fast, 6)) != 2)
+        goto done;
+    sho = PyObject_GetAttr(stream, s_handle_int);
+    if (sho == NULL) goto done;
+    void *sh = PyLong_AsVoidPtr(sho), *ctx = PyLong_AsVoidPtr(PyTuple_GET_ITEM(fast, 1));
+    void *ex = PyLong_AsVoidPtr(PyTuple_GET_ITEM(fast, 3));
+    if (PyErr_Occurred()) goto done;
+    PyObject *regions = PyTuple_GET_ITEM(fast, 4), *park = PyTuple_GET_ITEM(fast, 6);
+
+    applies = 1;  /* from here on the op is consumed, as by the generic terminal */
+    if (sset(&GL_USED, op, label) < 0) goto done;
+    void *cur = NULL;
+    int err = p_ctx_get(&cur);
+    if (!err && cur != ctx) err = p_ctx_set(ctx);
+    if (err) {
+        set_cuda_error(err, "cuCtxSetCurrent");
+        goto done;
+    }
+    /* The execution context: the one the last replay of this graph parked (with its ledger
+     * entries), else a new one. A context another execution waited on is never parked (that
+     * execution remembers having waited for it), so a parked one is referenced by nothing
+     * else; concurrent replays of one graph find the park empty and make their own. */
+    if (PyList_GET_ITEM(park, 0) != Py_None) {
+        cx = Py_NewRef(PyList_GET_ITEM(park, 0));
+        entries = Py_NewRef(PyList_GET_ITEM(park, 1));
+        if (PyList_SetItem(park, 0, Py_NewRef(Py_None)) < 0 || PyList_SetItem(park, 1, Py_NewRef(Py_None)) < 0) goto done;
+        if (sset(&CX_STREAM, cx, stream) < 0 || sset(&CX_SH, cx, sho) < 0 || sset(&CX_BACKEND, cx, be) < 0 ||
+            sset(&CX_OP, cx, op) < 0 || sset(&CX_LABEL, cx, label) < 0 || sset(&CX_DONE, cx, Py_False) < 0 ||
+            sset(&CX_EVENT, cx, Py_None) < 0 || sset(&CX_SEALED, cx, Py_False) < 0)
+            goto done;
+    } else {
+        PyObject *mv[5] = {stream, sho, be, op, label};
+        cx = dvo_make(rp_maker, mv, 5);
+        if (cx == NULL || (entries = make_entries(cx, regions)) == NULL) goto done;
+    }
+    bufs = sget(&CX_BUFFERS, cx);
+    if (bufs == NULL || !PyList_Check(bufs) || !PyTuple_Check(entries) || PyTuple_GET_SIZE(entries) != PyTuple_GET_SIZE(regions)) {
+        if (bufs != NULL) PyErr_SetString(PyExc_TypeError, "replay: bad execution context or entries");
+        goto done;
+    }
+
+    if (lock_take(native_lock) < 0) goto done;
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(regions); i++)
+        rc = touch_region(cx, bufs, PyTuple_GET_ITEM(regions, i), PyTuple_GET_ITEM(entries, i), op);
+    if (rc == 0) rc = add_launches(g, one);
+    if (rc < 0) {
+        lock_drop(native_lock);
+        replay_failed(cx, sh);
+        goto done;
+    }
+    /* launch, give the lock back and wait, in one stretch without the GIL (the lock needs none) */
+    int serr = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (ex != NULL) err = p_graph_launch(ex, sh);
+    lock_drop(native_lock);
+    if (!err) serr = p_stream_sync(sh);
+    Py_END_ALLOW_THREADS
+    if (err || serr) {
+        if (err && lock_take(native_lock) == 0) {  /* it did not run: uncount it */
+            PyObject *m1 = PyLong_FromLong(-1);
+            if (m1 == NULL || add_launches(g, m1) < 0) PyErr_Clear();
+            Py_XDECREF(m1);
+            lock_drop(native_lock);
+        }
+        set_cuda_error(err ? err : serr, err ? "cuGraphLaunch" : "cuStreamSynchronize");
+        replay_failed(cx, sh);
+        goto done;
+    }
+    if (replay_finish(cx, bufs) < 0) goto done;
+    PyObject *pinned = sget(&CX_WAITED_ON, cx);
+    if (pinned == NULL) goto done;
+    Py_DECREF(pinned);
+    if (pinned == Py_False && PyList_GET_ITEM(park, 0) == Py_None) {
+        if (PyList_SetItem(park, 0, Py_NewRef(cx)) < 0 || PyList_SetItem(park, 1, Py_NewRef(entries)) < 0) goto done;
+    }
+    *out = Py_NewRef(PyTuple_GET_ITEM(fast, 5));
+done:
+    if (!applies && PyErr_Occurred()) applies = 1;  /* an error before the op was taken: report it */
+    Py_XDECREF(g);
+    Py_XDECREF(fast);
+    Py_XDECREF(be);
+    Py_XDECREF(sho);
+    Py_XDECREF(cx);
+    Py_XDECREF(bufs);
+    Py_XDECREF(entries);
+    return applies;
+}
+
+/* ---- ReplayBase: the sync terminals of a graph launch ---------------------------------- */
+
+static PyObject *s_lbl_sync_on, *s_lbl_sync, *s_generic_sync_on, *s_generic_sync;
+
+static int replay_on(void) {
+    return rp_maker != NULL && PyList_GET_SIZE(rp_switch) > 0 && PyList_GET_ITEM(rp_switch, 0) != Py_None;
+}
+
+static PyObject *RB_sync_on(PyObject *self, PyObject *stream) {
+    PyObject *out;
+    if (replay_on() && replay_core(self, stream, s_lbl_sync_on, &out)) return out;
+    return PyObject_CallMethodOneArg(self, s_generic_sync_on, stream);
+}
+
+static PyObject *RB_sync(PyObject *self, PyObject *unused) {
+    if (!replay_on()) return PyObject_CallMethodOneArg(self, s_generic_sync, Py_None);
+    PyObject *s = PyObject_CallNoArgs(rp_next_stream), *out;
+    if (s == NULL) return NULL;
+    if (!replay_core(self, s, s_lbl_sync, &out)) out = PyObject_CallMethodOneArg(self, s_generic_sync, s);
+    Py_DECREF(s);
+    return out;
+}
+
+static PyMethodDef RB_methods[] = {
+    {"sync_on", (PyCFunction)RB_sync_on, METH_O,
+     "Run on ``stream``, wait for completion, return the output (one native call for a graph replay)."},
+    {"sync", (PyCFunction)RB_sync, METH_NOARGS,
+     "Run on the next pool stream, wait for completion, return the output (one native call for a graph replay)."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* GraphBase: the base of CudaGraph whose launch() builds the launch op natively */
+static PyObject *launch_maker, *s_generic_launch;
+
+static PyObject *set_launch_maker(PyObject *self, PyObject *maker) {
+    Py_XSETREF(launch_maker, Py_NewRef(maker));
+    Py_RETURN_NONE;
+}
+
+static PyObject *GB_launch(PyObject *self, PyObject *unused) {
+    if (launch_maker == NULL) return PyObject_CallMethodNoArgs(self, s_generic_launch);
+    PyObject *v[2] = {Py_None, self};
+    return dvo_make(launch_maker, v, 2);
+}
+
+static PyMethodDef GB_methods[] = {
+    {"launch", (PyCFunction)GB_launch, METH_NOARGS,
+     "An op that replays the graph once, on the stream of the terminal that drives it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject GraphBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "deviceop._native.GraphBase",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Base of CudaGraph: launch() builds the launch op natively (set_launch_maker), else self._generic_launch().",
+    .tp_new = PyType_GenericNew,
+    .tp_methods = GB_methods,
+};
+
+static PyTypeObject ReplayBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "deviceop._native.ReplayBase",
+    .tp_basicsize = sizeof(PyObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Base of graph launch ops: sync terminals that replay in one native call (falling back to "
+              "self._generic_sync_on(stream) / self._generic_sync(stream or None)).",
+    .tp_new = PyType_GenericNew,
+    .tp_methods = RB_methods,
+};
+
 static PyMethodDef module_methods[] = {
     {"load_driver", load_driver, METH_NOARGS, "Find cuLaunchKernel / cuLaunchHostFunc in the loaded libcuda; True on success."},
     {"geometry", (PyCFunction)(void (*)(void))geometry, METH_FASTCALL,
@@ -862,6 +1316,11 @@ static PyMethodDef module_methods[] = {
     {"stream_sync", (PyCFunction)stream_sync, METH_O, "stream_sync(stream) -> CUresult (releases the GIL while waiting)."},
     {"event_record", (PyCFunction)(void (*)(void))event_record, METH_FASTCALL, "event_record(event, stream) -> CUresult."},
     {"event_query", (PyCFunction)event_query, METH_O, "event_query(event) -> CUresult (0: complete, 600: not ready)."},
+    {"ledger_release", (PyCFunction)ledger_release, METH_O, "ledger_release(cx): drop a finished execution's access entries (takes the ledger lock)."},
+    {"set_launch_maker", (PyCFunction)set_launch_maker, METH_O, "set_launch_maker(maker): how GraphBase.launch() builds its op."},
+    {"set_replay", (PyCFunction)(void (*)(void))set_replay, METH_FASTCALL,
+     "set_replay(context_maker, capture_state, recording, stream_type, touch, enabled, cuda_error, next_stream, switch): "
+     "configure ReplayBase's native replay."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -873,34 +1332,23 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&ChannelType) < 0) return NULL;
     if (PyType_Ready(&LockType) < 0) return NULL;
-    s_buffer = PyUnicode_InternFromString("buffer");
-    s_accesses = PyUnicode_InternFromString("accesses");
-    s_span = PyUnicode_InternFromString("_span");
-    if (s_buffer == NULL || s_accesses == NULL || s_span == NULL) return NULL;
-    s_tensor = PyUnicode_InternFromString("tensor");
-    s_sh = PyUnicode_InternFromString("sh");
-    s_fast = PyUnicode_InternFromString("fast");
-    s_last_ptrs = PyUnicode_InternFromString("last_ptrs");
-    s_last_scalars = PyUnicode_InternFromString("last_scalars");
-    s_acquire = PyUnicode_InternFromString("acquire");
-    s_release = PyUnicode_InternFromString("release");
-    s_used = PyUnicode_InternFromString("_used");
-    s_run = PyUnicode_InternFromString("_run");
-    s_take = PyUnicode_InternFromString("_take");
-    s_then = PyUnicode_InternFromString("then");
-    s_map = PyUnicode_InternFromString("map");
-    s_plan = PyUnicode_InternFromString("_plan");
-    s_backend = PyUnicode_InternFromString("backend");
-    s_args = PyUnicode_InternFromString("_args");
-    s_then_by = PyUnicode_InternFromString(".then()");
-    if (s_used == NULL || s_run == NULL || s_take == NULL || s_then == NULL || s_map == NULL || s_plan == NULL ||
-        s_backend == NULL || s_args == NULL || s_then_by == NULL)
-        return NULL;
-    if (s_tensor == NULL || s_sh == NULL || s_fast == NULL || s_last_ptrs == NULL || s_last_scalars == NULL ||
-        s_acquire == NULL || s_release == NULL)
-        return NULL;
+    const char *names[] = {"acquire", "release", "_used", "_run", "_take", "then", "map", "backend", ".then()",
+                           "finish", "_fast", "scope", "handle_int", "launches", "sync_on()", "sync()",
+                           "_generic_sync_on", "_generic_sync", "_generic_launch"};
+    PyObject **dst[] = {&s_acquire, &s_release, &s_used, &s_run, &s_take, &s_then, &s_map, &s_backend, &s_then_by,
+                        &s_finish, &s_gfast, &s_scope, &s_handle_int, &s_launches, &s_lbl_sync_on, &s_lbl_sync,
+                        &s_generic_sync_on, &s_generic_sync, &s_generic_launch};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if ((*dst[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
+    }
+    if ((one = PyLong_FromLong(1)) == NULL || (empty_tuple = PyTuple_New(0)) == NULL) return NULL;
+    if (PyType_Ready(&ReplayBaseType) < 0 || PyType_Ready(&GraphBaseType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
+    if (dvo_objs_add(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&ChannelType);
     if (PyModule_AddObject(m, "Channel", (PyObject *)&ChannelType) < 0) {
         Py_DECREF(&ChannelType);
@@ -910,6 +1358,18 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&LockType);
     if (PyModule_AddObject(m, "Lock", (PyObject *)&LockType) < 0) {
         Py_DECREF(&LockType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&ReplayBaseType);
+    if (PyModule_AddObject(m, "ReplayBase", (PyObject *)&ReplayBaseType) < 0) {
+        Py_DECREF(&ReplayBaseType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&GraphBaseType);
+    if (PyModule_AddObject(m, "GraphBase", (PyObject *)&GraphBaseType) < 0) {
+        Py_DECREF(&GraphBaseType);
         Py_DECREF(m);
         return NULL;
     }

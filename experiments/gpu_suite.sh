@@ -40,7 +40,7 @@ for g in lt ex; do
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 done
 # without the native module: cuda.bindings launches, watcher-thread wake-ups, threading.Lock, Python step loop
-DEVICEOP_NATIVE=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_await.py tests/test_ops.py tests/test_gemm.py tests/test_queue.py 2>&1 | tee "$OUT/pytest_nonative.log" | tail -n 5
+DEVICEOP_NATIVE=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_await.py tests/test_ops.py tests/test_gemm.py tests/test_queue.py tests/test_graph.py tests/test_native.py 2>&1 | tee "$OUT/pytest_nonative.log" | tail -n 5
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 
@@ -74,6 +74,10 @@ python3 experiments/exec_modes.py --reps $REPS --chain-bin /tmp/chain --graph-li
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 DEVICEOP_NATIVE=0 python3 experiments/exec_modes.py --reps 50 --sizes 1000 --impls raw_bindings --out "$OUT/exec_modes_nonative.json" 2>&1 | tail -n 4
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
+for n in 1 10; do  # where a graph replay's fixed cost goes
+  python3 experiments/replay_cost.py $n --lib /tmp/libgraphref.so 2>&1 | tee -a "$OUT/replay_cost.log" | tail -n 2
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+done
 if [ "$MODE" = core ]; then
   kernels; plots
   echo "gpu_suite status: $status"; exit $status

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import anyio
 import numpy as np
@@ -350,6 +351,124 @@ def test_replay_orders_writers_on_other_streams(backend) -> None:
     g.launch().sync_on(a)
     assert np.all(y.numpy() == 2)
     fut2.result(timeout=30)
+
+
+@pytest.fixture(params=["native", "generic"])
+def replay_path(request):
+    """Sync replays through the native one-call path (cuda, where built), and the generic terminal."""
+    from deviceop.device import _fast
+
+    saved = _fast.REPLAY[0]
+    if request.param == "generic":
+        _fast.REPLAY[0] = None
+    try:
+        yield request.param
+    finally:
+        _fast.REPLAY[0] = saved
+
+
+def test_sync_replay_paths_agree(backend, replay_path) -> None:
+    x0, x, y = _data(1024)
+    g = _chain(y, x, 3).graph()
+    s = do.streams()[-1]
+    outs = [g.launch().sync_on(s) for _ in range(3)] + [g.launch().sync()]
+    assert all(o is g.output for o in outs) and g.launches == 4
+    np.testing.assert_allclose(y.numpy(), _chain_ref(x0, 3), rtol=1e-6)
+    assert x.buffer.accesses == [] and y.buffer.accesses == []  # released once each replay returned
+    empty = do.graph.scope()
+    with empty as sc:
+        pass
+    assert sc.graph.launch().sync() == ()
+
+
+def test_sync_replay_refusals(backend, replay_path) -> None:
+    _, x, y = _data(256)
+    g = K.scale(y.partition((128,)), x, 2.0).graph()
+    op = g.launch()
+    op.sync_on(do.streams()[0])
+    with pytest.raises(do.UsageError, match="already consumed"):
+        op.sync_on(do.streams()[0])
+    with pytest.raises(do.UsageError, match="already consumed"):
+        op.sync()
+    with pytest.raises(do.UsageError, match="not a deviceop stream"):
+        g.launch().sync_on(object())
+    with do.graph.scope():
+        with pytest.raises(do.CaptureError, match="graph recording"):
+            g.launch().sync()
+        with pytest.raises(do.CaptureError, match="graph recording"):
+            g.launch().sync_on(do.streams()[0])
+    assert g.launches == 1
+
+
+def test_sync_replay_in_strict_mode_raises_and_releases(backend, replay_path) -> None:
+    a, b = do.streams()[0], do.streams()[1]
+    x = do.full(4096, 1.0, do.float32).sync()
+    y = do.zeros(4096, do.float32).sync()
+    g = K.scale(y.partition((128,)), x, 2.0).graph()
+    do.set_borrow_policy("raise")
+    try:
+        fut = slow_fill(x, 3.0, 0.2).submit(b)
+        with pytest.raises(do.BorrowError, match="still writes"):
+            g.launch().sync_on(a)
+        fut.result(timeout=30)
+    finally:
+        do.set_borrow_policy("order")
+    assert g.launches == 0 and x.buffer.accesses == [] and y.buffer.accesses == []
+    g.launch().sync_on(a)
+    assert np.all(y.numpy() == 6)
+
+
+def test_host_read_during_a_sync_replay_raises(backend, replay_path) -> None:
+    x = do.full(256, 5.0, do.float32).sync()
+    y = do.zeros(256, do.float32).sync()
+    g = slow_copy(y, x, 0.5).graph()
+    seen = []
+
+    def reader() -> None:  # runs while the main thread waits for the replay (without the GIL)
+        time.sleep(0.15)
+        try:
+            y.numpy()
+            seen.append("read")
+        except do.BorrowError:
+            seen.append("borrow")
+
+    th = threading.Thread(target=reader)
+    th.start()
+    g.launch().sync_on(do.streams()[0])
+    th.join(30)
+    assert seen == ["borrow"] and np.all(y.numpy() == 5)
+
+
+def _native_replay(backend) -> None:
+    from deviceop.device import _fast
+
+    if backend != "cuda" or not _fast.REPLAY[0]:
+        pytest.skip("the native replay runs on the cuda backend with the native module built")
+
+
+def test_native_replay_reuses_its_context_unless_waited_on(backend) -> None:
+    _native_replay(backend)
+    a, b = do.streams()[0], do.streams()[1]
+    x = do.full(4096, 3.0, do.float32).sync()
+    y = do.zeros(4096, do.float32).sync()
+    g = slow_copy(y, x, 0.3).graph()
+    park = g._fast[6]
+    g.launch().sync_on(a)
+    cx0 = park[0]
+    assert cx0 is not None and cx0.done and cx0.buffers == [] and cx0.op is None
+    g.launch().sync_on(a)
+    assert park[0] is cx0  # reused, not rebuilt
+    # another execution waits on the replay in flight: that context is never reused
+    z = do.zeros(4096, do.float32).sync()
+    res = []
+    th = threading.Thread(target=lambda: (time.sleep(0.1), res.append(K.scale(z.partition((128,)), y, 2.0).sync_on(b))))
+    th.start()
+    g.launch().sync_on(a)
+    th.join(30)
+    assert res and np.all(z.numpy() == 6)  # ordered after the replay's write
+    assert cx0._waited_on and park[0] is not cx0
+    g.launch().sync_on(a)
+    assert park[0] is not None and park[0] is not cx0 and not park[0]._waited_on
 
 
 # -- update ------------------------------------------------------------------------------------------

@@ -251,3 +251,26 @@ def test_the_ledger_lock_excludes_other_threads():
     assert order == ["main", "other"] and not LOCK.locked()
     with pytest.raises(RuntimeError):
         LOCK.release()
+
+
+def test_native_release_is_the_twin_of_the_python_release():
+    # ledger_release (C, where built) and _release must leave the same access lists behind
+    from types import SimpleNamespace
+
+    from deviceop.device import _fast, _ledger
+
+    impls = [_ledger._release] + ([_fast.native.ledger_release] if _fast.available() else [])
+    for release in impls:
+        mine, other = SimpleNamespace(buffers=[]), SimpleNamespace(buffers=[])
+        b1 = SimpleNamespace(accesses=[[mine, 0, 8, True], [other, 0, 8, False], [mine, 8, 16, False]])
+        b2 = SimpleNamespace(accesses=[[mine, 0, 4, False]])
+        b3 = SimpleNamespace(accesses=[[other, 0, 4, True]])
+        mine.buffers = [b1, b2, b3, b1]  # a buffer may appear twice
+        release(mine)
+        assert b1.accesses == [[other, 0, 8, False]], release
+        assert b2.accesses == [] and b3.accesses == [[other, 0, 4, True]]
+        assert not _ledger.LOCK.locked()
+    if _fast.available():
+        with pytest.raises(AttributeError):
+            _fast.native.ledger_release(SimpleNamespace())  # no buffers: an error, and the lock is given back
+        assert not _ledger.LOCK.locked()

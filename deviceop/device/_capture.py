@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-__all__ = ["CAPTURE", "release", "flush", "StreamPool"]
+__all__ = ["CAPTURE", "RECORDING", "begin", "end", "release", "flush", "StreamPool"]
 
 
 class _CaptureState(threading.local):
@@ -22,6 +22,25 @@ class _CaptureState(threading.local):
 
 
 CAPTURE = _CaptureState()
+
+#: [number of recordings open on any thread]: while 0, no thread can be recording, so the native
+#: replay skips the per-thread lookup of CAPTURE.scope
+RECORDING = [0]
+_count_lock = threading.Lock()
+
+
+def begin(scope: Any) -> None:
+    """Mark ``scope`` as recording on this thread."""
+    with _count_lock:
+        RECORDING[0] += 1
+    CAPTURE.scope = scope
+
+
+def end() -> None:
+    """End this thread's recording (after :func:`begin`)."""
+    CAPTURE.scope = None
+    with _count_lock:
+        RECORDING[0] -= 1
 
 
 def release(fn: Callable[..., Any], *args: Any) -> None:

@@ -15,7 +15,10 @@ try:
 except ImportError:  # no compiler at install time: the pure-Python paths serve
     native = None
 
-__all__ = ["native", "LAUNCH", "LAUNCH_HELD", "RUN_PLANNED", "PLANNED", "DRIVER", "enable_driver", "available", "steps", "make_lock", "Channel"]
+__all__ = [
+    "native", "LAUNCH", "LAUNCH_HELD", "RUN_PLANNED", "PLANNED", "DRIVER", "REPLAY", "enable_driver", "available",
+    "steps", "make_lock", "maker", "Channel",
+]
 
 #: [native launch function or None]; read on the launch path, set once the driver is loaded
 LAUNCH: list[Any] = [None]
@@ -30,6 +33,8 @@ NOTIFY: list[bool] = [False]
 #: [the native module once its driver entry points are bound, else None]: held_all, lt_matmul,
 #: graph_launch, event_record, event_query
 DRIVER: list[Any] = [None]
+#: [True while graph launches' sync terminals replay in one native call (_native.ReplayBase), else None]
+REPLAY: list[Any] = [None]
 
 
 def available() -> bool:
@@ -40,10 +45,25 @@ def available() -> bool:
 def make_lock() -> Any:
     """The ledger's lock: the native Lock (native launches take it without a method call) or threading.Lock."""
     if available():
-        return native.Lock()
+        lock = native.Lock()
+        native.set_lock(lock)
+        return lock
     import threading
 
     return threading.Lock()
+
+
+def maker(cls: type, args: tuple[str, ...], proto: Any) -> Any:
+    """A native factory of ``cls`` objects (slots ``args`` from the call, the rest as in ``proto``), or None.
+
+    ``proto`` is an instance built by ``cls.__init__``, so the defaults have one source; an
+    empty list in it becomes a fresh empty list per object.
+    """
+    if not available():
+        return None
+    slots = [n for c in cls.__mro__ for n in getattr(c, "__slots__", ()) if n != "__weakref__"]
+    fixed = tuple((n, getattr(proto, n)) for n in slots if n not in args and hasattr(proto, n))
+    return native.Maker(cls, args, fixed)
 
 
 def steps() -> Any:
@@ -54,12 +74,20 @@ def steps() -> Any:
 def enable_driver() -> bool:
     """Bind the native launch/host-function paths to the libcuda cuda.bindings loaded."""
     if not available() or not native.load_driver():
-        LAUNCH[0] = LAUNCH_HELD[0] = RUN_PLANNED[0] = DRIVER[0] = None
+        LAUNCH[0] = LAUNCH_HELD[0] = RUN_PLANNED[0] = DRIVER[0] = REPLAY[0] = None
         NOTIFY[0] = False
         return False
-    from ._ledger import LOCK
+    from ..executors._context import context_maker
+    from . import _ledger
+    from ._capture import CAPTURE, RECORDING
+    from ._cuda import CudaStream, cuda_error
+    from ._select import next_stream
 
-    native.set_lock(LOCK)
+    native.set_lock(_ledger.LOCK)
+    native.set_replay(
+        context_maker(), CAPTURE, RECORDING, CudaStream, _ledger.touch, _ledger.ENABLED, cuda_error, next_stream, REPLAY
+    )
+    REPLAY[0] = True
     LAUNCH[0] = native.launch
     LAUNCH_HELD[0] = native.launch_held
     RUN_PLANNED[0] = native.run_planned

@@ -95,13 +95,17 @@ def touch(cx: "ExecutionContext", buf: "Buffer", lo: int, hi: int, write: bool, 
     cx.buffers.append(buf)
 
 
-def release(cx: "ExecutionContext") -> None:
+def _release(cx: "ExecutionContext") -> None:
     """Forget every access of a finished execution."""
     with LOCK:
         for buf in cx.buffers:
             acc = buf.accesses
             if acc:
                 buf.accesses = [e for e in acc if e[0] is not cx]
+
+
+#: the release of finished executions: native (the twin of ``_release``) where built
+release = _fast.native.ledger_release if _fast.available() else _release
 
 
 def in_flight(buf: "Buffer", lo: int, hi: int) -> "ExecutionContext | None":

@@ -8,7 +8,7 @@ from .._errors import CaptureError
 from ..device import _ledger
 from ..device._capture import CAPTURE
 
-__all__ = ["ExecutionContext", "CAPTURE", "refuse_in_capture"]
+__all__ = ["ExecutionContext", "CAPTURE", "refuse_in_capture", "context_maker"]
 
 
 def refuse_in_capture(what: str) -> None:
@@ -32,7 +32,7 @@ class ExecutionContext:
 
     __slots__ = (
         "stream", "sh", "backend", "buffers", "done", "label", "op", "capturing", "captured", "children",
-        "_event", "_sealed", "_waited", "_done_cbs",
+        "_event", "_sealed", "_waited", "_done_cbs", "_waited_on",
     )
 
     def __init__(self, stream: Any, label: str = "op", op: Any = None) -> None:
@@ -46,11 +46,14 @@ class ExecutionContext:
         self.capturing = False
         # while recording a graph: (buffer id, lo, hi, write) -> (buffer, lo, hi, write)
         self.captured: dict[tuple[int, int, int, bool], tuple[Any, int, int, bool]] | None = None
-        self.children: list[ExecutionContext] = []
+        self.children: tuple[ExecutionContext, ...] = ()  # (tuples: most executions have none)
         self._event: Any = None
         self._sealed = False
-        self._waited: list[ExecutionContext] = []
+        self._waited: tuple[ExecutionContext, ...] = ()
         self._done_cbs: list[Callable[[], Any]] | None = None
+        # another execution's stream waited on this one (and remembers it in its _waited): the
+        # native graph replay then never reuses this context for a later replay
+        self._waited_on = False
 
     def describe(self) -> str:
         what = f" of {self.op!r}" if self.op is not None else ""
@@ -73,15 +76,16 @@ class ExecutionContext:
         """Make this execution's stream wait for ``other``'s work so far."""
         if other in self._waited:
             return
+        other._waited_on = True
         self.stream.wait(other.completion_event())
-        self._waited.append(other)
+        self._waited += (other,)
 
     # -- fork / join (zip) ----------------------------------------------------------------------
     def fork(self, stream: Any, after: Any) -> "ExecutionContext":
         """A child execution on ``stream`` that starts after event ``after`` (recorded on ours)."""
         child = ExecutionContext(stream, f"{self.label} (zip branch)")
         stream.wait(after)
-        self.children.append(child)
+        self.children += (child,)
         return child
 
     def join(self, child: "ExecutionContext") -> None:
@@ -143,5 +147,20 @@ class ExecutionContext:
         finally:
             _ledger.release(self)
             self.buffers = []
-            self._waited = []
+            self._waited = ()
             self.op = None
+
+
+def context_maker() -> Any:
+    """A native factory ``make(stream, sh, backend, op, label)`` of ExecutionContexts, or None.
+
+    It builds what ``ExecutionContext(stream, label, op)`` builds without running ``__init__``
+    (the defaults are read from an instance that ``__init__`` built): the native graph replay
+    (``replay_core`` in ``_native.c``) makes one when its graph has none parked.
+    """
+    from types import SimpleNamespace
+
+    from ..device import _fast
+
+    proto = ExecutionContext(SimpleNamespace(backend=None, handle_int=0))
+    return _fast.maker(ExecutionContext, ("stream", "sh", "backend", "op", "label"), proto)

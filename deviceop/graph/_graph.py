@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._errors import CaptureError, UsageError
-from ..device import _ledger
+from ..device import _fast, _ledger
 from ..ops._base import DeviceOp
 
 __all__ = ["CudaGraph", "GraphLaunch", "Recording"]
 
 T = TypeVar("T")
+
+
+class _NoReplay:
+    """Where the native module is not built: graph launches use DeviceOp's terminals."""
+
+    __slots__ = ()
+
+
+class _PyGraphBase:
+    """Where the native module is not built: ``launch()`` in Python."""
+
+    def launch(self) -> Any:
+        """An op that replays the graph once, on the stream of the terminal that drives it."""
+        return self._generic_launch()  # type: ignore[attr-defined]
+
+
+if TYPE_CHECKING or not _fast.available():
+    _ReplayBase: type = _NoReplay
+    _GraphBase: type = _PyGraphBase
+else:  # launch() and sync() / sync_on() of a launch in native calls (the loop of a service), see _native.c
+    _ReplayBase = _fast.native.ReplayBase
+    _GraphBase = _fast.native.GraphBase
 
 
 class Recording:
@@ -27,7 +49,7 @@ class Recording:
         self.stream = stream
 
 
-class CudaGraph(Generic[T]):
+class CudaGraph(_GraphBase, Generic[T]):
     """An executable graph of recorded GPU work (a host-backend recording on the host backend).
 
     ``launch()`` returns a DeviceOp that replays it: sync it, await it, submit it or ``then``
@@ -54,6 +76,14 @@ class CudaGraph(Generic[T]):
         self._exec = ex
         outs = rec.outputs
         self._output = outs[0] if len(outs) == 1 else tuple(outs)
+        be = self.backend
+        # the native replay's view (_native.c, replay_core), swapped with the rest under the ledger
+        # lock; the last list is where a replay parks its execution context for the next one
+        self._fast = (
+            (be, int(be.context), ex, getattr(ex, "handle_int", 0), tuple(tuple(r) for r in rec.regions), self._output,
+             [None, None])
+            if be.name == "cuda" else None
+        )
 
     @property
     def nodes(self) -> int:
@@ -68,8 +98,12 @@ class CudaGraph(Generic[T]):
     def __repr__(self) -> str:
         return f"<CudaGraph {self.nodes} nodes on {self.backend.device_label}, {self.launches} launches>"
 
-    def launch(self) -> "DeviceOp[T]":
-        """An op that replays the graph once, on the stream of the terminal that drives it."""
+    if TYPE_CHECKING:
+
+        def launch(self) -> "DeviceOp[T]":
+            """An op that replays the graph once, on the stream of the terminal that drives it."""
+
+    def _generic_launch(self) -> "DeviceOp[T]":
         return GraphLaunch(self)
 
     def update(self, op: DeviceOp[Any]) -> str:
@@ -104,8 +138,13 @@ class CudaGraph(Generic[T]):
         return how
 
 
-class GraphLaunch(DeviceOp[T]):
-    """One replay of a :class:`CudaGraph`; its output is the graph's output."""
+class GraphLaunch(_ReplayBase, DeviceOp[T]):
+    """One replay of a :class:`CudaGraph`; its output is the graph's output.
+
+    ``sync()`` and ``sync_on(stream)`` on a pool stream of the graph's backend run in one native
+    call where the native module is built; they behave as DeviceOp's (the same ledger
+    registration, errors and results).
+    """
 
     __slots__ = ("_g",)
 
@@ -115,6 +154,18 @@ class GraphLaunch(DeviceOp[T]):
 
     def __repr__(self) -> str:
         return f"<launch of {self._g!r}>"
+
+    # the generic sync terminals, which ReplayBase's native sync/sync_on fall back to
+    def _generic_sync_on(self, stream: Any) -> T:
+        return DeviceOp.sync_on(self, stream)
+
+    def _generic_sync(self, stream: Any) -> T:
+        if stream is None:
+            return DeviceOp.sync(self)
+        from ..executors._terminals import run_sync
+
+        self._take("sync()")
+        return run_sync(self, stream, "sync()")  # type: ignore[no-any-return]
 
     def _run(self, cx: Any) -> T:
         g = self._g
@@ -136,3 +187,7 @@ class GraphLaunch(DeviceOp[T]):
                 g.backend.graphs.launch(g._exec, cx.stream)
             g.launches += 1
             return g._output  # type: ignore[no-any-return]
+
+
+if _fast.available():  # GraphBase.launch() builds GraphLaunch(g) without running __init__
+    _fast.native.set_launch_maker(_fast.maker(GraphLaunch, ("_used", "_g"), GraphLaunch(None)))  # type: ignore[arg-type]

@@ -66,7 +66,7 @@ class GraphScope:
             raise
         self._cx = cx
         self._state = "recording"
-        CAPTURE.scope = self
+        _capture.begin(self)
         return self
 
     def record(self, op: "DeviceOp[T]") -> T:
@@ -101,7 +101,7 @@ class GraphScope:
                 if et is None:
                     raise
             finally:
-                CAPTURE.scope = None
+                _capture.end()
                 cx.capturing = False
                 _capture.flush()  # destructors that ran while recording
             if et is not None or self._error is not None or raw is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -71,8 +71,37 @@ __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); 
 """
 
 
-class Elementwise:
-    """A built-in elementwise kernel family: ``op(out_partition, *inputs, *scalars)``."""
+class _PyFront:
+    """The pure-Python twin of ``_native.KernelFront`` (kernel families whose call is the launch path)."""
+
+    _plan: "_Plan | None"
+    _n: int
+    _n_t: int
+
+    def __call__(self, *args: Any) -> KernelCall:
+        p = self._plan
+        if p is not None and len(args) == self._n and p.be is _SELECTED["backend"]:
+            # the launch path: the same tensors as last time (validated then), a plain float
+            # scalar (built-ins take at most 3 tensors and 1 scalar; unrolled, as this runs per op)
+            r, nt = p.refs, self._n_t
+            if (r[0]() is args[0] and (nt < 2 or r[1]() is args[1]) and (nt < 3 or r[2]() is args[2])
+                    and (nt == self._n or type(args[nt]) is float)):
+                return _PlannedCall(self, args, p)  # type: ignore[arg-type]
+        return self._call_slow(args)  # type: ignore[attr-defined,no-any-return]
+
+
+if TYPE_CHECKING or not _fast.available():
+    _Front = _PyFront
+else:  # the same checks in C, and the op built without running __init__ (the per-op cost)
+    _Front = _fast.native.KernelFront
+
+
+class Elementwise(_Front):
+    """A built-in elementwise kernel family: ``op(out_partition, *inputs, *scalars)``.
+
+    Calling it checks the arguments and returns the kernel call op. A call with the tensors of
+    the previous call (the loop of a service) reuses that call's validation and launch plan.
+    """
 
     def __init__(self, name: str, n_in: int, n_scalar: int, body: str, host: Callable[..., Any], doc: str) -> None:
         self.name = name
@@ -87,6 +116,8 @@ class Elementwise:
         self._writes = (True,) + (False,) * n_in
         self._n = 1 + n_in + n_scalar
         self._n_t = 1 + n_in
+        self._make_call = _MAKE_CALL  # (the native front builds its planned calls with these)
+        self._selected = _SELECTED
         if n_in > 2 or n_scalar > 1:  # the unrolled check in __call__ covers these
             raise ValueError(f"built-in {name}: at most 2 inputs and 1 scalar")
 
@@ -136,17 +167,6 @@ class Elementwise:
                 f"{{ {self.name}_t(out{args}, tile, vec); }}"
             )
         return "\n".join(out)
-
-    def __call__(self, *args: Any) -> KernelCall:
-        p = self._plan
-        if p is not None and len(args) == self._n and p.be is _SELECTED["backend"]:
-            # the launch path: the same tensors as last time (validated then), a plain float
-            # scalar (built-ins take at most 3 tensors and 1 scalar; unrolled, as this runs per op)
-            r, nt = p.refs, self._n_t
-            if (r[0]() is args[0] and (nt < 2 or r[1]() is args[1]) and (nt < 3 or r[2]() is args[2])
-                    and (nt == self._n or type(args[nt]) is float)):
-                return _PlannedCall(self, args, p)
-        return self._call_slow(args)
 
     def _call_slow(self, args: tuple[Any, ...]) -> KernelCall:
         n = self._n
@@ -279,6 +299,8 @@ class _PlannedCall(KernelCall):
 
 
 _fast.PLANNED[0] = _PlannedCall  # chains launch these straight from their native step loop
+#: builds _PlannedCall(k, args, plan) without __init__ (native front), or None
+_MAKE_CALL = _fast.maker(_PlannedCall, ("_used", "_k", "_args", "_plan"), _PlannedCall(None, (), None))  # type: ignore[arg-type]
 
 
 class _Plan:
