@@ -1330,8 +1330,6 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&ChannelType) < 0) return NULL;
-    if (PyType_Ready(&LockType) < 0) return NULL;
     const char *names[] = {"acquire", "release", "_used", "_run", "_take", "then", "map", "backend", ".then()",
                            "finish", "_fast", "scope", "handle_int", "launches", "sync_on()", "sync()",
                            "_generic_sync_on", "_generic_sync", "_generic_launch"};
@@ -1342,34 +1340,10 @@ PyMODINIT_FUNC PyInit__native(void) {
         if ((*dst[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     }
     if ((one = PyLong_FromLong(1)) == NULL || (empty_tuple = PyTuple_New(0)) == NULL) return NULL;
-    if (PyType_Ready(&ReplayBaseType) < 0 || PyType_Ready(&GraphBaseType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
-    if (dvo_objs_add(m) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&ChannelType);
-    if (PyModule_AddObject(m, "Channel", (PyObject *)&ChannelType) < 0) {
-        Py_DECREF(&ChannelType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&LockType);
-    if (PyModule_AddObject(m, "Lock", (PyObject *)&LockType) < 0) {
-        Py_DECREF(&LockType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&ReplayBaseType);
-    if (PyModule_AddObject(m, "ReplayBase", (PyObject *)&ReplayBaseType) < 0) {
-        Py_DECREF(&ReplayBaseType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&GraphBaseType);
-    if (PyModule_AddObject(m, "GraphBase", (PyObject *)&GraphBaseType) < 0) {
-        Py_DECREF(&GraphBaseType);
+    if (dvo_objs_add(m) < 0 || dvo_add_type(m, "Channel", &ChannelType) < 0 || dvo_add_type(m, "Lock", &LockType) < 0 ||
+        dvo_add_type(m, "ReplayBase", &ReplayBaseType) < 0 || dvo_add_type(m, "GraphBase", &GraphBaseType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -15,6 +15,9 @@ PyObject *dvo_make(PyObject *maker, PyObject *const *vals, Py_ssize_t n);
  * member), 0 if it is anything else, -1 with an error set if the lookup failed. */
 Py_ssize_t dvo_member_offset(PyTypeObject *type, PyObject *name);
 
+/* Ready ``type`` and add it to module ``m`` as ``name``; 0 on success. */
+int dvo_add_type(PyObject *m, const char *name, PyTypeObject *type);
+
 /* Add Maker and KernelFront to the module; 0 on success. */
 int dvo_objs_add(PyObject *m);
 

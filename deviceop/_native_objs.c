@@ -282,22 +282,21 @@ static PyTypeObject FrontType = {
     .tp_members = Front_members,
 };
 
+int dvo_add_type(PyObject *m, const char *name, PyTypeObject *type) {
+    if (PyType_Ready(type) < 0) return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(m, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 int dvo_objs_add(PyObject *m) {
     s_be = PyUnicode_InternFromString("be");
     s_refs = PyUnicode_InternFromString("refs");
     s_backend_key = PyUnicode_InternFromString("backend");
     s_call_slow = PyUnicode_InternFromString("_call_slow");
     if (s_be == NULL || s_refs == NULL || s_backend_key == NULL || s_call_slow == NULL) return -1;
-    if (PyType_Ready(&MakerType) < 0 || PyType_Ready(&FrontType) < 0) return -1;
-    Py_INCREF(&MakerType);
-    if (PyModule_AddObject(m, "Maker", (PyObject *)&MakerType) < 0) {
-        Py_DECREF(&MakerType);
-        return -1;
-    }
-    Py_INCREF(&FrontType);
-    if (PyModule_AddObject(m, "KernelFront", (PyObject *)&FrontType) < 0) {
-        Py_DECREF(&FrontType);
-        return -1;
-    }
-    return 0;
+    return dvo_add_type(m, "Maker", &MakerType) < 0 || dvo_add_type(m, "KernelFront", &FrontType) < 0 ? -1 : 0;
 }
