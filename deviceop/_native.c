@@ -9,8 +9,8 @@
  *    integers prepared once.
  *    Their attribute reads go through slot sites (sget/sset): a cached offset into the
  *    __slots__ of the one type each site sees.
- * 2. Lock: the ledger lock, which these paths take without a Python method call, and the
- *    ledger's release of a finished execution (ledger_release).
+ * 2. Lock: the ledger lock (a POSIX semaphore), which these paths take without a Python
+ *    method call, and the ledger's release of a finished execution (ledger_release).
  * 2b. Graph replays: GraphBase.launch() and ReplayBase.sync()/sync_on(), the base classes of
  *    CudaGraph and its launch op: one replay and its wait in one call (replay_core).
  * 3. Channel + notify(): completion wake-ups for `await`. notify() enqueues a C host function
@@ -23,11 +23,13 @@
  * library nvmath loaded, so importing this module never needs a GPU.
  */
 #include "_native.h"
+#include "structmember.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,9 +313,14 @@ static PyTypeObject ChannelType = {
 
 /* ---- Lock: the ledger lock, takeable from C without a method call ---------------------- */
 
+/* A POSIX semaphore rather than a PyThread lock: taking a PyThread lock reads the monotonic
+ * clock even when it does not wait (CPython 3.11/3.12 compute a deadline first), which is a
+ * measurable share of a graph replay that takes this lock twice. Any thread may give it back,
+ * as with threading.Lock. */
 typedef struct {
     PyObject_HEAD
-    PyThread_type_lock lock;
+    sem_t sem;
+    int ready;
     int locked;
 } LockObject;
 
@@ -321,13 +328,14 @@ static PyTypeObject LockType;
 
 /* Take the lock with the GIL held; waits (GIL released) if another thread has it. */
 static int lock_take(LockObject *l) {
-    if (!PyThread_acquire_lock(l->lock, NOWAIT_LOCK)) {
-        int ok;
+    if (sem_trywait(&l->sem) != 0) {
+        int r;
         Py_BEGIN_ALLOW_THREADS
-        ok = PyThread_acquire_lock(l->lock, WAIT_LOCK);
+        do r = sem_wait(&l->sem);
+        while (r != 0 && errno == EINTR);
         Py_END_ALLOW_THREADS
-        if (!ok) {
-            PyErr_SetString(PyExc_RuntimeError, "could not take the lock");
+        if (r != 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
             return -1;
         }
     }
@@ -335,30 +343,35 @@ static int lock_take(LockObject *l) {
     return 0;
 }
 
+/* give back a lock this code took (cannot fail; leaves any error set; no GIL needed) */
+static inline void lock_drop(LockObject *l) {
+    l->locked = 0;
+    sem_post(&l->sem);
+}
+
 static int lock_give(LockObject *l) {
     if (!l->locked) {
         PyErr_SetString(PyExc_RuntimeError, "release of an unlocked lock");
         return -1;
     }
-    l->locked = 0;
-    PyThread_release_lock(l->lock);
+    lock_drop(l);
     return 0;
 }
 
-static int Lock_init(LockObject *self, PyObject *args, PyObject *kw) {
-    if (self->lock == NULL) self->lock = PyThread_allocate_lock();
-    if (self->lock == NULL) {
-        PyErr_NoMemory();
-        return -1;
+static PyObject *Lock_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    LockObject *self = (LockObject *)PyType_GenericNew(type, args, kw);
+    if (self != NULL) {
+        if (sem_init(&self->sem, 0, 1) != 0) {
+            Py_DECREF(self);
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        self->ready = 1;
     }
-    return 0;
+    return (PyObject *)self;
 }
 
 static void Lock_dealloc(LockObject *self) {
-    if (self->lock != NULL) {
-        if (self->locked) PyThread_release_lock(self->lock);
-        PyThread_free_lock(self->lock);
-    }
+    if (self->ready) sem_destroy(&self->sem);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -394,8 +407,7 @@ static PyTypeObject LockType = {
     .tp_basicsize = sizeof(LockObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A non-reentrant lock like threading.Lock, which native launch paths take without a method call.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Lock_init,
+    .tp_new = Lock_new,
     .tp_dealloc = (destructor)Lock_dealloc,
     .tp_methods = Lock_methods,
 };
@@ -463,8 +475,8 @@ static inline int site_ready(slot_site *s, PyObject *o) {
     return site_resolve(s, t);
 }
 
-/* o.<name>: a new reference, or NULL with an error set */
-static PyObject *sget(slot_site *s, PyObject *o) {
+/* the cache-hit case inline (these run a dozen times per launch), the rest out of line */
+static PyObject *sget_slow(slot_site *s, PyObject *o) {
     if (site_ready(s, o) < 0) return NULL;
     if (s->off > 0) {
         PyObject *v = *(PyObject **)((char *)o + s->off);
@@ -473,14 +485,35 @@ static PyObject *sget(slot_site *s, PyObject *o) {
     return PyObject_GetAttr(o, s->name);
 }
 
-/* o.<name> = v; 0 or -1 with an error set */
-static int sset(slot_site *s, PyObject *o, PyObject *v) {
+static int sset_slow(slot_site *s, PyObject *o, PyObject *v) {
     if (site_ready(s, o) < 0) return -1;
     if (s->off > 0) {
-        Py_XSETREF(*(PyObject **)((char *)o + s->off), Py_NewRef(v));
+        PyObject **slot = (PyObject **)((char *)o + s->off);
+        if (*slot != v) Py_XSETREF(*slot, Py_NewRef(v));
         return 0;
     }
     return PyObject_SetAttr(o, s->name, v);
+}
+
+#define SITE_HIT(s, o) (Py_TYPE(o) == (s)->type && (s)->off > 0 && Py_TYPE(o)->tp_version_tag == (s)->tag && (s)->tag != 0)
+
+/* o.<name>: a new reference, or NULL with an error set */
+static inline PyObject *sget(slot_site *s, PyObject *o) {
+    if (SITE_HIT(s, o)) {
+        PyObject *v = *(PyObject **)((char *)o + s->off);
+        if (v != NULL) return Py_NewRef(v);
+    }
+    return sget_slow(s, o);
+}
+
+/* o.<name> = v; 0 or -1 with an error set */
+static inline int sset(slot_site *s, PyObject *o, PyObject *v) {
+    if (SITE_HIT(s, o)) {
+        PyObject **slot = (PyObject **)((char *)o + s->off);
+        if (*slot != v) Py_XSETREF(*slot, Py_NewRef(v));
+        return 0;
+    }
+    return sset_slow(s, o, v);
 }
 
 /* A launch geometry packed once per plan (geometry(): fn, grid, block, shared memory). */
@@ -695,8 +728,7 @@ static PyObject *run_planned(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (native_lock != NULL) {
         if (lock_take(native_lock) < 0) goto done;
         result = run_planned_locked(cx, a, nt, PyTuple_GET_ITEM(fast, 2), PyTuple_GET_ITEM(fast, 3), PyTuple_GET_ITEM(fast, 4));
-        native_lock->locked = 0;
-        PyThread_release_lock(native_lock->lock);
+        lock_drop(native_lock);
         goto done;
     }
     PyObject *r = PyObject_CallNoArgs(lock_acquire);
@@ -911,11 +943,25 @@ static PyObject *event_query(PyObject *self, PyObject *e) {
 
 /* ---- the ledger's release, and the lean replay of a graph ------------------------------- */
 
-static PyObject *one;  /* the int 1 */
 static slot_site CX_BUFFERS = SLOT_SITE("buffers"), CX_CHILDREN = SLOT_SITE("children"), CX_DONE_CBS = SLOT_SITE("_done_cbs"),
                  CX_DONE = SLOT_SITE("done"), CX_WAITED = SLOT_SITE("_waited"), CX_OP = SLOT_SITE("op"),
                  GL_USED = SLOT_SITE("_used"), GL_G = SLOT_SITE("_g");
-static PyObject *s_finish, *s_gfast, *s_scope, *s_handle_int, *s_launches;
+static PyObject *s_finish, *s_scope;
+
+/* Remove item i of list l keeping its storage: PyList_SetSlice frees the storage of a list that
+ * empties, and the ledger's lists empty and refill on every replay. The list is consistent
+ * before the removed item is released. */
+static void list_del_keep(PyObject *l, Py_ssize_t i) {
+    PyObject **items = ((PyListObject *)l)->ob_item, *v = items[i];
+    Py_ssize_t n = PyList_GET_SIZE(l);
+    memmove(&items[i], &items[i + 1], (size_t)(n - i - 1) * sizeof(PyObject *));
+    Py_SET_SIZE(l, n - 1);
+    Py_DECREF(v);
+}
+
+static void list_clear_keep(PyObject *l) {
+    while (PyList_GET_SIZE(l) > 0) list_del_keep(l, PyList_GET_SIZE(l) - 1);
+}
 
 /* Drop every access entry of ``cx`` from the buffers it touched; call with the ledger lock held.
  * The twin of the Python loop in device/_ledger.py (release). */
@@ -944,7 +990,8 @@ static int release_entries(PyObject *cx) {
             for (Py_ssize_t j = n - 1; mine && rc == 0 && j >= 0; j--) {
                 PyObject *e = PyList_GET_ITEM(acc, j);
                 if (PyList_Check(e) && PyList_GET_SIZE(e) > 0 && PyList_GET_ITEM(e, 0) == cx) {
-                    rc = PyList_SetSlice(acc, j, j + 1, NULL);
+                    if (PyList_CheckExact(acc)) list_del_keep(acc, j);
+                    else rc = PyList_SetSlice(acc, j, j + 1, NULL);
                     mine--;
                 }
             }
@@ -954,12 +1001,6 @@ static int release_entries(PyObject *cx) {
     }
     Py_DECREF(bufs);
     return rc;
-}
-
-/* give back a lock this code took (cannot fail; leaves any error set) */
-static void lock_drop(LockObject *l) {
-    l->locked = 0;
-    PyThread_release_lock(l->lock);
 }
 
 /* ledger_release(cx): forget every access of a finished execution (takes the ledger lock) */
@@ -1077,22 +1118,44 @@ static int replay_finish(PyObject *cx, PyObject *bufs) {
     int rc = release_entries(cx);
     lock_drop(native_lock);
     if (rc < 0) return -1;
-    return PyList_SetSlice(bufs, 0, PyList_GET_SIZE(bufs), NULL) < 0 || sset(&CX_WAITED, cx, empty_tuple) < 0 ||
-           sset(&CX_OP, cx, Py_None) < 0 ? -1 : 0;
+    if (PyList_CheckExact(bufs)) list_clear_keep(bufs);
+    else if (PyList_SetSlice(bufs, 0, PyList_GET_SIZE(bufs), NULL) < 0) return -1;
+    return sset(&CX_WAITED, cx, empty_tuple) < 0 || sset(&CX_OP, cx, Py_None) < 0 ? -1 : 0;
 }
 
-/* g.launches += delta (call with the ledger lock held, as the Python path does) */
-static int add_launches(PyObject *g, PyObject *delta) {
-    PyObject *n = PyObject_GetAttr(g, s_launches), *n1 = NULL;
-    if (n != NULL) n1 = PyNumber_Add(n, delta);
-    int rc = n1 == NULL || PyObject_SetAttr(g, s_launches, n1) < 0 ? -1 : 0;
-    Py_XDECREF(n);
-    Py_XDECREF(n1);
-    return rc;
+/* GraphBase: the base of CudaGraph. Its replay view (``_fast``) and launch count are C fields,
+ * so a replay reads them without attribute lookups and counts without allocating an int. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fast;   /* checked when set (GB_set_fast): (backend, context, exec, exec handle, regions, output, park) */
+    void *ctx, *exh;  /* its context and exec handle as pointers */
+    Py_ssize_t launches;
+} GraphBaseObject;
+
+static PyTypeObject GraphBaseType;
+
+/* the one CudaGraph class a process replays, remembered once seen to derive from GraphBase */
+static PyTypeObject *graph_type_seen;
+
+static inline int graph_type_ok(PyTypeObject *t) {
+    if (t == graph_type_seen) return 1;
+    if (!PyType_IsSubtype(t, &GraphBaseType)) return 0;
+    Py_INCREF(t);
+    Py_XSETREF(graph_type_seen, t);
+    return 1;
 }
 
 static slot_site CX_STREAM = SLOT_SITE("stream"), CX_LABEL = SLOT_SITE("label"), CX_EVENT = SLOT_SITE("_event"),
-                 CX_SEALED = SLOT_SITE("_sealed"), CX_WAITED_ON = SLOT_SITE("_waited_on");
+                 CX_SEALED = SLOT_SITE("_sealed"), CX_WAITED_ON = SLOT_SITE("_waited_on"), ST_BACKEND = SLOT_SITE("backend"),
+                 ST_HANDLE = SLOT_SITE("handle_int");
+
+/* A free list of one launch op: a loop of ``g.launch().sync_on(s)`` makes and drops one op per
+ * replay, and allocating and freeing it is a measurable share of a small graph's replay. A
+ * replay that finished parks its op here with its graph reference cleared (so it holds nothing
+ * alive); GraphBase.launch() reuses it when nothing else references it (refcount 1: no name,
+ * no execution context; launch ops take no weak references), else makes a new one. */
+static PyObject *spare_launch;
+static PyTypeObject *launch_type;  /* what the launch maker makes: only those are parked */
 
 /* One replay of a CudaGraph and the wait for it, as the generic path does it (graph/_graph.py
  * GraphLaunch._run under executors/_terminals.py run_sync) without its Python frames: consume the
@@ -1125,23 +1188,22 @@ static int replay_core(PyObject *op, PyObject *stream, PyObject *label, PyObject
     int applies = 0;
     PyObject *g = NULL, *fast = NULL, *be = NULL, *sho = NULL, *cx = NULL, *bufs = NULL, *entries = NULL;
     g = sget(&GL_G, op);
-    if (g == NULL) goto done;
-    fast = PyObject_GetAttr(g, s_gfast);
-    if (fast == NULL) goto done;
-    be = PyObject_GetAttr(stream, s_backend);
-    if (be == NULL) goto done;
-    /* fast: (backend, context, exec object, exec handle or 0, regions, output, park); park is
-     * [execution context, its ledger entries] kept between replays, or [None, None] */
-    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 7 || PyTuple_GET_ITEM(fast, 0) != be ||
-        !PyTuple_Check(PyTuple_GET_ITEM(fast, 4)) || !PyList_Check(PyTuple_GET_ITEM(fast, 6)) ||
-        PyList_GET_SIZE(PyTuple_GET_ITEM(fast, 6)) != 2)
-        goto done;
-    sho = PyObject_GetAttr(stream, s_handle_int);
+    if (g == NULL || !graph_type_ok(Py_TYPE(g))) goto done;
+    GraphBaseObject *gb = (GraphBaseObject *)g;
+    if (gb->fast == NULL) goto done;
+    /* fast: (backend, context, exec object, exec handle or 0, regions, output, park), checked
+     * when set; park is [execution context, its ledger entries] kept between replays, or
+     * [None, None] */
+    fast = Py_NewRef(gb->fast);
+    void *ctx = gb->ctx, *ex = gb->exh;
+    be = sget(&ST_BACKEND, stream);
+    if (be == NULL || PyTuple_GET_ITEM(fast, 0) != be) goto done;
+    sho = sget(&ST_HANDLE, stream);
     if (sho == NULL) goto done;
-    void *sh = PyLong_AsVoidPtr(sho), *ctx = PyLong_AsVoidPtr(PyTuple_GET_ITEM(fast, 1));
-    void *ex = PyLong_AsVoidPtr(PyTuple_GET_ITEM(fast, 3));
+    void *sh = PyLong_AsVoidPtr(sho);
     if (PyErr_Occurred()) goto done;
     PyObject *regions = PyTuple_GET_ITEM(fast, 4), *park = PyTuple_GET_ITEM(fast, 6);
+    if (PyList_GET_SIZE(park) != 2) goto done;  /* (a list: someone may have resized it) */
 
     applies = 1;  /* from here on the op is consumed, as by the generic terminal */
     if (sset(&GL_USED, op, label) < 0) goto done;
@@ -1179,7 +1241,7 @@ static int replay_core(PyObject *op, PyObject *stream, PyObject *label, PyObject
     int rc = 0;
     for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(regions); i++)
         rc = touch_region(cx, bufs, PyTuple_GET_ITEM(regions, i), PyTuple_GET_ITEM(entries, i), op);
-    if (rc == 0) rc = add_launches(g, one);
+    if (rc == 0) ((GraphBaseObject *)g)->launches++;
     if (rc < 0) {
         lock_drop(native_lock);
         replay_failed(cx, sh);
@@ -1194,9 +1256,7 @@ static int replay_core(PyObject *op, PyObject *stream, PyObject *label, PyObject
     Py_END_ALLOW_THREADS
     if (err || serr) {
         if (err && lock_take(native_lock) == 0) {  /* it did not run: uncount it */
-            PyObject *m1 = PyLong_FromLong(-1);
-            if (m1 == NULL || add_launches(g, m1) < 0) PyErr_Clear();
-            Py_XDECREF(m1);
+            ((GraphBaseObject *)g)->launches--;
             lock_drop(native_lock);
         }
         set_cuda_error(err ? err : serr, err ? "cuGraphLaunch" : "cuStreamSynchronize");
@@ -1211,6 +1271,10 @@ static int replay_core(PyObject *op, PyObject *stream, PyObject *label, PyObject
         if (PyList_SetItem(park, 0, Py_NewRef(cx)) < 0 || PyList_SetItem(park, 1, Py_NewRef(entries)) < 0) goto done;
     }
     *out = Py_NewRef(PyTuple_GET_ITEM(fast, 5));
+    if (Py_TYPE(op) == launch_type) {
+        if (sset(&GL_G, op, Py_None) < 0) Py_CLEAR(*out);
+        else Py_XSETREF(spare_launch, Py_NewRef(op));
+    }
 done:
     if (!applies && PyErr_Occurred()) applies = 1;  /* an error before the op was taken: report it */
     Py_XDECREF(g);
@@ -1264,8 +1328,16 @@ static PyObject *set_launch_maker(PyObject *self, PyObject *maker) {
 
 static PyObject *GB_launch(PyObject *self, PyObject *unused) {
     if (launch_maker == NULL) return PyObject_CallMethodNoArgs(self, s_generic_launch);
+    PyObject *op = spare_launch;
+    if (op != NULL && Py_REFCNT(op) == 1) {  /* referenced by nothing else: reuse it */
+        spare_launch = NULL;
+        if (sset(&GL_USED, op, Py_None) < 0 || sset(&GL_G, op, self) < 0) Py_CLEAR(op);
+        return op;
+    }
     PyObject *v[2] = {Py_None, self};
-    return dvo_make(launch_maker, v, 2);
+    op = dvo_make(launch_maker, v, 2);
+    if (op != NULL && launch_type == NULL) launch_type = (PyTypeObject *)Py_NewRef(Py_TYPE(op));
+    return op;
 }
 
 static PyMethodDef GB_methods[] = {
@@ -1274,13 +1346,78 @@ static PyMethodDef GB_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef GB_members[] = {
+    {"launches", T_PYSSIZET, offsetof(GraphBaseObject, launches), 0, "Replays enqueued so far."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyObject *GB_get_fast(GraphBaseObject *self, void *closure) {
+    return Py_NewRef(self->fast != NULL ? self->fast : Py_None);
+}
+
+/* _fast = (backend, context, exec, exec handle, regions, output, park) or None; checked here so
+ * the replay only reads it */
+static int GB_set_fast(GraphBaseObject *self, PyObject *v, void *closure) {
+    void *ctx = NULL, *exh = NULL;
+    if (v != NULL && v != Py_None) {
+        PyObject *park = PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 7 ? PyTuple_GET_ITEM(v, 6) : NULL;
+        int ok = park != NULL && PyList_CheckExact(park) && PyList_GET_SIZE(park) == 2 &&
+                 PyTuple_Check(PyTuple_GET_ITEM(v, 4)) && PyLong_Check(PyTuple_GET_ITEM(v, 1)) &&
+                 PyLong_Check(PyTuple_GET_ITEM(v, 3));
+        for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(PyTuple_GET_ITEM(v, 4)); i++) {
+            PyObject *reg = PyTuple_GET_ITEM(PyTuple_GET_ITEM(v, 4), i);
+            ok = PyTuple_Check(reg) && PyTuple_GET_SIZE(reg) == 4;
+        }
+        if (!ok) {
+            PyErr_SetString(PyExc_TypeError, "_fast is (backend, context: int, exec, exec handle: int, "
+                                             "regions: tuple of (buffer, lo, hi, write), output, [None, None]) or None");
+            return -1;
+        }
+        ctx = PyLong_AsVoidPtr(PyTuple_GET_ITEM(v, 1));
+        exh = PyLong_AsVoidPtr(PyTuple_GET_ITEM(v, 3));
+        if (PyErr_Occurred()) return -1;
+    }
+    Py_XSETREF(self->fast, v != NULL && v != Py_None ? Py_NewRef(v) : NULL);
+    self->ctx = ctx;
+    self->exh = exh;
+    return 0;
+}
+
+static PyGetSetDef GB_getset[] = {
+    {"_fast", (getter)GB_get_fast, (setter)GB_set_fast,
+     "The native replay's view: (backend, context, exec, exec handle, regions, output, park), or None.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static int GB_traverse(GraphBaseObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->fast);
+    return 0;
+}
+
+static int GB_clear(GraphBaseObject *self) {
+    Py_CLEAR(self->fast);
+    return 0;
+}
+
+static void GB_dealloc(GraphBaseObject *self) {
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(self->fast);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
 static PyTypeObject GraphBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "deviceop._native.GraphBase",
-    .tp_basicsize = sizeof(PyObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Base of CudaGraph: launch() builds the launch op natively (set_launch_maker), else self._generic_launch().",
+    .tp_basicsize = sizeof(GraphBaseObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Base of CudaGraph: launch() builds the launch op natively (set_launch_maker), else self._generic_launch(); "
+              "_fast and launches are C fields.",
     .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)GB_dealloc,
+    .tp_traverse = (traverseproc)GB_traverse,
+    .tp_clear = (inquiry)GB_clear,
     .tp_methods = GB_methods,
+    .tp_members = GB_members,
+    .tp_getset = GB_getset,
 };
 
 static PyTypeObject ReplayBaseType = {
@@ -1331,15 +1468,15 @@ static struct PyModuleDef moduledef = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     const char *names[] = {"acquire", "release", "_used", "_run", "_take", "then", "map", "backend", ".then()",
-                           "finish", "_fast", "scope", "handle_int", "launches", "sync_on()", "sync()",
+                           "finish", "scope", "sync_on()", "sync()",
                            "_generic_sync_on", "_generic_sync", "_generic_launch"};
     PyObject **dst[] = {&s_acquire, &s_release, &s_used, &s_run, &s_take, &s_then, &s_map, &s_backend, &s_then_by,
-                        &s_finish, &s_gfast, &s_scope, &s_handle_int, &s_launches, &s_lbl_sync_on, &s_lbl_sync,
+                        &s_finish, &s_scope, &s_lbl_sync_on, &s_lbl_sync,
                         &s_generic_sync_on, &s_generic_sync, &s_generic_launch};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if ((*dst[i] = PyUnicode_InternFromString(names[i])) == NULL) return NULL;
     }
-    if ((one = PyLong_FromLong(1)) == NULL || (empty_tuple = PyTuple_New(0)) == NULL) return NULL;
+    if ((empty_tuple = PyTuple_New(0)) == NULL) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
     if (dvo_objs_add(m) < 0 || dvo_add_type(m, "Channel", &ChannelType) < 0 || dvo_add_type(m, "Lock", &LockType) < 0 ||

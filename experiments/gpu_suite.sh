@@ -78,6 +78,10 @@ for n in 1 10; do  # where a graph replay's fixed cost goes
   python3 experiments/replay_cost.py $n --lib /tmp/libgraphref.so 2>&1 | tee -a "$OUT/replay_cost.log" | tail -n 2
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 done
+python3 experiments/node_variants.py 2>&1 | tee "$OUT/node_variants.log" | tail -n 4  # the graph node's GPU share
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+python3 experiments/replay_host_cost.py --out "$OUT/replay_host_cost.json" 2>&1 | tee "$OUT/replay_host_cost.log"  # host share, stub driver
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 if [ "$MODE" = core ]; then
   kernels; plots
   echo "gpu_suite status: $status"; exit $status

@@ -4,6 +4,9 @@ Interleaved rep by rep in one process after a 0.5 s warm-up, medians in µs per 
 N-kernel `scale` graph (replay + sync):
 
 * ``raw``: cuGraphLaunch + cuStreamSynchronize through cuda.bindings
+* ``rawdev``: the same calls on deviceop's graph and stream (the graph's and stream's share)
+* ``natraw``: deviceop's graph and stream through the native module's thin ``graph_launch`` /
+  ``stream_sync`` (the native calls without the op, ledger and execution context)
 * ``cpp``: the CUDA C++ replay (experiments/ref/graph_ref.cu as a shared library, timed in C++)
 * ``dev``: ``g.launch().sync_on(s)``
 * ``preop``: ``op.sync_on(s)`` of a launch op built outside the timed region
@@ -65,12 +68,23 @@ def main() -> None:
     f = g._fast
     gfree._fast = (f[0], f[1], f[2], f[3], (), f[5], [None, None])
     clock = time.perf_counter_ns
+    nd = do.device._fast.DRIVER[0]
+    dexec, dstream, exh, sh = f[2].handle, s.handle, f[3], s.handle_int
 
-    def raw() -> float:
-        t = clock()
-        glaunch(gexec, rstream)
-        sync(rstream)
-        return (clock() - t) / 1e3
+    def launch_sync(launch, sync_, ex, stream):  # type: ignore[no-untyped-def]
+        """A timed replay through one pair of launch / sync calls."""
+
+        def run() -> float:
+            t = clock()
+            launch(ex, stream)
+            sync_(stream)
+            return (clock() - t) / 1e3
+
+        return run
+
+    raw = launch_sync(glaunch, sync, gexec, rstream)
+    rawdev = launch_sync(glaunch, sync, dexec, dstream)
+    natraw = launch_sync(nd.graph_launch, nd.stream_sync, exh, sh)
 
     def cpp() -> float:
         return float(lib.ref_replay_us(n))
@@ -91,7 +105,7 @@ def main() -> None:
         return (clock() - t) / 1e3
 
     fns = {
-        "raw": raw, "cpp": cpp, "dev": dev,
+        "raw": raw, "cpp": cpp, "dev": dev, "rawdev": rawdev, "natraw": natraw,
         "preop": lambda: timed(g.launch(), lambda o, st_: o.sync_on(st_)),
         "noledger": lambda: timed(gfree.launch(), lambda o, st_: o.sync_on(st_)),
         "generic": lambda: timed(g.launch(), DeviceOp.sync_on),

@@ -471,6 +471,43 @@ def test_native_replay_reuses_its_context_unless_waited_on(backend) -> None:
     assert park[0] is not None and park[0] is not cx0 and not park[0]._waited_on
 
 
+def test_native_replay_reuses_a_dropped_launch_op(backend) -> None:
+    import gc
+    import weakref
+
+    _native_replay(backend)
+    s = do.streams()[0]
+    x, y = do.full(1024, 2.0, do.float32).sync(), do.zeros(1024, do.float32).sync()
+    g = K.scale(y.partition((128,)), x, 3.0).graph()
+    g2 = K.scale(y.partition((128,)), x, 4.0).graph()
+    op = g.launch()
+    out = op.sync_on(s)
+    assert out is g.output and np.all(y.numpy() == 6)
+    # the consumed op forgets its graph (so a parked op holds nothing alive) and refuses reuse
+    assert op._g is None and repr(op) == "<launch of a CudaGraph (consumed)>"
+    with pytest.raises(do.UsageError, match="already consumed by sync_on"):
+        op.sync_on(s)
+    # an op still named is never handed out again
+    again = g.launch()
+    assert again is not op and op._used == "sync_on()" and again._used is None and again._g is g
+    again.sync_on(s)
+    first = id(again)
+    del op, again
+    # dropped: the next launch() of any graph reuses it, as a fresh op of that graph
+    op2 = g2.launch()
+    assert id(op2) == first and op2._g is g2 and op2._used is None
+    assert op2.sync_on(s) is g2.output and np.all(y.numpy() == 8) and (g.launches, g2.launches) == (2, 1)
+    # a graph whose replays ran natively is freed when its last name goes (no cycle through the
+    # parked op or context)
+    r = weakref.ref(g2)
+    del g2, op2, out
+    assert r() is None
+    r = weakref.ref(g)
+    del g
+    gc.collect()
+    assert r() is None
+
+
 # -- update ------------------------------------------------------------------------------------------
 def test_update_in_place_with_other_buffers(backend) -> None:
     x0, x, y = _data(1024)

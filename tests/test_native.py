@@ -115,3 +115,82 @@ def test_kernel_fronts_agree(backend, front):
     # the plan holds its tensors weakly: a new tensor at maybe the same address is validated again
     x2 = do.full(256, 1.0, do.float32).sync()
     assert type(front(yp, x2, 1.0)) is _elementwise.KernelCall
+
+
+@needs_native
+def test_native_lock_behaves_like_threading_lock():
+    import threading
+
+    Lock = _fast.native.Lock
+    for lock in (Lock(), Lock.__new__(Lock)):  # usable without __init__ too
+        assert lock.acquire() is True and lock.locked()
+        lock.release()
+        assert not lock.locked()
+        with pytest.raises(RuntimeError, match="unlocked"):
+            lock.release()
+    lock, count = Lock(), [0]
+
+    def bump() -> None:
+        for _ in range(20000):
+            with lock:
+                n = count[0]
+                count[0] = n + 1
+
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert count[0] == 80000 and not lock.locked()
+    # as threading.Lock: another thread may give it back
+    lock.acquire()
+    t = threading.Thread(target=lock.release)
+    t.start()
+    t.join(10)
+    assert not lock.locked() and lock.acquire()
+    lock.release()
+
+
+@needs_native
+def test_graph_base_fields():
+    import gc
+    import weakref
+
+    class G(_fast.native.GraphBase):
+        pass
+
+    g = G()
+    assert g._fast is None and g.launches == 0
+    g.launches += 2
+    assert g.launches == 2
+    regions = ((object(), 0, 8, True),)
+    good = ("be", 7, object(), 0x1234, regions, "out", [None, None])
+    g._fast = good
+    assert g._fast is good
+    bad = [
+        ("be", 7, None, 0x1234, regions, "out"),  # six items
+        ("be", "7", None, 0x1234, regions, "out", [None, None]),  # context not an int
+        ("be", 7, None, 0x1234, regions, "out", (None, None)),  # park not a list
+        ("be", 7, None, 0x1234, regions, "out", [None]),  # park of one
+        ("be", 7, None, 0x1234, ((object(), 0, 8),), "out", [None, None]),  # a region of three
+        ("be", 7, None, 0x1234, [regions[0]], "out", [None, None]),  # regions not a tuple
+        ("be", 7, None, 1 << 80, regions, "out", [None, None]),  # not a pointer
+        [1, 2, 3, 4, 5, 6, 7],
+    ]
+    for b in bad:
+        with pytest.raises((TypeError, OverflowError)):
+            g._fast = b
+        assert g._fast is good  # unchanged
+    g._fast = None
+    assert g._fast is None
+    g._fast = good
+    del g._fast
+    assert g._fast is None
+    with pytest.raises(TypeError):
+        g.launches = "many"
+    # the collector sees through _fast: a graph in its own view is collected
+    g._fast = (g, 7, None, 0, (), g, [g, None])
+    r = weakref.ref(g)
+    del g
+    gc.collect()
+    assert r() is None

@@ -106,6 +106,9 @@ class CudaEvent:
 class CudaStream:
     """A non-blocking CUDA stream of the pool."""
 
+    # slots: the native graph replay reads backend and handle_int at a fixed offset
+    __slots__ = ("backend", "index", "handle", "handle_int", "__weakref__")
+
     def __init__(self, backend: "CudaBackend", index: int) -> None:
         self.backend = backend
         self.index = index

@@ -153,6 +153,8 @@ class GraphLaunch(_ReplayBase, DeviceOp[T]):
         self._g = g
 
     def __repr__(self) -> str:
+        if self._g is None:  # a native replay drops the graph reference of the op it consumed
+            return "<launch of a CudaGraph (consumed)>"
         return f"<launch of {self._g!r}>"
 
     # the generic sync terminals, which ReplayBase's native sync/sync_on fall back to
