@@ -1323,6 +1323,8 @@ static PyObject *launch_maker, *s_generic_launch;
 
 static PyObject *set_launch_maker(PyObject *self, PyObject *maker) {
     Py_XSETREF(launch_maker, Py_NewRef(maker));
+    Py_CLEAR(spare_launch);  /* the free list holds ops of the old maker's type */
+    Py_CLEAR(launch_type);
     Py_RETURN_NONE;
 }
 

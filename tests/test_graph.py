@@ -506,6 +506,24 @@ def test_native_replay_reuses_a_dropped_launch_op(backend) -> None:
     del g
     gc.collect()
     assert r() is None
+    # a new launch maker empties the free list: launch() makes its own type from then on
+    from deviceop.device import _fast
+    from deviceop.graph._graph import GraphLaunch
+
+    class Traced(GraphLaunch):
+        __slots__ = ()
+
+    g3 = K.scale(y.partition((128,)), x, 5.0).graph()
+    g3.launch().sync_on(s)
+    try:
+        _fast.native.set_launch_maker(_fast.maker(Traced, ("_used", "_g"), Traced(None)))
+        first = g3.launch()
+        assert type(first) is Traced and first.sync_on(s) is g3.output and np.all(y.numpy() == 10)
+        del first
+        assert type(g3.launch()) is Traced
+    finally:
+        _fast.native.set_launch_maker(_fast.maker(GraphLaunch, ("_used", "_g"), GraphLaunch(None)))
+    assert type(g3.launch()) is GraphLaunch
 
 
 # -- update ------------------------------------------------------------------------------------------
