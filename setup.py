@@ -1,20 +1,60 @@
-"""Build the optional native module (deviceop._native); metadata lives in pyproject.toml.
+"""Build deviceop's compiled core (Cython); metadata lives in pyproject.toml.
 
-The module is optional: where no C compiler is available the install still succeeds and
-deviceop falls back to cuda.bindings for launches and to a watcher thread for wake-ups.
+The core is required: a source build needs a C compiler, Cython and cuda-bindings (whose
+``cydriver`` declarations the cuda backend's driver module is compiled against).
 """
 
+import glob
+import importlib.util
+import os
+import re
+
+from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+
+def _driver_headers() -> set[str]:
+    """The headers cuda-bindings' cydriver declarations include (they vary by its version)."""
+    spec = importlib.util.find_spec("cuda.bindings")
+    pxd = os.path.join(os.path.dirname(spec.origin), "cydriver.pxd") if spec and spec.origin else ""
+    if not os.path.exists(pxd):
+        raise SystemExit("deviceop's build needs cuda-bindings (its cydriver.pxd): pip install cuda-bindings")
+    return set(re.findall(r"cdef extern from ['\"]([\w./]+\.h)['\"]", open(pxd).read())) or {"cuda.h"}
+
+
+def _cuda_include() -> list[str]:
+    """A folder with those headers: $CUDA_HOME, the nvidia-cuda-runtime wheel, /usr/local/cuda."""
+    need = _driver_headers()
+    dirs = [os.path.join(os.environ[v], "include") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        dirs += sorted(glob.glob(os.path.join(root, "*", "include")))
+    dirs.append("/usr/local/cuda/include")
+    for d in dirs:
+        if all(os.path.exists(os.path.join(d, h)) for h in need):
+            return [d]
+    raise SystemExit(
+        f"deviceop's build needs the CUDA driver headers {sorted(need)}: install nvidia-cuda-runtime (pip) "
+        "or a CUDA toolkit (set CUDA_HOME)"
+    )
+
+
+_FLAGS = ["-O2", "-Wno-unused-function", "-Wno-unreachable-code"]
+
+extensions = [
+    Extension(f"deviceop._core.{m}", [f"deviceop/_core/{m}.pyx"], extra_compile_args=_FLAGS, libraries=["pthread"])
+    for m in ("_base", "_ledger", "_op", "_launch")
+] + [
+    Extension(
+        "deviceop.device._cuda_driver", ["deviceop/device/_cuda_driver.pyx"], extra_compile_args=_FLAGS,
+        include_dirs=_cuda_include(), language="c++",
+    ),
+]
+
 setup(
-    ext_modules=[
-        Extension(
-            "deviceop._native",
-            ["deviceop/_native.c", "deviceop/_native_objs.c"],
-            depends=["deviceop/_native.h"],
-            libraries=["dl", "pthread"],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
-            optional=True,
-        )
-    ]
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={"language_level": 3, "embedsignature": True, "binding": True},
+        quiet=True,
+    ),
 )

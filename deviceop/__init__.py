@@ -30,22 +30,15 @@ from .device import (
     set_host_chaos,
     use_backend,
 )
-from .device._dlpack import from_dlpack
 from .device._select import current as _current
 from .executors import DeviceFuture, poll_budget, set_poll_budget
+from .interop import from_dlpack
 from .ops import DeviceOp, empty, from_numpy, full, ones, to_numpy, value, zeros
 
 
 def streams() -> list:
     """The current device's stream pool."""
     return list(_current().streams)
-
-
-def native_enabled() -> bool:
-    """True if the native module (fast launches, GIL-free wake-ups) is built and enabled."""
-    from .device import _fast
-
-    return _fast.available()
 
 
 def used_bytes() -> int:
@@ -59,7 +52,7 @@ __all__ = [
     "DeviceOp", "DeviceFuture", "Tensor", "Partition", "DType",
     "float16", "bfloat16", "float32", "int32", "int64", "uint8",
     "value", "zeros", "ones", "full", "empty", "from_numpy", "to_numpy", "from_dlpack", "zip",
-    "backend_name", "use_backend", "next_stream", "streams", "used_bytes", "native_enabled",
+    "backend_name", "use_backend", "next_stream", "streams", "used_bytes",
     "set_borrow_policy", "borrow_policy", "set_host_chaos", "set_poll_budget", "poll_budget", "kernels", "graph",
     "DeviceOpError", "BackendError", "BorrowError", "CaptureError", "CompileError", "CudaError",
     "ShapeError", "DTypeError", "UsageError", "DeviceOpWarning",

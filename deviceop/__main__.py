@@ -19,7 +19,6 @@ def _info() -> int:
     print(f"driver:             {be.driver_version}")
     print(f"stream pool:        {len(be.streams)} streams")
     print(f"kernel cache:       {do.kernels.cache_dir()}")
-    print(f"native module:      {'yes' if do.native_enabled() else 'no (cuda.bindings launches, watcher wake-ups)'}")
     print(f"await poll budget:  {do.poll_budget() * 1e6:.0f} us")
     return 0
 

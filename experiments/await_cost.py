@@ -154,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     loops = [v for v in a.loops.split(",") if v]
-    doc: dict = {"experiment": "await_cost", "machine": machine_info(), "poll_budget_default_us": do.poll_budget() * 1e6,
-                 "native": do.native_enabled()}
+    doc: dict = {"experiment": "await_cost", "machine": machine_info(), "poll_budget_default_us": do.poll_budget() * 1e6}
     doc["paired_n1"] = [paired(lib, a.reps, a.inner, 20) for lib in loops]
     for p in doc["paired_n1"]:
         print(f"N=1 {p['loop']:<8} sync_on {p['sync_on_us']:.2f} us  await {p['await_us']:.2f} us  "

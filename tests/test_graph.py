@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import deviceop as do
-from deviceop.executors._context import CAPTURE
+from deviceop.device._capture import CAPTURE
 
 from helpers import slow_copy, slow_fill
 
@@ -353,21 +353,7 @@ def test_replay_orders_writers_on_other_streams(backend) -> None:
     fut2.result(timeout=30)
 
 
-@pytest.fixture(params=["native", "generic"])
-def replay_path(request):
-    """Sync replays through the native one-call path (cuda, where built), and the generic terminal."""
-    from deviceop.device import _fast
-
-    saved = _fast.REPLAY[0]
-    if request.param == "generic":
-        _fast.REPLAY[0] = None
-    try:
-        yield request.param
-    finally:
-        _fast.REPLAY[0] = saved
-
-
-def test_sync_replay_paths_agree(backend, replay_path) -> None:
+def test_sync_replays_release_the_ledger(backend) -> None:
     x0, x, y = _data(1024)
     g = _chain(y, x, 3).graph()
     s = do.streams()[-1]
@@ -381,7 +367,7 @@ def test_sync_replay_paths_agree(backend, replay_path) -> None:
     assert sc.graph.launch().sync() == ()
 
 
-def test_sync_replay_refusals(backend, replay_path) -> None:
+def test_sync_replay_refusals(backend) -> None:
     _, x, y = _data(256)
     g = K.scale(y.partition((128,)), x, 2.0).graph()
     op = g.launch()
@@ -400,7 +386,7 @@ def test_sync_replay_refusals(backend, replay_path) -> None:
     assert g.launches == 1
 
 
-def test_sync_replay_in_strict_mode_raises_and_releases(backend, replay_path) -> None:
+def test_sync_replay_in_strict_mode_raises_and_releases(backend) -> None:
     a, b = do.streams()[0], do.streams()[1]
     x = do.full(4096, 1.0, do.float32).sync()
     y = do.zeros(4096, do.float32).sync()
@@ -418,7 +404,7 @@ def test_sync_replay_in_strict_mode_raises_and_releases(backend, replay_path) ->
     assert np.all(y.numpy() == 6)
 
 
-def test_host_read_during_a_sync_replay_raises(backend, replay_path) -> None:
+def test_host_read_during_a_sync_replay_raises(backend) -> None:
     x = do.full(256, 5.0, do.float32).sync()
     y = do.zeros(256, do.float32).sync()
     g = slow_copy(y, x, 0.5).graph()
@@ -439,91 +425,24 @@ def test_host_read_during_a_sync_replay_raises(backend, replay_path) -> None:
     assert seen == ["borrow"] and np.all(y.numpy() == 5)
 
 
-def _native_replay(backend) -> None:
-    from deviceop.device import _fast
-
-    if backend != "cuda" or not _fast.REPLAY[0]:
-        pytest.skip("the native replay runs on the cuda backend with the native module built")
-
-
-def test_native_replay_reuses_its_context_unless_waited_on(backend) -> None:
-    _native_replay(backend)
-    a, b = do.streams()[0], do.streams()[1]
-    x = do.full(4096, 3.0, do.float32).sync()
-    y = do.zeros(4096, do.float32).sync()
-    g = slow_copy(y, x, 0.3).graph()
-    park = g._fast[6]
-    g.launch().sync_on(a)
-    cx0 = park[0]
-    assert cx0 is not None and cx0.done and cx0.buffers == [] and cx0.op is None
-    g.launch().sync_on(a)
-    assert park[0] is cx0  # reused, not rebuilt
-    # another execution waits on the replay in flight: that context is never reused
-    z = do.zeros(4096, do.float32).sync()
-    res = []
-    th = threading.Thread(target=lambda: (time.sleep(0.1), res.append(K.scale(z.partition((128,)), y, 2.0).sync_on(b))))
-    th.start()
-    g.launch().sync_on(a)
-    th.join(30)
-    assert res and np.all(z.numpy() == 6)  # ordered after the replay's write
-    assert cx0._waited_on and park[0] is not cx0
-    g.launch().sync_on(a)
-    assert park[0] is not None and park[0] is not cx0 and not park[0]._waited_on
-
-
-def test_native_replay_reuses_a_dropped_launch_op(backend) -> None:
+def test_a_replayed_graph_is_freed_with_its_last_name(backend) -> None:
     import gc
     import weakref
 
-    _native_replay(backend)
     s = do.streams()[0]
     x, y = do.full(1024, 2.0, do.float32).sync(), do.zeros(1024, do.float32).sync()
     g = K.scale(y.partition((128,)), x, 3.0).graph()
-    g2 = K.scale(y.partition((128,)), x, 4.0).graph()
     op = g.launch()
-    out = op.sync_on(s)
-    assert out is g.output and np.all(y.numpy() == 6)
-    # the consumed op forgets its graph (so a parked op holds nothing alive) and refuses reuse
-    assert op._g is None and repr(op) == "<launch of a CudaGraph (consumed)>"
+    assert op.sync_on(s) is g.output and np.all(y.numpy() == 6)
     with pytest.raises(do.UsageError, match="already consumed by sync_on"):
         op.sync_on(s)
-    # an op still named is never handed out again
-    again = g.launch()
-    assert again is not op and op._used == "sync_on()" and again._used is None and again._g is g
-    again.sync_on(s)
-    first = id(again)
-    del op, again
-    # dropped: the next launch() of any graph reuses it, as a fresh op of that graph
-    op2 = g2.launch()
-    assert id(op2) == first and op2._g is g2 and op2._used is None
-    assert op2.sync_on(s) is g2.output and np.all(y.numpy() == 8) and (g.launches, g2.launches) == (2, 1)
-    # a graph whose replays ran natively is freed when its last name goes (no cycle through the
-    # parked op or context)
-    r = weakref.ref(g2)
-    del g2, op2, out
-    assert r() is None
+    assert op.source is g and repr(op).startswith("<launch of <CudaGraph")
     r = weakref.ref(g)
     del g
+    assert r() is not None  # the consumed op still names it
+    del op
     gc.collect()
-    assert r() is None
-    # a new launch maker empties the free list: launch() makes its own type from then on
-    from deviceop.device import _fast
-    from deviceop.graph._graph import GraphLaunch
-
-    class Traced(GraphLaunch):
-        __slots__ = ()
-
-    g3 = K.scale(y.partition((128,)), x, 5.0).graph()
-    g3.launch().sync_on(s)
-    try:
-        _fast.native.set_launch_maker(_fast.maker(Traced, ("_used", "_g"), Traced(None)))
-        first = g3.launch()
-        assert type(first) is Traced and first.sync_on(s) is g3.output and np.all(y.numpy() == 10)
-        del first
-        assert type(g3.launch()) is Traced
-    finally:
-        _fast.native.set_launch_maker(_fast.maker(GraphLaunch, ("_used", "_g"), GraphLaunch(None)))
-    assert type(g3.launch()) is GraphLaunch
+    assert r() is None and x.buffer.accesses == [] and y.buffer.accesses == []
 
 
 # -- update ------------------------------------------------------------------------------------------

@@ -234,7 +234,7 @@ def test_the_ledger_lock_excludes_other_threads():
     import threading
     import time
 
-    from deviceop.device._ledger import LOCK
+    from deviceop._core._base import LOCK
 
     order = []
 
@@ -253,24 +253,21 @@ def test_the_ledger_lock_excludes_other_threads():
         LOCK.release()
 
 
-def test_native_release_is_the_twin_of_the_python_release():
-    # ledger_release (C, where built) and _release must leave the same access lists behind
-    from types import SimpleNamespace
+def test_release_drops_only_the_finished_executions_entries(backend):
+    # a finished execution's accesses go; another's in-flight accesses to the same buffers stay
+    from deviceop._core._base import LOCK
+    from deviceop._core._ledger import ExecutionContext, enqueue
 
-    from deviceop.device import _fast, _ledger
-
-    impls = [_ledger._release] + ([_fast.native.ledger_release] if _fast.available() else [])
-    for release in impls:
-        mine, other = SimpleNamespace(buffers=[]), SimpleNamespace(buffers=[])
-        b1 = SimpleNamespace(accesses=[[mine, 0, 8, True], [other, 0, 8, False], [mine, 8, 16, False]])
-        b2 = SimpleNamespace(accesses=[[mine, 0, 4, False]])
-        b3 = SimpleNamespace(accesses=[[other, 0, 4, True]])
-        mine.buffers = [b1, b2, b3, b1]  # a buffer may appear twice
-        release(mine)
-        assert b1.accesses == [[other, 0, 8, False]], release
-        assert b2.accesses == [] and b3.accesses == [[other, 0, 4, True]]
-        assert not _ledger.LOCK.locked()
-    if _fast.available():
-        with pytest.raises(AttributeError):
-            _fast.native.ledger_release(SimpleNamespace())  # no buffers: an error, and the lock is given back
-        assert not _ledger.LOCK.locked()
+    s0, s1 = do.streams()[0], do.streams()[-1]
+    b1 = do.zeros(16, do.float32).sync().buffer
+    b2 = do.zeros(16, do.float32).sync().buffer
+    mine, other = ExecutionContext(s0, "mine"), ExecutionContext(s1, "other")
+    enqueue(mine, ((b1, 0, 32, True), (b2, 0, 16, False), (b1, 32, 64, False)), None, "test")
+    enqueue(other, ((b1, 0, 32, False),), None, "test")  # ordered after mine's write (another stream)
+    assert len(b1.accesses) == 3 and len(b2.accesses) == 1
+    assert other._waited == (mine,)
+    mine.finish()
+    assert [a.execution for a in b1.accesses] == [other] and b2.accesses == []
+    assert mine.buffers == [] and mine.done
+    other.finish()
+    assert b1.accesses == [] and not LOCK.locked()

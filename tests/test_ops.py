@@ -245,19 +245,7 @@ def test_done_callback(backend):
     assert got == [3]
 
 
-@pytest.fixture(params=["native", "python"])
-def step_loop(request, monkeypatch):
-    """Run a test with the chain's native step loop and again with its Python twin."""
-    from deviceop.combinators import _chain
-
-    if request.param == "native" and _chain._STEPS is None:
-        pytest.skip("the native module is not built (or DEVICEOP_NATIVE=0)")
-    if request.param == "python":
-        monkeypatch.setattr(_chain, "_STEPS", None)
-    return request.param
-
-
-def test_step_loops_agree_on_then_map_inspect(backend, step_loop):
+def test_step_loop_runs_then_map_inspect(backend):
     seen = []
     t = do.zeros(256, do.float32).sync()
     op = do.value(t)
@@ -270,7 +258,7 @@ def test_step_loops_agree_on_then_map_inspect(backend, step_loop):
     assert len(seen) == 50 and all(isinstance(p, tuple) for p in seen)
 
 
-def test_step_loops_raise_the_same_usage_errors(backend, step_loop):
+def test_step_loop_raises_usage_errors(backend):
     with pytest.raises(do.UsageError, match=r"returned int, not a DeviceOp"):
         do.value(1).then(lambda x: x + 1).sync()
     used = do.value(5)
@@ -281,7 +269,7 @@ def test_step_loops_raise_the_same_usage_errors(backend, step_loop):
         do.value(0).map(lambda x: 1 / x).then(do.value).sync()
 
 
-def test_chained_kernels_with_changing_scalars_and_tensors(backend, step_loop):
+def test_chained_kernels_with_changing_scalars_and_tensors(backend):
     # the planned fast path must fall back when the scalar or the tensors differ from the last launch
     a, b = do.full(512, 1.0, do.float32).sync(), do.full(512, 1.0, do.float32).sync()
     pa, pb = a.partition((128,)), b.partition((128,))

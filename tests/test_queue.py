@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import deviceop as do
+from conftest import needs_gpu
 from deviceop.executors import ItemResult, QueueCancelled, ThreadedQueue, WorkQueue
 
 from helpers import slow_fill
@@ -199,6 +200,7 @@ def test_threaded_queue_errors_and_cancel(backend):
 
 def test_gemm_queue_results(backend):
     """The bimodal pattern in miniature: per-lane outputs, shared inputs, checked values."""
+    needs_gpu(backend, "cuBLAS")
     rng = np.random.default_rng(0)
     a = rng.standard_normal((32, 16)).astype(np.float32)
     b = rng.standard_normal((16, 24)).astype(np.float32)

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .._core._launch import run_steps
 from .._errors import UsageError
-from ..device import _fast
-from ..device._ledger import ENABLED as _LEDGER_ON
 from ..ops._base import DeviceOp
-
-# the step loop in C where the native module is built (the Python loop below is its twin)
-_STEPS = _fast.steps()
 
 __all__ = ["Chain", "chain"]
 
@@ -40,28 +36,11 @@ class Chain(DeviceOp[Any]):
         return Chain(self._src, steps)
 
     def _run(self, cx: Any) -> Any:
-        out = self._src._run(cx)
         steps = self._steps
-        if _STEPS is not None:
-            i, v = _STEPS(cx, out, steps, DeviceOp, _fast.PLANNED[0], _fast.RUN_PLANNED[0] is not None and _LEDGER_ON[0])
-            if i == len(steps):
-                return v
+        i, v = run_steps(cx, self._src._run(cx), steps, DeviceOp)
+        if i != len(steps):
             _not_an_op(steps[i][1], v)
-        for kind, f in steps:
-            if kind == "then":
-                nxt = f(out)
-                if not isinstance(nxt, DeviceOp):
-                    _not_an_op(f, nxt)
-                if nxt._used is None:
-                    nxt._used = ".then()"
-                else:
-                    nxt._take(".then()")  # raises: already consumed
-                out = nxt._run(cx)
-            elif kind == "map":
-                out = f(out)
-            else:
-                f(out)
-        return out
+        return v
 
 
 def _not_an_op(f: Any, v: Any) -> None:

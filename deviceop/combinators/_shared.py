@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from .._core._op import SHAREABLE
 from .._errors import CaptureError, UsageError
 from ..ops._base import DeviceOp
 
@@ -24,12 +25,10 @@ class Shared(DeviceOp[Any]):
     def __init__(self, src: DeviceOp[Any]) -> None:
         super().__init__()
         src._take(".shared()")
+        self._used = SHAREABLE  # every consumer may take it
         self._src: DeviceOp[Any] | None = src
         self._lock = threading.Lock()
         self._state: tuple[Any, ...] | None = None
-
-    def _take(self, by: str) -> None:
-        pass  # shareable: every consumer may use it
 
     def __repr__(self) -> str:
         return f"<Shared {'done' if self._state else 'pending'}>"

@@ -1,8 +1,8 @@
-"""The device layer: backends (cuda, host), buffers, tensors, partitions and the access ledger."""
+"""The device layer: backends (cuda, host), tensors and partitions, DLPack."""
 
-from ._buffer import Buffer
+from .._core._base import Buffer
+from .._core._ledger import borrow_policy, set_borrow_policy
 from ._host import set_host_chaos
-from ._ledger import borrow_policy, set_borrow_policy
 from ._select import DeviceOpWarning, backend_name, current, next_stream, use_backend
 from ._tensor import Partition, Tensor
 

@@ -8,50 +8,21 @@ for host copies. Driver calls release the GIL inside cuda.bindings.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Any
 
 import numpy as np
 
 from .._errors import BackendError, CudaError
-from . import _capture, _fast
-from ._buffer import Buffer
+from ._cuda_errors import _drv, check, cuda_error
+from ._cuda_graph import CudaGraphs
+from .._core._base import Buffer
+from . import _capture
+from . import _cuda_driver as _nd
 from ._capture import release
 
-__all__ = ["CudaBackend", "check"]
-
-try:
-    from cuda.bindings import driver as _drv
-except Exception:  # pragma: no cover - cuda-python is a dependency; kept for broken installs
-    _drv = None  # type: ignore[assignment]
-
-
-def _error_text(err: Any) -> tuple[str, str]:
-    try:
-        if type(err) is int:  # from the native paths
-            err = _drv.CUresult(err)
-        _, name = _drv.cuGetErrorName(err)
-        _, text = _drv.cuGetErrorString(err)
-        return name.decode(), text.decode()
-    except Exception:
-        return f"CUresult {int(err)}", "unknown error"
-
-
-def cuda_error(err: Any, call: str) -> CudaError:
-    """A CudaError carrying the driver's error name and explanation."""
-    name, text = _error_text(err)
-    return CudaError(f"{call} failed with {name}: {text}", name=name, code=int(err))
-
-
-def check(result: Any, call: str) -> Any:
-    """Unpack a cuda.bindings result tuple, raising CudaError on failure."""
-    err = result[0]
-    if err:
-        raise cuda_error(err, call)
-    if len(result) == 1:
-        return None
-    return result[1] if len(result) == 2 else result[1:]
-
+__all__ = ["CudaBackend", "CudaStream", "CudaEvent", "check", "cuda_error"]
 
 class CudaEvent:
     """A CUDA event (timing disabled; waits sleep rather than spin).
@@ -61,7 +32,7 @@ class CudaEvent:
     later record replaces an earlier one; waits already enqueued keep the record they saw).
     """
 
-    __slots__ = ("backend", "handle", "handle_int")
+    __slots__ = ("backend", "handle_int")
 
     _FLAGS = 0
     _FREE_MAX = 256
@@ -71,16 +42,21 @@ class CudaEvent:
         free = backend.free_events  # per backend: an event belongs to its device's context
         if free:
             try:
-                self.handle, self.handle_int = free.pop()
+                self.handle_int = free.pop()
                 return
             except IndexError:  # another thread took the last one
                 pass
-        self.handle = check(_drv.cuEventCreate(CudaEvent._FLAGS), "cuEventCreate")
-        self.handle_int = int(self.handle)
+        err, self.handle_int = _nd.event_create(CudaEvent._FLAGS)
+        if err:
+            raise cuda_error(err, "cuEventCreate")
+
+    @property
+    def handle(self) -> int:
+        """The CUevent, as an int."""
+        return self.handle_int  # type: ignore[no-any-return]
 
     def query(self) -> bool:
-        nd = _fast.DRIVER[0]
-        err = nd.event_query(self.handle_int) if nd is not None else _drv.cuEventQuery(self.handle)[0]
+        err = _nd.event_query(self.handle_int)
         if not err:
             return True
         if err == 600:  # CUDA_ERROR_NOT_READY
@@ -88,17 +64,19 @@ class CudaEvent:
         raise cuda_error(err, "cuEventQuery")
 
     def synchronize(self, timeout: float | None = None) -> bool:
-        check(_drv.cuEventSynchronize(self.handle), "cuEventSynchronize")
+        err = _nd.event_sync(self.handle_int)
+        if err:
+            raise cuda_error(err, "cuEventSynchronize")
         return True
 
     def __del__(self) -> None:
         try:
-            h = self.handle
+            h = self.handle_int
             free = self.backend.free_events
             if len(free) < CudaEvent._FREE_MAX and _capture.CAPTURE.scope is None:
-                free.append((h, self.handle_int))
+                free.append(h)
                 return
-            release(_drv.cuEventDestroy, h)
+            release(_nd.event_destroy, h)
         except Exception:  # creation failed, or interpreter shutdown
             pass
 
@@ -124,8 +102,7 @@ class CudaStream:
         return (0, self.handle_int)
 
     def synchronize(self) -> None:
-        nd = _fast.DRIVER[0]
-        err = nd.stream_sync(self.handle_int) if nd is not None else _drv.cuStreamSynchronize(self.handle)[0]
+        err = _nd.stream_sync(self.handle_int)
         if err:
             raise cuda_error(err, "cuStreamSynchronize")
 
@@ -138,22 +115,28 @@ class CudaStream:
         raise cuda_error(err, "cuStreamQuery")
 
     def record(self, event: CudaEvent) -> None:
-        nd = _fast.DRIVER[0]
-        err = nd.event_record(event.handle_int, self.handle_int) if nd is not None else _drv.cuEventRecord(event.handle, self.handle)[0]
+        err = _nd.event_record(event.handle_int, self.handle_int)
         if err:
             raise cuda_error(err, "cuEventRecord")
 
     def wait(self, event: CudaEvent) -> None:
-        err = _drv.cuStreamWaitEvent(self.handle, event.handle, 0)[0]
+        err = _nd.stream_wait(self.handle_int, event.handle_int)
         if err:
             raise cuda_error(err, "cuStreamWaitEvent")
 
+    def notify(self, channel: Any, token: int) -> None:
+        """Push ``token`` to ``channel`` once the stream reaches this point (no GIL, no CUDA call
+        on the driver's thread). A failure means the context is failing: the waiter's re-check
+        reports it, so it is not raised here."""
+        _nd.notify(channel, self.handle_int, token)
+
 
 class _PinnedPool:
-    """Reusable page-locked host buffers, by power-of-two size class."""
+    """Reusable page-locked host buffers, by power-of-two size class, each with its numpy view."""
 
     def __init__(self) -> None:
         self._free: dict[int, list[int]] = {}
+        self._views: dict[int, np.ndarray] = {}
         self._lock = threading.Lock()
 
     def acquire(self, nbytes: int) -> tuple[int, int]:
@@ -162,23 +145,27 @@ class _PinnedPool:
             lst = self._free.get(size)
             if lst:
                 return lst.pop(), size
-        return check(_drv.cuMemHostAlloc(size, 0), "cuMemHostAlloc"), size
+        ptr = int(check(_drv.cuMemHostAlloc(size, 0), "cuMemHostAlloc"))
+        view = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(ptr))
+        with self._lock:
+            self._views[ptr] = view
+        return ptr, size
+
+    def view(self, ptr: int, nbytes: int) -> np.ndarray:
+        """The first ``nbytes`` of the pinned block at ``ptr`` as a uint8 array."""
+        return self._views[ptr][:nbytes]
 
     def release(self, ptr: int, size: int) -> None:
         with self._lock:
             self._free.setdefault(size, []).append(ptr)
 
 
-def _host_view(ptr: int, nbytes: int) -> np.ndarray:
-    import ctypes
-
-    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
-
-
 class CudaBackend:
     """The CUDA driver backend for device ``ordinal``."""
 
     name = "cuda"
+    #: memory is CUDA device memory (exported through __cuda_array_interface__ and DLPack)
+    cuda_memory = True
 
     def __init__(self, pool_size: int = 4, ordinal: int = 0) -> None:
         if _drv is None:
@@ -221,15 +208,13 @@ class CudaBackend:
         )
         CudaEvent._FLAGS = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING) | int(_drv.CUevent_flags.CU_EVENT_BLOCKING_SYNC)
         self.pinned = _PinnedPool()
-        self.free_events: list[tuple[Any, int]] = []  # (handle, handle as int) of dropped events
+        self.free_events: list[int] = []  # handles of dropped events
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
         self._modules: dict[bytes, Any] = {}
         self._mod_lock = threading.Lock()
-        from ._cuda_graph import CudaGraphs
-
-        self.graphs = CudaGraphs(self)
-        # the native launch and host-function paths bind to the libcuda loaded above
-        self.native = _fast.enable_driver()
+        self.graphs = CudaGraphs(self, lambda: CudaStream(self, -1))
+        # the compiled core's entry points into the driver, for this context
+        self.driver = _nd.make_driver(int(self.context), cuda_error)
 
     # -- context -------------------------------------------------------------------------------
     def make_current(self) -> None:
@@ -246,6 +231,18 @@ class CudaBackend:
         if err and err != _drv.CUresult.CUDA_ERROR_NOT_READY:
             raise cuda_error(err, "context check")
 
+    # -- DLPack --------------------------------------------------------------------------------
+    def accepts_dlpack_device(self, dev: tuple[int, int]) -> bool:
+        """True for this device's DLPack device (kDLCUDA, ordinal)."""
+        return tuple(dev) == tuple(self.dlpack_device)
+
+    def foreign_wait(self, stream: Any, event: CudaEvent) -> None:
+        """Make a DLPack consumer's stream (a CUstream int; None, 1: legacy, 2: per-thread) wait on ``event``."""
+        handle = {None: int(_drv.CU_STREAM_LEGACY), 1: int(_drv.CU_STREAM_LEGACY), 2: int(_drv.CU_STREAM_PER_THREAD)}.get(stream, stream)
+        err = _nd.stream_wait(int(handle), event.handle_int)
+        if err:
+            raise cuda_error(err, "cuStreamWaitEvent (DLPack consumer stream)")
+
     # -- streams and events --------------------------------------------------------------------
     def new_stream(self, index: int) -> CudaStream:
         return CudaStream(self, index)
@@ -255,15 +252,15 @@ class CudaBackend:
 
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, nbytes: int, stream: CudaStream) -> Buffer:
-        err, ptr = _drv.cuMemAllocAsync(max(nbytes, 1), stream.handle)
+        err, ptr = _nd.mem_alloc_async(max(nbytes, 1), stream.handle_int)
         if err:
             raise cuda_error(err, f"cuMemAllocAsync({nbytes} bytes)")
-        return Buffer(self, int(ptr), nbytes, stream=stream)
+        return Buffer(self, ptr, nbytes, stream=stream)
 
     def free(self, buf: Buffer) -> None:
         self.make_current()
         stream = buf.last_stream if buf.last_stream is not None else self.streams[0]
-        release(_drv.cuMemFreeAsync, buf.ptr, stream.handle)
+        release(_nd.mem_free_async, buf.ptr, stream.handle_int)
 
     def used_bytes(self) -> int:
         """Bytes of the device memory pool currently handed out."""
@@ -274,17 +271,12 @@ class CudaBackend:
         return int(v)
 
     def memset(self, buf: Buffer, offset: int, nbytes: int, pattern: bytes, stream: CudaStream) -> None:
-        ptr = buf.ptr + offset
         k = len(pattern)
-        if k == 1:
-            r = _drv.cuMemsetD8Async(ptr, pattern[0], nbytes, stream.handle)
-        elif k == 2:
-            r = _drv.cuMemsetD16Async(ptr, int.from_bytes(pattern, "little"), nbytes // 2, stream.handle)
-        elif k == 4:
-            r = _drv.cuMemsetD32Async(ptr, int.from_bytes(pattern, "little"), nbytes // 4, stream.handle)
-        else:
+        if k not in (1, 2, 4):
             raise ValueError("memset pattern must be 1, 2 or 4 bytes")
-        check(r, "cuMemsetAsync")
+        err = _nd.memset_async(buf.ptr + offset, int.from_bytes(pattern, "little"), nbytes // k, k, stream.handle_int)
+        if err:
+            raise cuda_error(err, "cuMemsetAsync")
 
     def htod(self, buf: Buffer, offset: int, src: np.ndarray, stream: CudaStream, cx: Any) -> None:
         data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
@@ -292,8 +284,11 @@ class CudaBackend:
         if n == 0:
             return
         ptr, size = self.pinned.acquire(n)
-        np.copyto(_host_view(ptr, n), data)
-        check(_drv.cuMemcpyHtoDAsync(buf.ptr + offset, ptr, n, stream.handle), "cuMemcpyHtoDAsync")
+        np.copyto(self.pinned.view(ptr, n), data)
+        err = _nd.memcpy_htod_async(buf.ptr + offset, ptr, n, stream.handle_int)
+        if err:
+            self.pinned.release(ptr, size)
+            raise cuda_error(err, "cuMemcpyHtoDAsync")
         cx.on_done(lambda: self.pinned.release(ptr, size))
 
     def dtoh(self, buf: Buffer, offset: int, nbytes: int, stream: CudaStream, cx: Any) -> np.ndarray:
@@ -301,17 +296,22 @@ class CudaBackend:
         if nbytes == 0:
             return out
         ptr, size = self.pinned.acquire(nbytes)
-        check(_drv.cuMemcpyDtoHAsync(ptr, buf.ptr + offset, nbytes, stream.handle), "cuMemcpyDtoHAsync")
+        err = _nd.memcpy_dtoh_async(ptr, buf.ptr + offset, nbytes, stream.handle_int)
+        if err:
+            self.pinned.release(ptr, size)
+            raise cuda_error(err, "cuMemcpyDtoHAsync")
 
         def finish() -> None:
-            np.copyto(out, _host_view(ptr, nbytes))
+            np.copyto(out, self.pinned.view(ptr, nbytes))
             self.pinned.release(ptr, size)
 
         cx.on_done(finish)
         return out
 
     def dtod(self, dst: Buffer, doff: int, src: Buffer, soff: int, nbytes: int, stream: CudaStream) -> None:
-        check(_drv.cuMemcpyDtoDAsync(dst.ptr + doff, src.ptr + soff, nbytes, stream.handle), "cuMemcpyDtoDAsync")
+        err = _nd.memcpy_dtod_async(dst.ptr + doff, src.ptr + soff, nbytes, stream.handle_int)
+        if err:
+            raise cuda_error(err, "cuMemcpyDtoDAsync")
 
     # -- modules -------------------------------------------------------------------------------
     def load_function(self, cubin: bytes, name: str) -> Any:

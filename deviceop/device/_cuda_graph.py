@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import CaptureError
-from . import _fast
+from . import _cuda_driver as _nd
 from ._capture import StreamPool, release
-from ._cuda import _drv, check, cuda_error
+from ._cuda_errors import _drv, check, cuda_error
 
 __all__ = ["CudaGraphs"]
 
@@ -51,11 +51,10 @@ class _Exec:
 class CudaGraphs:
     """The cuda backend's graph operations, and a pool of private capture streams."""
 
-    def __init__(self, backend: Any) -> None:
-        from ._cuda import CudaStream
-
+    def __init__(self, backend: Any, new_stream: Any) -> None:
+        """``new_stream()`` makes a private stream for recordings."""
         self.backend = backend
-        pool = StreamPool(lambda: CudaStream(backend, -1))
+        pool = StreamPool(new_stream)
         self.acquire_stream, self.release_stream = pool.acquire, pool.release
         self._mode = _drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 
@@ -98,7 +97,6 @@ class CudaGraphs:
         raise cuda_error(err, "cuGraphExecUpdate")
 
     def launch(self, ex: _Exec, stream: Any) -> None:
-        nd = _fast.DRIVER[0]
-        err = nd.graph_launch(ex.handle_int, stream.handle_int) if nd is not None else _drv.cuGraphLaunch(ex.handle, stream.handle)[0]
+        err = _nd.graph_launch(ex.handle_int, stream.handle_int)
         if err:
             raise cuda_error(err, "cuGraphLaunch")

@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._errors import CudaError
-from ._buffer import Buffer
+from .._core._base import Buffer
+from .._errors import CudaError, DTypeError
 
 __all__ = ["HostBackend", "set_host_chaos"]
 
@@ -122,6 +122,10 @@ class HostStream:
         if not flag.is_set():
             self.enqueue(flag.wait, always=True)
 
+    def notify(self, channel: Any, token: int) -> None:
+        """Push ``token`` to ``channel`` once the stream reaches this point (a host function)."""
+        self.launch_host_func(lambda: channel.push(token))
+
     def launch_host_func(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` on the callback thread once prior work is done; the stream waits for it."""
         be = self.backend
@@ -194,6 +198,10 @@ class HostBackend:
     """The emulated device (see module docstring)."""
 
     name = "host"
+    #: no driver entry points: the core enqueues host work through this backend's streams
+    driver = None
+    #: memory is host memory (no __cuda_array_interface__, DLPack as numpy)
+    cuda_memory = False
     device_label = "host"
     dlpack_device = (1, 0)  # kDLCPU
     device_name = "host (emulated device)"
@@ -240,6 +248,21 @@ class HostBackend:
 
     def make_current(self) -> None:
         """Nothing to do on the host; present for symmetry with the cuda backend."""
+
+    # -- DLPack --------------------------------------------------------------------------------
+    def accepts_dlpack_device(self, dev: tuple[int, int]) -> bool:
+        """True for DLPack devices whose memory this backend can address (CPU, CUDA host)."""
+        return dev[0] in (1, 3)
+
+    def dlpack_host(self, t: Any) -> Any:
+        """A DLPack capsule of host-backend tensor ``t`` (numpy's)."""
+        if t.dtype.name == "bfloat16":
+            raise DTypeError(
+                "a bfloat16 tensor on the host backend cannot be exported through DLPack (numpy has no "
+                "bfloat16 DLPack type); use t.numpy(), which returns an ml_dtypes.bfloat16 array"
+            )
+        b = t.buffer
+        return self.array(b, t.offset, t.shape, t.strides, t.dtype.np_dtype).__dlpack__()
 
     # -- streams and events --------------------------------------------------------------------
     def new_stream(self, index: int) -> HostStream:

@@ -7,12 +7,15 @@ from typing import Any
 
 import numpy as np
 
+from .._core._base import Buffer
+from .._core._ledger import in_flight
 from .._dtypes import DType
 from .._errors import BorrowError, DTypeError, ShapeError
-from . import _ledger
-from ._buffer import Buffer
 
-__all__ = ["Tensor", "Partition", "as_shape"]
+__all__ = ["Tensor", "Partition", "as_shape", "HOOKS"]
+
+#: set by higher layers when imported: "to_numpy" (ops), "dlpack_export" (_dlpack)
+HOOKS: dict[str, Any] = {}
 
 
 def as_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
@@ -45,7 +48,7 @@ class Tensor:
     host access (``numpy()``) raises :class:`BorrowError`.
     """
 
-    __slots__ = ("buffer", "offset", "shape", "strides", "dtype", "size", "_span", "__weakref__")
+    __slots__ = ("buffer", "offset", "shape", "strides", "dtype", "size", "addr", "_span", "_key", "__weakref__")
 
     def __init__(
         self, buffer: Buffer, shape: tuple[int, ...], dtype: DType,
@@ -57,6 +60,10 @@ class Tensor:
         self.strides = _contig_strides(shape) if strides is None else strides
         self.offset = offset
         self.size = math.prod(shape)
+        self.addr = buffer.ptr + offset
+        # what launch plans are keyed by: everything about the layout but the address itself
+        # (its alignment decides vectorized access); the backend decides the device
+        self._key = (buffer.backend, self.shape, self.strides, dtype, self.addr % 16)
         if self.size == 0:
             self._span = (offset, offset)
         else:
@@ -84,7 +91,7 @@ class Tensor:
     @property
     def ptr(self) -> int:
         """Address of the first element (host backend: address in host memory)."""
-        return self.buffer.ptr + self.offset
+        return self.addr  # type: ignore[no-any-return]
 
     @property
     def span(self) -> tuple[int, int]:
@@ -174,7 +181,7 @@ class Tensor:
     # ---- host access ----------------------------------------------------------------------
     def check_host_access(self, verb: str = "read") -> None:
         """Raise BorrowError if work that touches this tensor's memory is still in flight."""
-        ex = _ledger.in_flight(self.buffer, *self._span)
+        ex = in_flight(self.buffer, *self._span)
         if ex is not None:
             raise BorrowError(
                 f"cannot {verb} {self!r} from the host: {ex.describe()} that uses it is still in "
@@ -185,21 +192,19 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """Copy to a new numpy array (blocking). Raises BorrowError while the tensor is in flight."""
         self.check_host_access()
-        from ..ops._transfer import to_numpy
-
-        return to_numpy(self).sync()
+        return HOOKS["to_numpy"](self).sync()  # type: ignore[no-any-return]
 
     # ---- interop --------------------------------------------------------------------------
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        if self.buffer.backend.name != "cuda":
+        if not self.buffer.backend.cuda_memory:
             raise AttributeError("__cuda_array_interface__ exists only for tensors on the cuda backend")
         if self.dtype.name == "bfloat16":
             raise DTypeError(
                 "__cuda_array_interface__ has no bfloat16 type; use DLPack (torch.from_dlpack(t))"
             )
         it = self.dtype.itemsize
-        ex = _ledger.in_flight(self.buffer, *self._span)
+        ex = in_flight(self.buffer, *self._span)
         return {
             "shape": self.shape,
             "typestr": self.dtype.np_dtype.str,
@@ -211,9 +216,7 @@ class Tensor:
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
                    copy: Any = None) -> Any:
-        from ._dlpack import export
-
-        return export(self, stream)
+        return HOOKS["dlpack_export"](self, stream)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.buffer.backend.dlpack_device

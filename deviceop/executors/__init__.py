@@ -1,8 +1,9 @@
 """Executors: execution contexts, the stream pool, terminals, futures, the await path and work
 queues (``WorkQueue``: S streams from one host thread; ``ThreadedQueue``: a thread per stream)."""
 
+from .._core._ledger import ExecutionContext
+from . import _terminals  # noqa: F401 - registers submit() with DeviceOp
 from ._await import poll_budget, set_poll_budget
-from ._context import ExecutionContext
 from ._future import DeviceFuture
 
 __all__ = [

@@ -17,9 +17,11 @@ from __future__ import annotations
 import time
 from typing import Any, Awaitable, Callable
 
+from .._core._op import HOOKS, as_stream, refuse_in_capture
 from .._errors import UsageError
+from . import _future
 from ._future import DeviceFuture, watch
-from ._terminals import _start
+from ._terminals import start
 from ._wake import arm, current_lib, dispatcher
 
 __all__ = ["await_op", "await_future", "set_poll_budget", "poll_budget"]
@@ -130,7 +132,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     ``poll``: seconds to poll before parking (default: the global poll budget).
     """
     timeout = _check_timeout(timeout)
-    cx, out = _start(op, stream, label)
+    cx, out = start(op, stream, label)
     ev = cx.seal()
     deadline = None if timeout is None else time.perf_counter() + timeout
     try:
@@ -154,3 +156,16 @@ async def await_future(fut: DeviceFuture[Any], timeout: float | None = None) -> 
 
     await _wait(fut.done, arm_fut, deadline, f"submitted work ({fut._cx.describe()})", timeout)
     return fut.result(0)
+
+
+def wait(op: Any, timeout: float | None = None, stream: Any = None) -> Any:
+    """``op.wait(timeout=, stream=)``: the coroutine of ``await op`` (checks first, then consumes)."""
+    refuse_in_capture(f"await {op!r}")
+    _check_timeout(timeout)
+    s = as_stream(stream)
+    op._take("await")
+    return await_op(op, s, "await", timeout)
+
+
+HOOKS["await"] = wait
+_future.HOOKS["await_future"] = await_future

@@ -6,6 +6,7 @@ import queue
 import threading
 from typing import Any, Callable, Coroutine, Generator, Generic, TypeVar
 
+from .._core._op import refuse_in_capture
 from .._errors import CudaError
 
 __all__ = ["DeviceFuture"]
@@ -13,6 +14,9 @@ __all__ = ["DeviceFuture"]
 T = TypeVar("T")
 
 _PENDING = object()
+
+#: set by _await when imported: "await_future" (it imports this module, not the reverse)
+HOOKS: dict[str, Any] = {}
 
 
 class DeviceFuture(Generic[T]):
@@ -41,8 +45,6 @@ class DeviceFuture(Generic[T]):
     def result(self, timeout: float | None = None) -> T:
         """Wait for completion and return the output; raise its error if it failed."""
         if not self._event.is_set():
-            from ._context import refuse_in_capture
-
             refuse_in_capture("DeviceFuture.result()")
         if not self._event.wait(timeout):
             raise TimeoutError(
@@ -73,12 +75,8 @@ class DeviceFuture(Generic[T]):
 
     def wait(self, timeout: float | None = None) -> "Coroutine[Any, Any, T]":
         """``await future.wait(timeout=s)``: raise ``TimeoutError`` if not complete in time (the work keeps running)."""
-        from ._await import _check_timeout, await_future
-        from ._context import refuse_in_capture
-
         refuse_in_capture("await DeviceFuture")
-        _check_timeout(timeout)
-        return await_future(self, timeout)
+        return HOOKS["await_future"](self, timeout)  # type: ignore[no-any-return]
 
     def _complete(self, error: BaseException | None) -> None:
         if error is not None:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .._core._op import as_stream
 from .._errors import DeviceOpError, UsageError
 from ..ops._base import DeviceOp  # the queues load on first use, after deviceop.ops
 
@@ -129,7 +130,6 @@ def resolve(item: Any, lane: int) -> Any:
 def lanes_of(streams: "int | Sequence[Any] | None") -> list[Any]:
     """The streams a queue drives: a count (the first n of the pool, made larger if needed) or a list."""
     from ..device import current
-    from ._terminals import as_stream
 
     if streams is None:
         return list(current().streams)

@@ -1,30 +1,17 @@
-"""The terminals that drive an op: sync_on (and sync), submit."""
+"""The asynchronous terminals: submit and the start of an await (``sync`` lives in the core)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .._errors import UsageError
-from ._context import ExecutionContext, refuse_in_capture
+from .._core._ledger import ExecutionContext
+from .._core._op import HOOKS, as_stream, refuse_in_capture
 from ._future import DeviceFuture, watch
 
-__all__ = ["run_sync", "run_submit", "as_stream"]
+__all__ = ["start", "run_submit", "submit"]
 
 
-def as_stream(stream: Any) -> Any:
-    """Accept a deviceop pool stream; reject anything else with a clear message."""
-    if stream is None:
-        from ..device import next_stream
-
-        return next_stream()
-    if hasattr(stream, "backend") and hasattr(stream, "synchronize") and hasattr(stream, "record"):
-        return stream
-    raise UsageError(
-        f"{stream!r} is not a deviceop stream; pass one from do.next_stream() or do.streams()"
-    )
-
-
-def _start(op: Any, stream: Any, label: str) -> tuple[ExecutionContext, Any]:
+def start(op: Any, stream: Any, label: str) -> tuple[ExecutionContext, Any]:
     """Enqueue ``op`` on ``stream``; on failure wait for what was enqueued, then release it."""
     refuse_in_capture(f"{op!r}.{label}")
     stream.backend.make_current()
@@ -40,21 +27,19 @@ def _start(op: Any, stream: Any, label: str) -> tuple[ExecutionContext, Any]:
         raise
 
 
-def run_sync(op: Any, stream: Any, label: str) -> Any:
-    """Execute ``op`` on ``stream``, wait for the stream, return the output."""
-    cx, out = _start(op, stream, label)
-    try:
-        stream.synchronize()
-    except BaseException:
-        cx.finish(ok=False)
-        raise
-    cx.finish()
-    return out
-
-
 def run_submit(op: Any, stream: Any, label: str) -> DeviceFuture[Any]:
     """Execute ``op`` on ``stream`` without waiting; return a future for its output."""
-    cx, out = _start(op, stream, label)
+    cx, out = start(op, stream, label)
     fut: DeviceFuture[Any] = DeviceFuture(cx, out)
     watch(stream, cx.seal(), cx, fut)
     return fut
+
+
+def submit(op: Any, stream: Any = None) -> DeviceFuture[Any]:
+    """``op.submit(stream=None)``: run on ``stream`` (default: the next pool stream) without waiting."""
+    s = as_stream(stream)
+    op._take("submit()")
+    return run_submit(op, s, "submit()")
+
+
+HOOKS["submit"] = submit

@@ -13,7 +13,7 @@ from .._errors import UsageError
 from ._queue_stats import (
     ItemResult, QueueStats, Recorder, check_batch, check_capacity, lanes_of, resolve, settle, start_batch, take_batch,
 )
-from ._terminals import run_sync
+from .._core._op import run_sync
 
 __all__ = ["ThreadedQueue"]
 

@@ -1,9 +1,9 @@
 """Wake-ups for parked awaits: one channel per event loop, woken by host functions.
 
-A parked await registers a token with its loop's dispatcher and arms a notification: on cuda a
-native host function (``cuLaunchHostFunc``; no GIL, no CUDA call on the driver's thread) that
-pushes the token and writes the channel's eventfd; on the host backend a host function on its
-callback thread; without the native module, the stream's watcher thread. The loop watches the
+A parked await registers a token with its loop's dispatcher and arms a notification through
+its stream (``stream.notify``): on cuda a compiled host function (``cuLaunchHostFunc``; no GIL,
+no CUDA call on the driver's thread) that pushes the token and writes the channel's eventfd; on
+the host backend a host function on its callback thread. The loop watches the
 fd (asyncio/uvloop: ``add_reader``; trio: a system task in ``wait_readable``) and sets the
 awaiting task's event. Only this installation differs between event-loop libraries; the
 await path itself is one anyio code path.
@@ -16,9 +16,8 @@ import sys
 import threading
 from typing import Any
 
+from .._core._base import Channel
 from .._errors import UsageError
-from ..device import _fast
-from ._future import watch
 
 __all__ = ["dispatcher", "arm", "Dispatcher", "current_lib"]
 
@@ -44,7 +43,7 @@ class Dispatcher:
     """Tokens to waiters for one event loop; ``dispatch`` runs on that loop's thread."""
 
     def __init__(self) -> None:
-        self.channel = _fast.Channel()
+        self.channel = Channel()
         self.waiters: dict[int, Any] = {}
         self._seq = itertools.count(1)
         self.wakeups = 0
@@ -114,16 +113,8 @@ async def _trio_pump(d: Dispatcher, token: Any) -> None:
 
 def arm(d: Dispatcher, tok: int, stream: Any, event: Any) -> None:
     """Push ``tok`` to ``d`` once ``stream`` passes ``event`` (recorded on it)."""
-    be = stream.backend
-    if be.name == "cuda" and _fast.NOTIFY[0] and type(d.channel) is not _fast._PyChannel:
-        # a non-zero result means the context is failing: the parked re-check reports it
-        d.channel.notify(stream.handle_int, tok)
-        return
-    ch = d.channel
-    if be.name == "host":
-        stream.launch_host_func(lambda: ch.push(tok))
-    else:
-        watch(stream, event, then=lambda: ch.push(tok))
+    # a failure to arm means the context is failing: the parked re-check reports it
+    stream.notify(d.channel, tok)
 
 
 def stats() -> dict[str, int]:

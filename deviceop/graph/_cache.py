@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from .._errors import CaptureError, ShapeError, UsageError
-from ..device import _ledger
+from .._core._ledger import enqueue
 from ..device._tensor import Tensor
 from ..ops._base import DeviceOp
 from ..ops._leaf import new_tensor
@@ -160,21 +160,25 @@ class GraphCache:
             st["padded_rows"] += b - n
         inp = e.inp
         row = inp.nbytes // b
-        touch = _ledger.touch
         be = cx.backend
-        with _ledger.LOCK:
-            touch(cx, x.buffer, *x._span, False, "GraphCache input copy")
-            touch(cx, inp.buffer, 0, inp.nbytes, True, "GraphCache input copy")
+
+        def copy_in() -> None:
             be.dtod(inp.buffer, 0, x.buffer, x._span[0], n * row, cx.stream)
             if n < b:
                 be.memset(inp.buffer, n * row, (b - n) * row, b"\0", cx.stream)
+
+        enqueue(cx, ((x.buffer, *x._span, False), (inp.buffer, 0, inp.nbytes, True)), copy_in, "GraphCache input copy")
         out = e.graph.launch()._run(cx)[:n]
         if not self._copy_out:
             return out  # type: ignore[no-any-return]
-        res = new_tensor(cx, out.shape, out.dtype, "GraphCache output copy")
-        with _ledger.LOCK:
-            touch(cx, out.buffer, *out._span, False, "GraphCache output copy")
+
+        def copy_out(res: Tensor) -> None:
             be.dtod(res.buffer, 0, out.buffer, out._span[0], res.nbytes, cx.stream)
+
+        # the copy reads the graph's output: registered with the new tensor's write, in one enqueue
+        res = new_tensor(cx, out.shape, out.dtype, "GraphCache output copy")
+        enqueue(cx, ((out.buffer, *out._span, False), (res.buffer, 0, res.nbytes, True)), lambda: copy_out(res),
+                "GraphCache output copy")
         return res
 
 

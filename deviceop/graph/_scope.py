@@ -5,12 +5,14 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, TypeVar
 
+from .._core._ledger import ExecutionContext
+from .._core._op import HOOKS, as_stream
 from .._errors import CaptureError, UsageError
 from ..device import _capture
+from ..device._capture import CAPTURE
 from ..device._select import current
-from ..executors._context import CAPTURE, ExecutionContext
-from ..executors._terminals import as_stream
 from ..ops._base import DeviceOp
+from . import _graph
 from ._graph import CudaGraph, Recording
 
 __all__ = ["GraphScope", "scope", "capture"]
@@ -166,3 +168,7 @@ def capture(op: "DeviceOp[T]", stream: Any = None) -> "CudaGraph[T]":
     with scope(stream) as s:
         s.record(op)
     return s.graph
+
+
+HOOKS["graph"] = capture
+_graph.HOOKS["scope"] = scope

@@ -88,14 +88,9 @@ class LtPlan:
         self.algo = result.ptr  # cublasLtMatmulHeuristicResult_t starts with its algo
 
 
-def _align(ptr: int) -> int:
-    return min(256, ptr & -ptr) if ptr else 256
-
-
 def lt_plan(g: Any, cuda_type: int, compute: int) -> "LtPlan | None":
     """The plan for geometry ``g`` (see _gemm), or None if cuBLASLt offers no algorithm."""
-    key = (cuda_type, compute, g.m, g.n, g.k, g.op_a, g.op_b, g.ld_a, g.ld_b, g.ld_c,
-           _align(g.ptr_a), _align(g.ptr_b), _align(g.ptr_c))
+    key = (cuda_type, compute, g.m, g.n, g.k, g.op_a, g.op_b, g.ld_a, g.ld_b, g.ld_c, g.al_a, g.al_b, g.al_c)
     if key in _plans:
         return _plans[key]
     lt_handle()  # before the plan lock

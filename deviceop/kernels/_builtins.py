@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ..device._select import current
+
 from ._elementwise import DTYPES, ELEMENTWISE, PRELUDE, SFX
-from ._kernel import CompiledFunctions, Kernel
+from ._kernel import Kernel
+from ._library import FUNCS
 from ._rowwise import ROW_PRELUDE, ROWWISE
 
 __all__ = ["BUILTINS", "BUILTIN_SOURCE", "FUNCS", "compile_builtins", "builtin_names", "warmup"]
 
 BUILTINS = (*ELEMENTWISE, *ROWWISE)
 BUILTIN_SOURCE = PRELUDE + ROW_PRELUDE + "\n".join(k.source() for k in BUILTINS)
-FUNCS = CompiledFunctions(BUILTIN_SOURCE, "builtins")
+FUNCS.source = BUILTIN_SOURCE
 
 
 def compile_builtins(arch: str = "sm_90") -> bytes:
@@ -39,22 +42,19 @@ def warmup(kernels: Iterable[Kernel] = (), builtins: bool = True) -> dict[str, i
     how many were prepared. On the host backend only compiling for ``sm_90`` is checked when an
     NVRTC is present; nothing needs loading.
     """
-    from ..device._select import current
-
     be = current()
     ks = list(kernels)
     for k in ks:
         if not isinstance(k, Kernel):
             raise TypeError(f"warmup() takes deviceop Kernel objects, got {type(k).__name__}")
     done = {"builtins": 0, "kernels": 0}
-    if be.name == "cuda":
+    if be.driver is not None:  # a backend that loads kernels
         if builtins:
-            for k in BUILTINS:
-                for d in DTYPES:
-                    FUNCS.get(be, f"{k.name}_{SFX[d.name]}", k._ctypes)
+            for name in builtin_names():
+                FUNCS.get(be, name)
             done["builtins"] = len(BUILTINS) * len(DTYPES)
         for k in ks:
-            k.functions.get(be, k.name, k._ctypes)
+            k.functions.get(be, k.name)
             done["kernels"] += 1
         return done
     if builtins:

@@ -13,23 +13,21 @@ element; otherwise (views of different alignment) every access is one element.
 
 from __future__ import annotations
 
-import ctypes
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from .._dtypes import bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
-from ..device._select import _state as _SELECTED
-from ..device._select import current
 from ..device._tensor import Partition, Tensor
-from ..ops._base import DeviceOp
 from ._kernel import check_scalar, check_tensor
-from ..device import _fast
-from ..device._fast import RUN_PLANNED as _RUN_PLANNED
-from ..device._ledger import ENABLED as _LEDGER_ON
-from ._launch import CudaPlan, KernelCall, _raise_launch_error, host_array, launch_cuda, launch_host, same, weak
+from ._library import FUNCS
+from .._core._launch import BuiltinFront, KernelPlan, planned
+from ._launch import (
+    SRC_FIXED, SRC_SCALAR, SRC_TENSOR, T_F32, T_I32, T_I64, T_PTR, KernelCall, LaunchPlan, PlanCache, has_op,
+    host_array, launch, launch_host,
+)
 
 __all__ = ["Elementwise", "ELEMENTWISE", "PRELUDE", "SFX", "DTYPES", "host_fn"]
 
@@ -71,36 +69,13 @@ __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); 
 """
 
 
-class _PyFront:
-    """The pure-Python twin of ``_native.KernelFront`` (kernel families whose call is the launch path)."""
-
-    _plan: "_Plan | None"
-    _n: int
-    _n_t: int
-
-    def __call__(self, *args: Any) -> KernelCall:
-        p = self._plan
-        if p is not None and len(args) == self._n and p.be is _SELECTED["backend"]:
-            # the launch path: the same tensors as last time (validated then), a plain float
-            # scalar (built-ins take at most 3 tensors and 1 scalar; unrolled, as this runs per op)
-            r, nt = p.refs, self._n_t
-            if (r[0]() is args[0] and (nt < 2 or r[1]() is args[1]) and (nt < 3 or r[2]() is args[2])
-                    and (nt == self._n or type(args[nt]) is float)):
-                return _PlannedCall(self, args, p)  # type: ignore[arg-type]
-        return self._call_slow(args)  # type: ignore[attr-defined,no-any-return]
-
-
-if TYPE_CHECKING or not _fast.available():
-    _Front = _PyFront
-else:  # the same checks in C, and the op built without running __init__ (the per-op cost)
-    _Front = _fast.native.KernelFront
-
-
-class Elementwise(_Front):
+class Elementwise(BuiltinFront):
     """A built-in elementwise kernel family: ``op(out_partition, *inputs, *scalars)``.
 
-    Calling it checks the arguments and returns the kernel call op. A call with the tensors of
-    the previous call (the loop of a service) reuses that call's validation and launch plan.
+    Calling it checks the arguments and returns the kernel call op. Launch plans are kept per
+    argument layout (tile, shapes, strides, dtype, alignment, device): a call on fresh tensors
+    of a known shape reuses the plan and only the addresses change (the call itself is
+    compiled: ``deviceop._core._launch.BuiltinFront``).
     """
 
     def __init__(self, name: str, n_in: int, n_scalar: int, body: str, host: Callable[..., Any], doc: str) -> None:
@@ -110,16 +85,14 @@ class Elementwise(_Front):
         self.body = body
         self.host_impl = host
         self.__doc__ = doc
-        self._ctypes = [ctypes.c_uint64] * (1 + n_in) + [ctypes.c_float] * n_scalar + [ctypes.c_int64, ctypes.c_int32]
-        # the last validated and planned arguments (held by weak reference)
-        self._plan: _Plan | None = None
+        self.plans = PlanCache()
+        self.n_args = 1 + n_in + n_scalar
+        self.n_tensors = 1 + n_in
         self._writes = (True,) + (False,) * n_in
-        self._n = 1 + n_in + n_scalar
-        self._n_t = 1 + n_in
-        self._make_call = _MAKE_CALL  # (the native front builds its planned calls with these)
-        self._selected = _SELECTED
-        if n_in > 2 or n_scalar > 1:  # the unrolled check in __call__ covers these
-            raise ValueError(f"built-in {name}: at most 2 inputs and 1 scalar")
+        # parameter layout: out and inputs (pointers), scalars (float32), tile (int64), vec (int32)
+        self._layout = tuple((SRC_TENSOR, i, T_PTR, 0) for i in range(1 + n_in)) + tuple(
+            (SRC_SCALAR, i, T_F32, 0) for i in range(n_scalar)
+        )
 
     def __repr__(self) -> str:
         return f"<built-in kernel {self.name}>"
@@ -168,33 +141,31 @@ class Elementwise(_Front):
             )
         return "\n".join(out)
 
-    def _call_slow(self, args: tuple[Any, ...]) -> KernelCall:
-        n = self._n
+    def _call_slow(self, args: tuple[Any, ...]) -> Any:
+        n = self.n_args
         if len(args) != n:
             raise UsageError(
                 f"do.kernels.{self.name}() takes {n} arguments (out partition, {self.n_in} input tensor(s), "
                 f"{self.n_scalar} scalar(s)), got {len(args)}"
             )
-        for a in args:
-            if isinstance(a, DeviceOp):
-                return KernelCall(self, args, None, True)
-        # validate (bad input fails here, before any GPU work) and plan the launch, once per
-        # distinct set of tensor arguments
-        p = self._plan
-        be = current()
-        if p is None or p.be is not be or not same(p.refs, args):
-            self._check_tensors(args)
-            p = self._plan = self._make_plan(be, args)
-        for i in range(1 + self.n_in, n):
-            if type(args[i]) is not float:
-                check_scalar(args[i], float32, f"scalar {i - 1 - self.n_in} of {self.name}()")
-        return KernelCall(self, args, None, False, p)
+        if has_op(args):
+            return KernelCall(self, args, None, True)
+        nt = self.n_tensors
+        scalars = tuple(check_scalar(args[i], float32, f"scalar {i - nt} of {self.name}()") for i in range(nt, n))
+        args = args[:nt] + scalars
+        return planned(self, args, self.plan(args, None), nt)
 
-    def check(self, args: tuple[Any, ...], opts: Any) -> None:
-        """Validate arguments produced by ops (at run time, before the launch)."""
+    def plan(self, args: tuple[Any, ...], opts: Any) -> KernelPlan:
+        """Validate ``args`` and return their launch plan (made once per argument layout)."""
         self._check_tensors(args)
-        for i in range(1 + self.n_in, len(args)):
-            check_scalar(args[i], float32, f"scalar {i - 1 - self.n_in} of {self.name}()")
+        for i in range(self.n_tensors, len(args)):
+            check_scalar(args[i], float32, f"scalar {i - self.n_tensors} of {self.name}()")
+        out = args[0]
+        key = (out.tile, out.tensor._key, *(a._key for a in args[1 : self.n_tensors]))
+        p = self.plans.get(key)
+        if p is None:
+            p = self.plans.put(key, self._make_plan(args))
+        return p  # type: ignore[no-any-return]
 
     def _check_tensors(self, args: tuple[Any, ...]) -> None:
         out = args[0]
@@ -212,6 +183,7 @@ class Elementwise(_Front):
                 f"{self.name}(): tile {out.tile} of shape {t.shape} is not contiguous in memory; elementwise "
                 f"built-ins need tiles spanning the trailing dimensions, e.g. tile {(out.tile[0],) + t.shape[1:]}"
             )
+        be = t.buffer.backend
         for i in range(self.n_in):
             x = args[1 + i]
             if type(x) is Partition:
@@ -219,100 +191,44 @@ class Elementwise(_Front):
             check_tensor(x, t.dtype, f"input {i} of {self.name}()")
             if x.shape != t.shape:
                 raise ShapeError(f"input {i} of {self.name}() has shape {x.shape} but the output has shape {t.shape}")
+            if x.buffer.backend is not be:
+                raise UsageError(f"input {i} of {self.name}() lives on {x.device}, the output on {t.device}; move it first")
 
-    def _make_plan(self, be: Any, args: tuple[Any, ...]) -> "_Plan":
-        """What a launch needs that depends only on the tensor arguments and the backend.
-
-        Holds the arguments by weak reference only, so a cached plan never keeps memory alive.
-        """
+    def _make_plan(self, args: tuple[Any, ...]) -> KernelPlan:
+        """What a launch needs that depends only on the arguments' layout and device."""
         out = args[0]
         t = out.tensor
-        tensors = [t, *args[1 : 1 + self.n_in]]
-        for x in tensors:
-            if x.buffer.backend is not be:
-                raise UsageError(f"{self.name}(): {x!r} lives on the {x.buffer.backend.name} backend, not {be.name}")
+        be = t.buffer.backend
         tile = math.prod(out.tile)
         cuda = None
-        if be.name == "cuda" and t.size:
-            from ._builtins import FUNCS  # (the module holding every built-in's source)
-
-            fn, packer = FUNCS.get(be, f"{self.name}_{SFX[t.dtype.name]}", self._ctypes)
-            ptrs = tuple(x.ptr for x in tensors)
+        if be.driver is not None and t.size:
+            fn = FUNCS.get(be, f"{self.name}_{SFX[t.dtype.name]}")
             # 16-byte accesses need every array at the same offset within 16 bytes, and pay only
             # on tiles larger than one element per thread of a block: on a small tile one element
             # per thread finishes sooner (H100, a graph of 128-element-tile nodes: 1.108 us per
             # node vectorized, 1.009 us per element), and small tiles are latency-, not
             # bandwidth-bound
-            vec = int(tile > _SMALL_TILE and len({p % 16 for p in ptrs}) == 1)
+            aligns = {t.addr % 16, *(a.addr % 16 for a in args[1 : self.n_tensors])}
+            vec = int(tile > _SMALL_TILE and len(aligns) == 1)
             per = (tile + 7) // 8 if vec else tile
             block = min(256, max(32, (per + 31) // 32 * 32))
             grid = (math.prod(out.grid), 1, 1)
-            cuda = CudaPlan(fn, packer, grid, (block, 1, 1), 0, self._writes, ptrs, (tile, vec))
-        return _Plan(weak(args[: 1 + self.n_in]), be, cuda, t.size == 0)
+            layout = self._layout + ((SRC_FIXED, 0, T_I64, tile), (SRC_FIXED, 0, T_I32, vec))
+            cuda = LaunchPlan(be.driver, int(fn), grid, (block, 1, 1), 0, layout, self._writes, self)
+        return KernelPlan(be, cuda, t.size == 0)
 
-    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, p: Any = None) -> None:
-        if p is None or p.be is not cx.backend:  # args produced by ops, or the backend changed since the call
-            p = self._make_plan(cx.backend, args)
+    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, p: KernelPlan) -> None:
+        """Enqueue a call with arguments produced by ops (cuda), or on the host backend."""
         if p.empty:
             return  # empty tensor: nothing to do
-        n = self._n_t
-        tensors = (args[0].tensor, *args[1:n])
+        if p.be is not cx.backend:
+            raise UsageError(f"{self.name}(): its tensors live on {p.be.device_label}, not on {cx.backend.device_label}")
+        n = self.n_tensors
         if p.cuda is not None:
-            launch_cuda(cx, self, p.cuda, tensors, args[n:])
+            launch(cx, p.cuda, (args[0].tensor, *args[1:n]), args[n:])
         else:
+            tensors = (args[0].tensor, *args[1:n])
             launch_host(cx, self, self.host_impl, _host_args(args, self.n_in), tensors, self._writes)
-
-
-class _PlannedCall(KernelCall):
-    """A built-in call whose plain arguments match the kernel's cached plan: the launch path."""
-
-    __slots__ = ()
-
-    def __init__(self, k: Elementwise, args: tuple[Any, ...], plan: "_Plan") -> None:
-        self._used = None
-        self._k = k
-        self._args = args
-        self._plan = plan
-
-    def _run(self, cx: Any) -> tuple:
-        p = self._plan
-        c = p.cuda
-        if c is None or p.be is not cx.backend:
-            self._k.enqueue(cx, self._args, None, p)
-            return self._args
-        args = self._args
-        nr = _RUN_PLANNED[0]
-        if nr is not None and _LEDGER_ON[0]:
-            # the chained case in one native call: same parameters, regions already held
-            err = nr(cx, c.fast, args)
-            if err == 0:
-                return args
-            if err > 0:
-                _raise_launch_error(err, self._k)
-        k = self._k
-        n = k._n_t
-        if n == 2:  # scale: the common case, without building a tuple by unpacking
-            launch_cuda(cx, k, c, (args[0].tensor, args[1]), args[2:])
-        else:
-            launch_cuda(cx, k, c, (args[0].tensor, *args[1:n]), args[n:])
-        return args
-
-
-_fast.PLANNED[0] = _PlannedCall  # chains launch these straight from their native step loop
-#: builds _PlannedCall(k, args, plan) without __init__ (native front), or None
-_MAKE_CALL = _fast.maker(_PlannedCall, ("_used", "_k", "_args", "_plan"), _PlannedCall(None, (), None))  # type: ignore[arg-type]
-
-
-class _Plan:
-    __slots__ = ("refs", "be", "cuda", "empty", "fast")
-
-    def __init__(self, refs: tuple[Any, ...], be: Any, cuda: "CudaPlan | None", empty: bool) -> None:
-        self.refs = refs
-        self.be = be
-        self.cuda = cuda
-        self.empty = empty
-        # the native step loop's view: the cuda plan's fast tuple plus the backend it is for
-        self.fast = (*cuda.fast, be) if cuda is not None else None
 
 
 def _host_args(args: tuple[Any, ...], n_in: int) -> tuple[Any, ...]:

@@ -13,16 +13,19 @@ from typing import Any
 
 import numpy as np
 
+from .._core._launch import planned
+from .._core._ledger import enqueue
+from .._core._op import DeviceOp
 from .._dtypes import DType, bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
-from ..device import _fast, _ledger
-from ..device._cuda import cuda_error
+from ..device._cuda_errors import cuda_error
+from ..device._cuda_driver import graph_launch, lt_matmul
 from ..device._tensor import Partition, Tensor
 from ._blas import WORKSPACE_BYTES, call, cublas, handle_for, workspace_of
 from ._blaslt import _lt, lt_handle, lt_plan, matmul_address, status_error
 from ._gemm_replay import Replays
 from ._kernel import check_scalar
-from ._launch import KernelCall, _register, has_op, host_array, launch_host, weak
+from ._launch import KernelCall, PlanCache, has_op, host_array, launch_host
 
 __all__ = ["gemm"]
 
@@ -37,7 +40,7 @@ if _MODE[0] not in ("auto", "lt", "ex"):
 _FLOATS = (float16, bfloat16, float32)
 
 
-def gemm(c: Any, a: Any, b: Any, alpha: float = 1.0, beta: float = 0.0, *, tf32: bool = False) -> KernelCall:
+def gemm(c: Any, a: Any, b: Any, alpha: float = 1.0, beta: float = 0.0, *, tf32: bool = False) -> DeviceOp[tuple]:
     """``c = alpha * a @ b + beta * c`` for 2-D float16, bfloat16 or float32 tensors.
 
     ``c`` is the output: a Tensor or a Partition of one (the tiling does not matter to cuBLAS);
@@ -46,8 +49,8 @@ def gemm(c: Any, a: Any, b: Any, alpha: float = 1.0, beta: float = 0.0, *, tf32:
     cores (faster, about 10 mantissa bits). With ``beta=0``, ``c`` is not read (it may hold
     NaN). Arguments may be ops producing them. Returns an op whose output is ``(c, a, b)``.
     On cuda each stream has its own cuBLAS handle and workspace, so GEMMs can be recorded into
-    graphs; a cuBLASLt plan (descriptors and algorithm) is made once per problem shape and
-    reused. The host backend computes with numpy in float32.
+    graphs; a cuBLASLt plan (descriptors and algorithm) is made once per problem layout and
+    reused, for fresh tensors too. The host backend computes with numpy in float32.
     """
     if type(alpha) is not float:  # plain floats skip the abstract-number checks
         alpha = check_scalar(alpha, float32, "alpha of gemm()")
@@ -57,44 +60,52 @@ def gemm(c: Any, a: Any, b: Any, alpha: float = 1.0, beta: float = 0.0, *, tf32:
         raise UsageError(f"tf32 of gemm() must be True or False, got {tf32!r}")
     args = (c, a, b)
     opts = (alpha, beta, tf32)
-    # the worked-out call for these exact tensors (a GEMM queue reuses a few buffers over and
-    # over); a hit means they were validated before, and were tensors, not ops
-    hit = _PLANS.get((id(c), id(a), id(b), tf32))
-    if hit is not None:
-        r = hit[0]
-        if r[0]() is c and r[1]() is a and r[2]() is b:
-            return KernelCall(GEMM, args, opts, False, hit[1])
     if has_op(args):
         return KernelCall(GEMM, args, opts, True)
-    # bad input fails here, before any GPU work
-    plan = _geometry(args, opts)
-    if len(_PLANS) >= 256:
-        _PLANS.clear()
-    _PLANS[(id(c), id(a), id(b), tf32)] = (weak(args), plan)
-    return KernelCall(GEMM, args, opts, False, plan)
-
-
-_PLANS: dict[Any, tuple[Any, Any]] = {}
+    return planned(GEMM, args, GEMM.plan(args, opts), 0, opts)  # bad input fails here
 
 
 class _Gemm:
-    """The launcher behind :func:`gemm` (the interface KernelCall drives: check, enqueue)."""
+    """The launcher behind :func:`gemm` (the interface KernelCall drives: plan, enqueue)."""
 
     name = "gemm"
 
-    def check(self, args: tuple[Any, ...], opts: Any) -> None:
-        _geometry(args, opts)
+    def __init__(self) -> None:
+        #: problem layouts (shapes, strides, dtype, alignment, device) -> _Geometry
+        self.plans = PlanCache(1024)
 
-    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, plan: Any = None) -> None:
-        g = plan if plan is not None else _geometry(args, opts)
+    def plan(self, args: tuple[Any, ...], opts: Any) -> "_Geometry":
+        """Validate ``(c, a, b)`` and return their problem's geometry (made once per layout)."""
+        c, a, b = args
+        ct = c.tensor if type(c) is Partition else c
+        try:
+            key = (opts[2], ct._key, a._key, b._key, _align(ct.addr), _align(a.addr), _align(b.addr))
+        except AttributeError:
+            key = None
+        g = self.plans.get(key) if key is not None else None
+        if g is None:
+            g = _geometry(args, opts)
+            if key is not None:
+                self.plans.put(key, g)
+        if a.buffer is ct.buffer or b.buffer is ct.buffer:
+            _refuse_overlap(ct, a, b)
+        return g
+
+    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, g: "_Geometry") -> None:
         alpha, beta, tf32 = opts
         if g.m == 0 or g.n == 0:
             return
-        c, a, b = g.tensors
-        if cx.backend.name != "cuda":
+        c, a, b = args
+        c = c.tensor if type(c) is Partition else c
+        tensors = (c, a, b)
+        if g.be is not cx.backend:
+            raise UsageError(f"gemm(): its tensors live on {g.be.device_label}, not on {cx.backend.device_label}")
+        if cx.backend.driver is None:
             arrays = (host_array(c), host_array(a), host_array(b), alpha, beta)
-            launch_host(cx, self, _host_gemm, arrays, g.tensors, _WRITES)
+            launch_host(cx, self, _host_gemm, arrays, tensors, _WRITES)
             return
+        if g.swap:  # c is column-major: c^T = b^T a^T (see _geometry)
+            c, a, b = c, b, a
         stream = cx.stream
         h = handle_for(stream)  # also makes the stream's workspace
         dt = _CUDA_TYPE[c.dtype.name]
@@ -105,50 +116,45 @@ class _Gemm:
             if lp is None and not g.lt_tried and g.k:
                 g.lt_tried = True
                 lp = g.lt = lt_plan(g, dt, compute)
-        nd = _fast.DRIVER[0]
-        with _ledger.LOCK:  # registration and the enqueue in one order, as for every launch
-            if nd is None or not _ledger.ENABLED[0] or not nd.held_all(cx, g.tensors, _WRITES):
-                _register(cx, self, g.tensors, _WRITES)
-            # column-major view of the row-major product: c^T (n x m) = op(b') op(a')
-            if lp is None:
-                al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
+        pa, pb, pc = a.addr, b.addr, c.addr
+        if lp is None:
+            def work() -> None:
+                # column-major view of the row-major product: c^T (n x m) = op(b') op(a')
+                al, be_ = ctypes.c_float(alpha), ctypes.c_float(beta)
                 call(
                     cublas().gemm_ex, h, g.op_b, g.op_a, g.n, g.m, g.k,
-                    ctypes.addressof(al), g.ptr_b, dt, g.ld_b, g.ptr_a, dt, g.ld_a,
-                    ctypes.addressof(be), g.ptr_c, dt, g.ld_c, compute, -1,  # CUBLAS_GEMM_DEFAULT
+                    ctypes.addressof(al), pb, dt, g.ld_b, pa, dt, g.ld_a,
+                    ctypes.addressof(be_), pc, dt, g.ld_c, compute, -1,  # CUBLAS_GEMM_DEFAULT
                 )
-                return
+        else:
+            fn = matmul_address()
             ws, sh = workspace_of(stream), stream.handle_int
-            st = g.lt_static
-            if st is None:
-                st = g.lt_static = _lt_static(g, lp) if nd is not None else False
-            if not st:  # no native module: nvmath's binding
-                al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
-                call(
-                    _lt().matmul, lt_handle(), lp.desc, ctypes.addressof(al), g.ptr_b, lp.layout_a, g.ptr_a,
-                    lp.layout_b, ctypes.addressof(be), g.ptr_c, lp.layout_c, g.ptr_c, lp.layout_c, lp.algo,
-                    ws, WORKSPACE_BYTES, sh,
-                )
-                return
-            if _MODE[0] == "auto" and cx.captured is None:
-                ex = REPLAYS.get((st, alpha, beta, sh), cx.backend, stream,
-                                 lambda on: nd.lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, on))
-                if ex:
-                    err = nd.graph_launch(ex, sh)
-                    if err:
-                        raise cuda_error(err, "cuGraphLaunch (a recorded GEMM)")
+            st = (fn, lt_handle(), lp.desc, pb, lp.layout_a, pa, lp.layout_b, pc, lp.layout_c, lp.algo)
+
+            def work() -> None:
+                if not fn:  # cublasLtMatmul's address is unknown: nvmath's binding calls it
+                    al, be_ = ctypes.c_float(alpha), ctypes.c_float(beta)
+                    call(_lt().matmul, st[1], lp.desc, ctypes.addressof(al), pb, lp.layout_a, pa, lp.layout_b,
+                         ctypes.addressof(be_), pc, lp.layout_c, pc, lp.layout_c, lp.algo, ws, WORKSPACE_BYTES, sh)
                     return
-            status = nd.lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, sh)
-            if status:
-                raise status_error(status, "cublasLtMatmul")
+                if _MODE[0] == "auto" and cx.captured is None:
+                    ex = REPLAYS.get((st, alpha, beta, sh), cx.backend, stream,
+                                     lambda on: lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, on))
+                    if ex:
+                        err = graph_launch(ex, sh)
+                        if err:
+                            raise cuda_error(err, "cuGraphLaunch (a recorded GEMM)")
+                        return
+                status = lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, sh)
+                if status:
+                    raise status_error(status, "cublasLtMatmul")
+
+        enqueue(cx, ((tensors[0], True), tensors[1], tensors[2]), work, self)
 
 
-def _lt_static(g: "_Geometry", lp: Any) -> "tuple[int, ...] | bool":
-    """The fixed arguments of the native cublasLtMatmul call for ``g`` (False if unavailable)."""
-    fn = matmul_address()
-    if not fn:
-        return False
-    return (fn, lt_handle(), lp.desc, g.ptr_b, lp.layout_a, g.ptr_a, lp.layout_b, g.ptr_c, lp.layout_c, lp.algo)
+def _align(ptr: int) -> int:
+    """The alignment cuBLASLt may assume for an address (at most 256 bytes)."""
+    return min(256, ptr & -ptr) if ptr else 256
 
 
 _WRITES = (True, False, False)
@@ -160,8 +166,16 @@ GEMM = _Gemm()
 
 
 class _Geometry:
-    __slots__ = ("tensors", "m", "n", "k", "op_a", "op_b", "ld_a", "ld_b", "ld_c", "ptr_a", "ptr_b", "ptr_c",
-                 "lt", "lt_tried", "lt_static")
+    """A GEMM problem's layout for cuBLAS (no addresses): sizes, transposes, leading dimensions."""
+
+    __slots__ = ("be", "m", "n", "k", "op_a", "op_b", "ld_a", "ld_b", "ld_c", "al_a", "al_b", "al_c", "swap",
+                 "lt", "lt_tried")
+
+
+def _refuse_overlap(ct: Tensor, a: Tensor, b: Tensor) -> None:
+    for what, x in (("a", a), ("b", b)):
+        if x.buffer is ct.buffer and x.size and ct.size and x._span[0] < ct._span[1] and ct._span[0] < x._span[1]:
+            raise UsageError(f"gemm(): c overlaps {what}; cuBLAS reads {what} while it writes c, so write into another tensor")
 
 
 def _geometry(args: tuple[Any, ...], opts: Any) -> _Geometry:
@@ -180,19 +194,18 @@ def _geometry(args: tuple[Any, ...], opts: Any) -> _Geometry:
         if x.dtype is not dt:
             raise DTypeError(f"gemm(): {what} is {x.dtype.name} but c is {dt.name}; all three must have one dtype")
         if x.buffer.backend is not ct.buffer.backend:
-            raise UsageError(f"gemm(): {what} lives on the {x.buffer.backend.name} backend and c on {ct.buffer.backend.name}")
+            raise UsageError(f"gemm(): {what} lives on {x.device} and c on {ct.device}; move it first")
     if opts[2] and dt is not float32:
         raise UsageError(f"gemm(tf32=True) applies to float32 only; these tensors are {dt.name}")
     (m, k), (k2, n) = a.shape, b.shape
     if k2 != k or ct.shape != (m, n):
         raise ShapeError(f"gemm(): a {a.shape} @ b {b.shape} does not give c {ct.shape}; need a (m, k), b (k, n), c (m, n)")
-    for what, x in (("a", a), ("b", b)):
-        if x.buffer is ct.buffer and x.size and ct.size and x._span[0] < ct._span[1] and ct._span[0] < x._span[1]:
-            raise UsageError(f"gemm(): c overlaps {what}; cuBLAS reads {what} while it writes c, so write into another tensor")
+    _refuse_overlap(ct, a, b)
     g = _Geometry()
-    g.lt, g.lt_tried, g.lt_static = None, False, None
-    g.tensors = (ct, a, b)
-    if _layout(ct, "c")[0]:
+    g.be = ct.buffer.backend
+    g.lt, g.lt_tried = None, False
+    g.swap = _layout(ct, "c")[0]
+    if g.swap:
         # c is column-major (a transposed view): compute c^T = b^T a^T, whose output is row-major
         ct, a, b = ct.T, b.T, a.T
         m, n = n, m
@@ -202,7 +215,7 @@ def _geometry(args: tuple[Any, ...], opts: Any) -> _Geometry:
     tb, g.ld_b = _layout(b, "b")
     # a row-major matrix is its transpose in column-major terms: no transpose flag needed
     g.op_a, g.op_b = int(ta), int(tb)  # cublasOperation_t: 0 = N, 1 = T
-    g.ptr_a, g.ptr_b, g.ptr_c = a.ptr, b.ptr, ct.ptr  # after the swap above, not g.tensors'
+    g.al_a, g.al_b, g.al_c = _align(a.addr), _align(b.addr), _align(ct.addr)
     return g
 
 

@@ -11,6 +11,12 @@ pointers, alpha and beta, and the stream whose workspace it uses; replaying it o
 the same call. Memory freed and reused at the same address is the same computation on the new
 tensor. At most ``MAX`` graphs are kept; the oldest is dropped first (the driver frees a graph
 that is still running once it ends).
+
+Recording costs about as much as ``COST`` replays save. Calls that do not repeat (fresh
+buffers per request, addresses that recur only now and then) must not pay it again and again,
+so recordings draw on a credit that replays earn back: each recording spends ``COST``, each
+replay earns 1, and while the credit is short no call is recorded (a hot call that goes
+direct then earns ``1 / COST``, so recording resumes slowly if the pattern changes).
 """
 
 from __future__ import annotations
@@ -18,21 +24,25 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-__all__ = ["Replays", "HOT", "MAX"]
+__all__ = ["Replays", "HOT", "MAX", "COST"]
 
 #: calls of one exact problem before it is recorded (a problem seen once or twice is not worth it)
 HOT = 3
 MAX = 1024
+#: replays a recording must be worth (a record + instantiate costs about this many replays' saving)
+COST = 16.0
 
 
 class Replays:
-    """Graph executables by GEMM call key, recorded once a key is hot."""
+    """Graph executables by GEMM call key, recorded once a key is hot and the credit allows."""
 
     def __init__(self) -> None:
         self._seen: dict[Any, int] = {}
         self._execs: dict[Any, Any] = {}  # key -> _Exec, or None if recording it failed
         self._lock = threading.Lock()
         self.recorded = 0
+        self.replays = 0
+        self.credit = 4 * COST  # a few recordings up front: a queue's first problems pay back at once
 
     def __len__(self) -> int:
         return len(self._execs)
@@ -45,16 +55,22 @@ class Replays:
         """
         ex = self._execs.get(key, 0)
         if ex:
+            self.replays += 1
+            if self.credit < 8 * COST:
+                self.credit += 1.0
             return ex.handle_int  # type: ignore[no-any-return]
         if ex is None:
             return 0  # recording this one failed before: stay direct
         n = self._seen.get(key, 0) + 1
-        if n < HOT:
+        if n < HOT or self.credit < COST:
+            if n >= HOT:
+                self.credit += 1.0 / COST  # hot, but recordings have not paid lately
             if len(self._seen) >= 4 * MAX:
                 self._seen.clear()
             self._seen[key] = n
             return 0
         self._seen.pop(key, None)
+        self.credit -= COST
         ex = _record(backend, stream, call)
         with self._lock:
             if len(self._execs) >= MAX:
@@ -69,6 +85,7 @@ class Replays:
         with self._lock:
             self._execs.clear()
             self._seen.clear()
+            self.credit = 4 * COST
 
 
 def _record(backend: Any, stream: Any, call: Callable[[int], int]) -> Any:

@@ -9,12 +9,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._dtypes import DType
+from .._core._launch import planned
+from .._core._op import DeviceOp
+from .._dtypes import DType, as_dtype
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device._tensor import Partition, Tensor
-from ._launch import CudaPlan, KernelCall, Packer, has_op, host_array, launch_cuda, launch_host, same, weak
+from ._launch import (
+    SRC_SCALAR, SRC_TENSOR, T_F32, T_I32, T_I64, T_PTR, T_U8, T_U16, KernelCall, LaunchPlan, PlanCache, has_op, host_array,
+    launch, launch_host, tensor_of,
+)
 from ._nvrtc import compile_cubin
-from ._params import TensorParam, ctype_of
+from ._params import TensorParam
 
 __all__ = ["Kernel", "CompiledFunctions", "check_scalar", "check_tensor"]
 
@@ -22,16 +27,17 @@ _INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1), "u
 
 
 class CompiledFunctions:
-    """CUfunctions (and parameter packers) per backend, compiled and loaded on first use."""
+    """CUfunction handles per backend, compiled (through the disk cache) and loaded on first use."""
 
     def __init__(self, source: str, module: str, options: Sequence[str] = ()) -> None:
         self.source = source
         self.module = module
         self.options = tuple(options)
-        self._fns: dict[tuple[int, str], tuple[Any, Packer]] = {}
+        self._fns: dict[tuple[int, str], Any] = {}
         self._lock = threading.Lock()
 
-    def get(self, be: Any, name: str, ctypes_list: Sequence[Any]) -> tuple[Any, Packer]:
+    def get(self, be: Any, name: str) -> Any:
+        """The CUfunction ``name`` on backend ``be``."""
         key = (id(be), name)
         hit = self._fns.get(key)
         if hit is not None:
@@ -40,9 +46,7 @@ class CompiledFunctions:
             hit = self._fns.get(key)
             if hit is None:
                 cubin = compile_cubin(self.source, self.module, be.arch, self.options)
-                fn = be.load_function(cubin, name)
-                hit = (fn, Packer(ctypes_list, int(fn)))
-                self._fns[key] = hit
+                hit = self._fns[key] = be.load_function(cubin, name)
         return hit
 
 
@@ -75,6 +79,24 @@ def check_tensor(x: Any, dtype: DType, what: str, contiguous: bool = True) -> Te
     return x
 
 
+_SCALAR_CT = {"float32": T_F32, "int32": T_I32, "int64": T_I64, "uint8": T_U8, "float16": T_U16, "bfloat16": T_U16}
+
+
+class _UserPlan:
+    """A user kernel's launch for one argument layout (cuda: a LaunchPlan; host: None)."""
+
+    __slots__ = ("be", "cuda", "empty", "tensor_idx", "scalar_idx", "writes")
+
+    def __init__(self, be: Any, cuda: Any, empty: bool, tensor_idx: tuple[int, ...], scalar_idx: tuple[int, ...],
+                 writes: tuple[bool, ...]) -> None:
+        self.be = be
+        self.cuda = cuda
+        self.empty = empty
+        self.tensor_idx = tensor_idx
+        self.scalar_idx = scalar_idx
+        self.writes = writes
+
+
 class Kernel:
     """A CUDA C++ kernel with typed parameters.
 
@@ -83,6 +105,8 @@ class Kernel:
     implementation ``host(*arrays_and_scalars)`` used on the host backend (it writes Out arrays
     in place). Calling the kernel returns an op whose output is its arguments. The grid comes
     from the (single) Partition argument, or ``grid=`` is given; ``block`` defaults to 128.
+    Launch plans are kept per argument layout, so calls on fresh tensors of a known shape
+    reuse one.
     """
 
     def __init__(
@@ -91,15 +115,12 @@ class Kernel:
     ) -> None:
         if not isinstance(source, str) or not isinstance(name, str) or not name.isidentifier():
             raise UsageError("Kernel(source, name, ...) needs the CUDA C++ source and the kernel's extern \"C\" name")
-        from .._dtypes import as_dtype
-
         self.name = name
         self.params = tuple(p if isinstance(p, TensorParam) else as_dtype(p, f"parameter of {name}") for p in params)
         self.host = host
         self.block = _dim3(block, "block")
         self.functions = CompiledFunctions(source, name, options)
-        self._ctypes = [ctype_of(p) for p in self.params]
-        self._plans: dict[Any, tuple[Any, CudaPlan]] = {}
+        self.plans = PlanCache()
 
     @property
     def source(self) -> str:
@@ -109,31 +130,44 @@ class Kernel:
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, params={list(self.params)})"
 
-    def __call__(self, *args: Any, grid: Any = None, block: Any = None, shared_mem: int = 0) -> KernelCall:
+    def __call__(self, *args: Any, grid: Any = None, block: Any = None, shared_mem: int = 0) -> DeviceOp[tuple]:
         if len(args) != len(self.params):
             raise UsageError(f"{self.name}() takes {len(self.params)} arguments ({list(self.params)}), got {len(args)}")
-        if self.host is None:
-            from ..device._select import current
-
-            if current().name == "host":
-                raise UsageError(
-                    f"kernel {self.name!r} has no numpy implementation, so it cannot run on the host "
-                    "backend; pass host=fn to Kernel(...) or run on a CUDA device"
-                )
+        if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)) or not 0 <= shared_mem < 2**31:
+            raise UsageError(f"shared_mem of {self.name}() must be an int of bytes >= 0, got {shared_mem!r}")
         opts = (None if grid is None else _dim3(grid, "grid"), self.block if block is None else _dim3(block, "block"), int(shared_mem))
-        lazy = has_op(args)
-        if not lazy:
-            self.check(args, opts)  # bad input fails here, before any GPU work
-        return KernelCall(self, args, opts, lazy)
+        if has_op(args):
+            return KernelCall(self, args, opts, True)
+        return planned(self, args, self.plan(args, opts), 0, opts)  # bad input fails here
 
     def compile(self, arch: str) -> bytes:
         """Compile for ``arch`` (e.g. ``"sm_90"``) through the cache; return the CUBIN."""
         return compile_cubin(self.source, self.name, arch, self.functions.options)
 
     # -- the launcher interface used by KernelCall -------------------------------------------
+    def plan(self, args: tuple[Any, ...], opts: Any) -> _UserPlan:
+        """Validate ``args`` and return their launch plan (made once per argument layout)."""
+        key: list[Any] = [opts]
+        for p, a in zip(self.params, args):
+            if isinstance(p, TensorParam):
+                key.append((a.tile, a.tensor._key) if type(a) is Partition else getattr(a, "_key", a))
+            else:
+                check_scalar(a, p, f"argument of {self.name}()")
+        k = tuple(key)
+        try:
+            hit = self.plans.get(k)
+        except TypeError:  # an unhashable argument: the checks below say what is wrong
+            hit = None
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+        self.check(args, opts)
+        return self.plans.put(k, self._make_plan(args, opts))  # type: ignore[no-any-return]
+
     def check(self, args: tuple[Any, ...], opts: Any) -> None:
+        """Validate every argument against the declared parameters (before any GPU work)."""
         grid = opts[0]
         pgrid = None
+        be = None
         for i, (p, a) in enumerate(zip(self.params, args)):
             what = f"argument {i} of {self.name}() ({p!r})"
             if isinstance(p, TensorParam):
@@ -147,68 +181,101 @@ class Kernel:
                 elif not p.write and type(a) is Partition:
                     raise UsageError(f"{what} is read-only: pass the Tensor, not a Partition")
                 check_tensor(a, p.dtype, what)
+                if be is None:
+                    be = a.buffer.backend
+                elif a.buffer.backend is not be:
+                    raise UsageError(f"{what} lives on {a.device}, the other tensors on {be.device_label}; move it first")
             else:
                 check_scalar(a, p, what)
         if grid is None and pgrid is None:
             raise UsageError(f"{self.name}() has no Partition argument to take the grid from; give grid=")
+        if be is None:
+            from ..device._select import current
 
-    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, plan: Any = None) -> None:
+            be = current()
+        if self.host is None and be.driver is None:
+            raise UsageError(
+                f"kernel {self.name!r} has no numpy implementation, so it cannot run on the {be.name} backend; "
+                "pass host=fn to Kernel(...) or run on a CUDA device"
+            )
+
+    def _make_plan(self, args: tuple[Any, ...], opts: Any) -> _UserPlan:
         grid, block, shmem = opts
-        tensors = []
-        writes = []
-        values = []
+        layout: list[tuple[int, int, int, int]] = []
+        tensor_idx: list[int] = []
+        scalar_idx: list[int] = []
+        writes: list[bool] = []
         pgrid = None
-        for p, a in zip(self.params, args):
+        be = None
+        for i, (p, a) in enumerate(zip(self.params, args)):
             if isinstance(p, TensorParam):
                 if type(a) is Partition:
                     pgrid = a.grid
                     a = a.tensor
-                if a.buffer.backend is not cx.backend:
-                    raise UsageError(f"{a!r} lives on the {a.buffer.backend.name} backend, not {cx.backend.name}")
-                tensors.append(a)
+                be = a.buffer.backend
+                layout.append((SRC_TENSOR, len(tensor_idx), T_PTR, 0))
+                tensor_idx.append(i)
                 writes.append(p.write)
-                values.append(a.ptr)
             else:
-                values.append(check_scalar(a, p, self.name))
+                layout.append((SRC_SCALAR, len(scalar_idx), _SCALAR_CT[p.name], 0))
+                scalar_idx.append(i)
+        if be is None:
+            from ..device._select import current
+
+            be = current()
         g = grid if grid is not None else pgrid + (1,) * (3 - len(pgrid))  # type: ignore[operator]
-        if 0 in g:
-            return  # an empty tensor: nothing to launch
-        if cx.backend.name == "cuda":
-            launch_cuda(cx, self, self._plan(cx.backend, g, opts, tuple(values), writes, tensors), tuple(tensors), ())
-        else:
-            arrays = tuple(
-                host_array(a.tensor if type(a) is Partition else a) if isinstance(p, TensorParam) else p.np_dtype.type(a)
-                for p, a in zip(self.params, args)
-            )
-            launch_host(cx, self, self.host, arrays, tensors, writes)
+        empty = 0 in g
+        cuda = None
+        if be.driver is not None and not empty:
+            fn = self.functions.get(be, self.name)
+            cuda = LaunchPlan(be.driver, int(fn), g, block, shmem, tuple(layout), tuple(writes), self)
+        return _UserPlan(be, cuda, empty, tuple(tensor_idx), tuple(scalar_idx), tuple(writes))
+
+    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, plan: _UserPlan) -> None:
+        if plan.empty:
+            return  # an empty grid: nothing to launch
+        if plan.be is not cx.backend:
+            raise UsageError(f"{self.name}(): its tensors live on {plan.be.device_label}, not on {cx.backend.device_label}")
+        params = self.params
+        tensors = tuple(tensor_of(args[i]) for i in plan.tensor_idx)
+        if plan.cuda is not None:
+            scalars = tuple(_scalar_bits(args[i], params[i], self.name) for i in plan.scalar_idx)
+            launch(cx, plan.cuda, tensors, scalars)
+            return
+        arrays = tuple(
+            host_array(tensor_of(a)) if isinstance(p, TensorParam) else p.np_dtype.type(a) for p, a in zip(params, args)
+        )
+        launch_host(cx, self, self.host, arrays, tensors, plan.writes)
 
 
-    def _plan(self, be: Any, grid: Any, opts: Any, values: tuple[Any, ...], writes: list[bool], tensors: list[Tensor]) -> CudaPlan:
-        """The launch plan for these arguments, cached by their identity and values.
+def _scalar_bits(v: Any, dt: DType, what: str) -> Any:
+    """A scalar as the launch packs it: a number, or a 16-bit float's raw bits."""
+    v = check_scalar(v, dt, what)
+    if dt.itemsize == 2 and dt.is_float:
+        return int(np.array(v, dtype=dt.np_dtype).view(np.uint16))
+    return v
 
-        A loop that launches a kernel on the same tensors reuses one plan, so the parameter
-        block is not rewritten and nothing is rebuilt; weak references make sure a cached plan
-        never outlives (or is mistaken for) tensors that were freed.
-        """
-        key = (id(be), grid, opts, values)
-        hit = self._plans.get(key)
-        if hit is not None and same(hit[0], tensors):
-            return hit[1]  # type: ignore[no-any-return]
-        fn, packer = self.functions.get(be, self.name, self._ctypes)
-        plan = CudaPlan(fn, packer, grid, opts[1], opts[2], writes, values)
-        if len(self._plans) >= 64:
-            self._plans.clear()
-        self._plans[key] = (weak(tensors), plan)
-        return plan
+
+# CUDA's limits: grid x < 2^31, y and z < 2^16; block x, y <= 1024, z <= 64, 1024 threads in all
+_GRID_MAX = (2**31 - 1, 65535, 65535)
+_BLOCK_MAX = (1024, 1024, 64)
 
 
 def _dim3(x: Any, what: str) -> tuple[int, int, int]:
-    if isinstance(x, (int, np.integer)):
-        x = (int(x),)
-    t = tuple(int(v) for v in x)
-    if not 1 <= len(t) <= 3 or any(v < 0 for v in t):
-        raise UsageError(f"{what} must be 1 to 3 non-negative ints, got {x!r}")
-    t = t + (1,) * (3 - len(t))
+    """A grid or block as 3 ints within CUDA's limits; anything else raises UsageError."""
+    if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+        x = (x,)
+    try:
+        items = tuple(x)
+    except TypeError:
+        raise UsageError(f"{what} must be an int or 1 to 3 ints, got {x!r}") from None
+    if not 1 <= len(items) <= 3 or any(isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) for v in items):
+        raise UsageError(f"{what} must be an int or 1 to 3 ints, got {x!r}")
+    t = tuple(int(v) for v in items) + (1,) * (3 - len(items))
+    limit = _GRID_MAX if what == "grid" else _BLOCK_MAX
+    for d, (v, m) in enumerate(zip(t, limit)):
+        if not 0 <= v <= m:
+            raise UsageError(f"{what} {t}: dimension {d} must be in [0, {m}] (CUDA's limit), got {v}")
     if what == "block" and (math.prod(t) > 1024 or 0 in t):
         raise UsageError(f"block {t} must have 1 to 1024 threads in all")
     return t  # type: ignore[return-value]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from typing import Any
 
 from .._dtypes import DType, as_dtype
 
-__all__ = ["In", "Out", "InOut", "TensorParam", "ctype_of"]
+__all__ = ["In", "Out", "InOut", "TensorParam"]
 
 
 @dataclass(frozen=True)
@@ -37,20 +36,3 @@ def Out(dtype: Any) -> TensorParam:
 def InOut(dtype: Any) -> TensorParam:
     """A read-and-written tensor parameter (``T*``): pass a Partition (or a Tensor with a grid)."""
     return TensorParam(as_dtype(dtype), True, True, "InOut")
-
-
-_CTYPES = {
-    "float16": ctypes.c_uint16,
-    "bfloat16": ctypes.c_uint16,
-    "float32": ctypes.c_float,
-    "int32": ctypes.c_int32,
-    "int64": ctypes.c_int64,
-    "uint8": ctypes.c_uint8,
-}
-
-
-def ctype_of(p: Any) -> Any:
-    """The ctypes type a parameter is packed as."""
-    if isinstance(p, TensorParam):
-        return ctypes.c_uint64
-    return _CTYPES[p.name]

@@ -10,7 +10,6 @@ twice (the second time from cache) and written once.
 
 from __future__ import annotations
 
-import ctypes
 import math
 from typing import Any, Callable
 
@@ -18,10 +17,14 @@ import numpy as np
 
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device._tensor import Partition
-from ..ops._base import DeviceOp
+from .._core._launch import BuiltinFront, KernelPlan, planned
 from ._elementwise import DTYPES, SFX
 from ._kernel import check_scalar, check_tensor
-from ._launch import CudaPlan, KernelCall, host_array, launch_cuda, launch_host
+from ._library import FUNCS
+from ._launch import (
+    SRC_FIXED, SRC_SCALAR, SRC_TENSOR, T_F32, T_I32, T_I64, T_PTR, KernelCall, LaunchPlan, PlanCache, has_op,
+    host_array, launch, launch_host,
+)
 
 __all__ = ["RowWise", "ROWWISE", "ROW_PRELUDE", "row_sum", "row_max", "softmax", "rms_norm", "matvec"]
 
@@ -143,7 +146,7 @@ template <typename T> __device__ __forceinline__ void matvec_t(T* out, const T* 
 """
 
 
-class RowWise:
+class RowWise(BuiltinFront):
     """A built-in row-wise kernel family (see the module docstring)."""
 
     def __init__(self, name: str, kind: str, host: Callable[..., None], doc: str) -> None:
@@ -153,9 +156,15 @@ class RowWise:
         self.__doc__ = doc
         n_ptr = {"reduce": 2, "map": 2, "rms": 3, "matvec": 3}[kind]
         self._n_t = n_ptr
-        self._ctypes = [ctypes.c_uint64] * n_ptr + ([ctypes.c_float] if kind == "rms" else []) + [
-            ctypes.c_int64, ctypes.c_int64, ctypes.c_int32]
+        self.n_tensors = n_ptr
+        self.n_args = n_ptr + (1 if kind == "rms" else 0)
+        self.check_scalars = kind == "rms"  # eps must be > 0
         self._writes = (True,) + (False,) * (n_ptr - 1)
+        # parameter layout: out and inputs (pointers), eps (float32, rms_norm), then n, r, vec
+        self._layout = tuple((SRC_TENSOR, i, T_PTR, 0) for i in range(n_ptr)) + (
+            ((SRC_SCALAR, 0, T_F32, 0),) if kind == "rms" else ()
+        )
+        self.plans = PlanCache()
 
     def __repr__(self) -> str:
         return f"<built-in kernel {self.name}>"
@@ -177,17 +186,38 @@ class RowWise:
             )
         return "\n".join(out)
 
-    def __call__(self, *args: Any) -> KernelCall:
-        n = self._n_t + (1 if self.kind == "rms" else 0)
+    def _call_slow(self, args: tuple[Any, ...]) -> Any:
+        n = self.n_args
         if self.kind == "rms" and len(args) == 3:
             args = (*args, 1e-6)
         if len(args) != n:
             raise UsageError(f"do.kernels.{self.name}() takes {n} arguments, got {len(args)}; see help(do.kernels.{self.name})")
-        for a in args:
-            if isinstance(a, DeviceOp):
-                return KernelCall(self, args, None, True)
-        self.check(args, None)
-        return KernelCall(self, args, None, False)
+        if has_op(args):
+            return KernelCall(self, args, None, True)
+        p = self.plan(args, None)
+        if self.kind == "rms":
+            args = (*args[:3], float(args[3]))
+        return planned(self, args, p, self._n_t)
+
+    def _check_scalars(self, args: tuple[Any, ...]) -> None:
+        eps = check_scalar(args[3], DTYPES[2], f"eps of {self.name}()")
+        if not eps > 0:
+            raise UsageError(f"{self.name}(): eps must be > 0, got {eps}")
+
+    def plan(self, args: tuple[Any, ...], opts: Any) -> KernelPlan:
+        """Validate ``args`` and return their launch plan (made once per argument layout)."""
+        out = args[0]
+        try:
+            key = (out.tile, out.tensor._key, *(a._key for a in args[1 : self._n_t]))
+        except AttributeError:
+            key = None
+        p = self.plans.get(key) if key is not None else None
+        if p is None:
+            self.check(args, None)
+            p = self.plans.put(key, self._make_plan(args))
+        elif self.kind == "rms":
+            self._check_scalars(args)
+        return p  # type: ignore[no-any-return]
 
     def check(self, args: tuple[Any, ...], opts: Any) -> None:
         """Validate the arguments (before any GPU work)."""
@@ -227,33 +257,40 @@ class RowWise:
             check_tensor(x, y.dtype, f"the vector of {name}()")
             if x.shape != (n,):
                 raise ShapeError(f"{name}(): the vector must have shape ({n},) to match a {src.shape} matrix, got {x.shape}")
+        for t in args[1 : self._n_t]:
+            if t.buffer.backend is not y.buffer.backend:
+                raise UsageError(f"{name}(): {t!r} lives on {t.device}, the output on {y.device}; move it first")
 
-    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, plan: Any = None) -> None:
+    def _make_plan(self, args: tuple[Any, ...]) -> KernelPlan:
         out = args[0]
         y = out.tensor
-        tensors = (y, *args[1 : self._n_t])
-        for t in tensors:
-            if t.buffer.backend is not cx.backend:
-                raise UsageError(f"{self.name}(): {t!r} lives on the {t.buffer.backend.name} backend, not {cx.backend.name}")
+        be = y.buffer.backend
         rows, n = args[1].shape
-        if rows == 0:
-            return
-        if cx.backend.name != "cuda":
-            arrays = tuple(host_array(t) for t in tensors) + ((np.float32(args[3]),) if self.kind == "rms" else ())
-            launch_host(cx, self, self.host_impl, arrays, tensors, self._writes)
-            return
-        from ._builtins import FUNCS
+        cuda = None
+        if be.driver is not None and rows:
+            fn = FUNCS.get(be, f"{self.name}_{SFX[y.dtype.name]}")
+            tensors = (y, *args[1 : self._n_t])
+            it = y.dtype.itemsize
+            vectored = tensors if self.kind in ("map", "rms") else tensors[1:]  # (reductions write scalars)
+            vec = int(n * it % 16 == 0 and all(t.addr % 16 == 0 for t in vectored))
+            r = out.tile[0]
+            block = 256 if n >= 2048 else max(32, min(256, (((n + 7) // 8 if vec else n) + 31) // 32 * 32))
+            layout = self._layout + ((SRC_FIXED, 0, T_I64, n), (SRC_FIXED, 0, T_I64, r), (SRC_FIXED, 0, T_I32, vec))
+            cuda = LaunchPlan(be.driver, int(fn), (math.prod(out.grid[:1]), 1, 1), (block, 1, 1), 0, layout, self._writes, self)
+        return KernelPlan(be, cuda, rows == 0)
 
-        fn, packer = FUNCS.get(cx.backend, f"{self.name}_{SFX[y.dtype.name]}", self._ctypes)
-        it = y.dtype.itemsize
-        vectored = tensors if self.kind in ("map", "rms") else tensors[1:]  # (reductions write scalars)
-        vec = int(n * it % 16 == 0 and all(t.ptr % 16 == 0 for t in vectored))
-        r = out.tile[0]
-        block = 256 if n >= 2048 else max(32, min(256, (((n + 7) // 8 if vec else n) + 31) // 32 * 32))
-        scalars = (float(args[3]),) if self.kind == "rms" else ()
-        p = CudaPlan(fn, packer, (math.prod(out.grid[:1]), 1, 1), (block, 1, 1), 0, self._writes,
-                     tuple(t.ptr for t in tensors), (n, r, vec))
-        launch_cuda(cx, self, p, tensors, scalars)
+    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, p: KernelPlan) -> None:
+        """Enqueue a call with arguments produced by ops (cuda), or on the host backend."""
+        if p.empty:
+            return
+        if p.be is not cx.backend:
+            raise UsageError(f"{self.name}(): its tensors live on {p.be.device_label}, not on {cx.backend.device_label}")
+        tensors = (args[0].tensor, *args[1 : self._n_t])
+        if p.cuda is not None:
+            launch(cx, p.cuda, tensors, (float(args[3]),) if self.kind == "rms" else ())
+            return
+        arrays = tuple(host_array(t) for t in tensors) + ((np.float32(args[3]),) if self.kind == "rms" else ())
+        launch_host(cx, self, self.host_impl, arrays, tensors, self._writes)
 
 
 def _f32(a: np.ndarray) -> np.ndarray:

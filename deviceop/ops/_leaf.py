@@ -7,9 +7,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .._core._ledger import enqueue
 from .._dtypes import DType, as_dtype, float32
 from .._errors import CaptureError, DTypeError
-from ..device import _ledger
 from ..device._tensor import Tensor, as_shape
 from ._base import DeviceOp
 
@@ -49,14 +49,18 @@ def refuse_allocation(cx: Any, what: Any) -> None:
         )
 
 
-def new_tensor(cx: Any, shape: tuple[int, ...], dtype: DType, what: Any = "an allocation") -> Tensor:
-    """Allocate a tensor on ``cx``'s stream and register the execution as its writer."""
+def new_tensor(cx: Any, shape: tuple[int, ...], dtype: DType, what: Any = "an allocation", fill: Any = None) -> Tensor:
+    """Allocate a tensor on ``cx``'s stream, registered as written by the execution.
+
+    ``fill(tensor)``, if given, enqueues the work that initializes it (under the same
+    registration, through the ledger's entry point).
+    """
     refuse_allocation(cx, what)
     nbytes = math.prod(shape) * dtype.itemsize
     buf = cx.backend.alloc(nbytes, cx.stream)
-    # a brand-new buffer is visible to no other thread: no ledger lock needed
-    _ledger.touch(cx, buf, 0, nbytes, True, "allocation")
-    return Tensor(buf, shape, dtype)
+    t = Tensor(buf, shape, dtype)
+    enqueue(cx, ((buf, 0, nbytes, True),), (lambda: fill(t)) if fill is not None else None, what)
+    return t
 
 
 class Alloc(DeviceOp[Tensor]):
@@ -87,15 +91,20 @@ class Alloc(DeviceOp[Tensor]):
         return f"<{self._name}{self.shape} {self.dtype.name}>"
 
     def _run(self, cx: Any) -> Tensor:
-        t = new_tensor(cx, self.shape, self.dtype, self)
-        fill = self.fill
-        if fill is not None and t.nbytes:
-            pattern = fill.tobytes()
+        value = self.fill
+        if value is None:
+            return new_tensor(cx, self.shape, self.dtype, self)
+
+        def fill(t: Tensor) -> None:
+            if not t.nbytes:
+                return
+            pattern = value.tobytes()
             if len(pattern) <= 4:
                 cx.backend.memset(t.buffer, 0, t.nbytes, pattern, cx.stream)
             else:
-                cx.backend.htod(t.buffer, 0, np.full(self.shape, fill, dtype=self.dtype.np_dtype), cx.stream, cx)
-        return t
+                cx.backend.htod(t.buffer, 0, np.full(self.shape, value, dtype=self.dtype.np_dtype), cx.stream, cx)
+
+        return new_tensor(cx, self.shape, self.dtype, self, fill)
 
 
 def zeros(shape: Any, dtype: Any = float32) -> DeviceOp[Tensor]:

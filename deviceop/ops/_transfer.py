@@ -6,9 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from .._core._ledger import enqueue
 from .._dtypes import as_dtype
 from .._errors import CaptureError, UsageError
-from ..device import _ledger
+from ..device import _tensor
 from ..device._tensor import Partition, Tensor
 from ._base import DeviceOp
 from ._leaf import new_tensor
@@ -38,10 +39,12 @@ class FromNumpy(DeviceOp[Tensor]):
 
     def _run(self, cx: Any) -> Tensor:
         a = self._array
-        t = new_tensor(cx, tuple(a.shape), self.dtype, self)
-        if t.nbytes:
-            cx.backend.htod(t.buffer, 0, a, cx.stream, cx)
-        return t
+
+        def copy(t: Tensor) -> None:
+            if t.nbytes:
+                cx.backend.htod(t.buffer, 0, a, cx.stream, cx)
+
+        return new_tensor(cx, tuple(a.shape), self.dtype, self, copy)
 
 
 def from_numpy(array: Any) -> DeviceOp[Tensor]:
@@ -83,9 +86,11 @@ class ToNumpy(DeviceOp[np.ndarray]):
         if t.buffer.backend is not cx.backend:
             raise UsageError(f"{t!r} lives on another backend than this execution ({cx.backend.name})")
         lo, hi = t.span
-        with _ledger.LOCK:
-            _ledger.touch(cx, t.buffer, lo, hi, False, "to_numpy")
-        raw = cx.backend.dtoh(t.buffer, lo, hi - lo, cx.stream, cx)
+        # ordered, registered and enqueued atomically: a write issued later on another stream
+        # (any thread) is ordered after this copy
+        raw = enqueue(
+            cx, ((t.buffer, lo, hi, False),), lambda: cx.backend.dtoh(t.buffer, lo, hi - lo, cx.stream, cx), self
+        )
         npdt = t.dtype.np_dtype
         if t.is_contiguous():
             return raw.view(npdt).reshape(t.shape)
@@ -101,3 +106,6 @@ class ToNumpy(DeviceOp[np.ndarray]):
 def to_numpy(tensor: Any) -> DeviceOp[np.ndarray]:
     """An op that copies a tensor (or an op's tensor output) to a new numpy array."""
     return ToNumpy(tensor)
+
+
+_tensor.HOOKS["to_numpy"] = to_numpy

@@ -12,10 +12,16 @@ from typing import Any
 
 import numpy as np
 
+from .._core._base import LOCK, Buffer
+from .._core._ledger import ExecutionContext, enqueue, in_flight
 from .._dtypes import from_dl
-from .._errors import DTypeError, ShapeError, UsageError
-from ._buffer import Buffer
-from ._tensor import Tensor
+from .._errors import ShapeError, UsageError
+from ..device import _tensor
+from ..device._select import current, next_stream
+from ..device._tensor import Tensor
+from ..executors._future import DeviceFuture, watch
+
+__all__ = ["export", "from_dlpack"]
 
 
 class _DLDevice(ctypes.Structure):
@@ -81,26 +87,14 @@ def _capsule_dtor(cap: int) -> None:
 def export(t: Tensor, stream: Any) -> Any:
     """A ``dltensor`` capsule for ``t``; orders the consumer's ``stream`` after work in flight."""
     be = t.buffer.backend
-    from . import _ledger
-
-    if be.name == "host":
+    if not be.cuda_memory:
         t.check_host_access("export")  # a host consumer reads at once: nothing may be in flight
-        if t.dtype.name == "bfloat16":
-            raise DTypeError(
-                "a bfloat16 tensor on the host backend cannot be exported through DLPack (numpy has no "
-                "bfloat16 DLPack type); use t.numpy(), which returns an ml_dtypes.bfloat16 array"
-            )
-        from ..kernels._launch import host_array
-
-        return host_array(t).__dlpack__()  # numpy owns the capsule's lifetime
-    ex = _ledger.in_flight(t.buffer, *t.span)
+        return be.dlpack_host(t)  # numpy owns the capsule's lifetime
+    ex = in_flight(t.buffer, *t.span)
     if ex is not None and stream != -1:
-        from cuda.bindings import driver
-
-        handle = {None: driver.CU_STREAM_LEGACY, 1: driver.CU_STREAM_LEGACY, 2: driver.CU_STREAM_PER_THREAD}.get(stream, stream)
-        with _ledger.LOCK:
+        with LOCK:
             ev = ex.completion_event()
-        driver.cuStreamWaitEvent(handle, ev.handle, 0)
+        be.foreign_wait(stream, ev)  # the consumer's stream waits for the work in flight
     n = t.ndim
     shape = (ctypes.c_int64 * max(n, 1))(*t.shape)
     strides = (ctypes.c_int64 * max(n, 1))(*t.strides)
@@ -140,10 +134,8 @@ def from_dlpack(obj: Any) -> Tensor:
     producer orders its pending work before a pool stream, and the ledger makes later work on
     any stream wait for that.
     """
-    from ._select import current, next_stream
-
     be = current()
-    if be.name == "host" and isinstance(obj, np.ndarray):
+    if not be.cuda_memory and isinstance(obj, np.ndarray):
         from .._dtypes import as_dtype
 
         return _wrap_host(be, obj, as_dtype(obj.dtype, "array dtype"), obj)
@@ -151,14 +143,14 @@ def from_dlpack(obj: Any) -> Tensor:
         raise UsageError(f"do.from_dlpack() needs an object with __dlpack__, got {type(obj).__name__}")
     stream = next_stream()
     be.make_current()
-    cap = obj.__dlpack__() if be.name == "host" else obj.__dlpack__(stream=stream.handle_int)
+    cap = obj.__dlpack__(stream=stream.handle_int) if be.cuda_memory else obj.__dlpack__()
     if not _api.PyCapsule_IsValid(cap, b"dltensor"):
         raise UsageError(f"{type(obj).__name__}.__dlpack__() did not return an unconsumed 'dltensor' capsule")
     addr = _api.PyCapsule_GetPointer(cap, b"dltensor")
     mt = _DLManagedTensor.from_address(addr)
     dl = mt.dl_tensor
     dev = (dl.device.device_type, dl.device.device_id)
-    if dev != tuple(be.dlpack_device) and not (be.name == "host" and dev[0] in (1, 3)):
+    if not be.accepts_dlpack_device(dev):
         raise UsageError(
             f"the array lives on DLPack device {dev}, but the {be.name} backend takes {be.dlpack_device}; "
             "move it there first (or select the other backend)"
@@ -174,7 +166,7 @@ def from_dlpack(obj: Any) -> Tensor:
     if any(s < 0 for s in t0.strides):
         raise ShapeError("arrays with negative strides are not supported; make a contiguous copy first")
     ptr = int(dl.data or 0) + int(dl.byte_offset)
-    if be.name == "host":
+    if not be.cuda_memory:
         it = dtype.itemsize
         arr = np.lib.stride_tricks.as_strided(
             _raw(ptr, t0.span[1]).view(dtype.np_dtype), shape=shape, strides=tuple(s * it for s in t0.strides)
@@ -205,12 +197,11 @@ def _wrap_host(be: Any, arr: np.ndarray, dt: Any, owner: Any) -> Tensor:
 
 def _register_import(stream: Any, buf: Buffer) -> None:
     """Record the producer's pending work as a write on ``stream`` in the ledger."""
-    from ..executors._context import ExecutionContext
-    from ..executors._future import DeviceFuture, watch
-    from . import _ledger
-
     cx = ExecutionContext(stream, "from_dlpack")
-    _ledger.touch(cx, buf, 0, buf.nbytes, True, "from_dlpack")
+    enqueue(cx, ((buf, 0, buf.nbytes, True),), None, "from_dlpack")
     watch(stream, cx.seal(), cx, DeviceFuture(cx, None))
+
+
+_tensor.HOOKS["dlpack_export"] = export
 
 

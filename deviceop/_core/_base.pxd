@@ -1,0 +1,81 @@
+# The lowest layer of the compiled core: what every other layer and the backends share.
+from libc.stdint cimport uint64_t, uintptr_t
+
+cdef extern from "<semaphore.h>" nogil:
+    ctypedef struct sem_t:
+        pass
+    int sem_init(sem_t*, int, unsigned int)
+    int sem_destroy(sem_t*)
+    int sem_wait(sem_t*)
+    int sem_trywait(sem_t*)
+    int sem_post(sem_t*)
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t*, void*)
+    int pthread_mutex_destroy(pthread_mutex_t*)
+    int pthread_mutex_lock(pthread_mutex_t*)
+    int pthread_mutex_unlock(pthread_mutex_t*)
+
+# driver entry points a backend hands to the core (chosen once, when the backend is made)
+ctypedef int (*launch_kernel_t)(void* f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                void* stream, void** params) noexcept nogil
+ctypedef int (*graph_launch_t)(void* ex, void* stream) noexcept nogil
+ctypedef int (*stream_sync_t)(void* stream) noexcept nogil
+ctypedef int (*event_record_t)(void* ev, void* stream) noexcept nogil
+ctypedef int (*event_query_t)(void* ev) noexcept nogil
+ctypedef int (*ctx_set_t)(void* ctx) noexcept nogil
+
+
+cdef class Lock:
+    cdef sem_t sem
+    cdef bint ready
+    cdef public bint _locked
+    cdef int take(self) except -1
+    cdef void drop(self) noexcept nogil
+
+
+cdef class Buffer:
+    cdef public object backend
+    cdef readonly uintptr_t ptr
+    cdef readonly Py_ssize_t nbytes
+    cdef public object host
+    cdef public object owner
+    cdef public list accesses
+    cdef public object last_stream
+    cdef object __weakref__
+
+
+cdef struct chan_t:
+    pthread_mutex_t mu
+    int fd
+    uint64_t* buf
+    size_t n
+    size_t cap
+    long refs
+
+cdef int chan_push(chan_t* c, uint64_t token) noexcept nogil
+cdef void chan_unref(chan_t* c) noexcept nogil
+
+
+cdef class Channel:
+    cdef chan_t* c
+    cdef chan_t* ref(self) except NULL
+
+
+cdef class Driver:
+    cdef launch_kernel_t launch_kernel
+    cdef graph_launch_t graph_launch
+    cdef stream_sync_t stream_sync
+    cdef event_record_t event_record
+    cdef event_query_t event_query
+    cdef ctx_set_t ctx_set
+    cdef void* context
+    cdef public object error   # error(code, call) -> CudaError: the backend's error maker
+
+
+cdef Lock _LOCK
+
+cdef int make_current(Driver d) except -1

@@ -1,0 +1,247 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The lowest layer of the compiled core: the ledger lock, device buffers, wake-up channels,
+and the table of driver entry points a backend hands to the core.
+
+Nothing here imports another deviceop module or a driver binding: backends fill a
+:class:`Driver` with their entry points, and the layers above call through it.
+"""
+
+from cpython.exc cimport PyErr_SetFromErrno
+from libc.errno cimport errno, EINTR, EAGAIN
+from libc.stdlib cimport malloc, realloc, free
+from libc.stdint cimport uint64_t
+import sys
+
+cdef extern from "<unistd.h>" nogil:
+    ssize_t write(int, const void*, size_t)
+    ssize_t read(int, void*, size_t)
+    int close(int)
+
+cdef extern from *:
+    """
+    static __thread void *dvo_current_ctx = NULL;  /* the context this thread made current */
+    """
+    void* dvo_current_ctx
+
+cdef extern from "<sys/eventfd.h>" nogil:
+    int eventfd(unsigned int, int)
+    int EFD_NONBLOCK
+    int EFD_CLOEXEC
+
+__all__ = ["Lock", "LOCK", "Buffer", "Channel", "Driver"]
+
+
+cdef class Lock:
+    """A non-reentrant lock like ``threading.Lock``, taken by compiled paths without a method call.
+
+    A POSIX semaphore rather than a PyThread lock: CPython 3.11/3.12 read the monotonic clock on
+    every acquire of theirs (a deadline is computed even for a try), a measurable share of a
+    graph replay. Any thread may give it back, as with ``threading.Lock``.
+    """
+
+    def __cinit__(self):
+        if sem_init(&self.sem, 0, 1) != 0:
+            PyErr_SetFromErrno(OSError)
+        self.ready = True
+
+    def __dealloc__(self):
+        if self.ready:
+            sem_destroy(&self.sem)
+
+    cdef int take(self) except -1:
+        cdef int r
+        if sem_trywait(&self.sem) != 0:
+            with nogil:
+                r = sem_wait(&self.sem)
+                while r != 0 and errno == EINTR:
+                    r = sem_wait(&self.sem)
+            if r != 0:
+                PyErr_SetFromErrno(OSError)
+        self._locked = True
+        return 0
+
+    cdef void drop(self) noexcept nogil:
+        self._locked = False
+        sem_post(&self.sem)
+
+    def acquire(self):
+        """Take the lock, waiting if another thread holds it; returns True."""
+        self.take()
+        return True
+
+    def release(self):
+        """Give the lock back (from any thread); RuntimeError if it is not held."""
+        if not self._locked:
+            raise RuntimeError("release of an unlocked lock")
+        self.drop()
+
+    def locked(self):
+        """True while some thread holds the lock."""
+        return self._locked
+
+    def __enter__(self):
+        self.take()
+        return True
+
+    def __exit__(self, *exc):
+        self.drop()
+        return False
+
+
+#: the access ledger's lock: held around "order, register, enqueue" (see _ledger)
+_LOCK = Lock()
+LOCK = _LOCK
+
+
+cdef class Buffer:
+    """Device memory: ``ptr`` and ``nbytes`` on ``backend``.
+
+    ``host`` is the backing numpy uint8 array on the host backend (None on cuda). ``owner``
+    keeps a foreign allocation (DLPack, ``__cuda_array_interface__``) alive; owned memory
+    (``owner`` None) goes back to the backend's pool when the last reference goes. Executions
+    in flight hold references, so that never happens early. ``accesses`` is the access
+    ledger's list for this buffer.
+    """
+
+    def __init__(self, backend, ptr, Py_ssize_t nbytes, host=None, owner=None, stream=None):
+        self.backend = backend
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.host = host
+        self.owner = owner
+        self.accesses = []
+        self.last_stream = stream
+
+    def describe(self):
+        """A short description for messages."""
+        return f"buffer 0x{self.ptr:x} ({self.nbytes} bytes, {getattr(self.backend, 'name', '?')})"
+
+    def __repr__(self):
+        return f"<Buffer {self.describe()}>"
+
+    def __del__(self):
+        if self.owner is not None or self.backend is None or sys.is_finalizing():
+            return
+        try:
+            self.backend.free(self)
+        except Exception:
+            # a destructor must not raise; a context that already failed cannot free anyway
+            pass
+
+
+# ---- wake-up channels ------------------------------------------------------------------------
+
+cdef int chan_push(chan_t* c, uint64_t token) noexcept nogil:
+    """Queue ``token`` and wake the reader; safe on any thread without the GIL."""
+    cdef uint64_t one = 1
+    cdef uint64_t* nb
+    pthread_mutex_lock(&c.mu)
+    if c.n == c.cap:
+        nb = <uint64_t*>realloc(c.buf, (c.cap * 2 if c.cap else 64) * sizeof(uint64_t))
+        if nb == NULL:
+            pthread_mutex_unlock(&c.mu)
+            return -1
+        c.buf = nb
+        c.cap = c.cap * 2 if c.cap else 64
+    c.buf[c.n] = token
+    c.n += 1
+    if c.n == 1:
+        write(c.fd, &one, 8)  # EAGAIN: the counter is already set, the reader wakes anyway
+    pthread_mutex_unlock(&c.mu)
+    return 0
+
+
+cdef void chan_unref(chan_t* c) noexcept nogil:
+    cdef bint last
+    pthread_mutex_lock(&c.mu)
+    c.refs -= 1
+    last = c.refs == 0
+    pthread_mutex_unlock(&c.mu)
+    if last:
+        close(c.fd)
+        free(c.buf)
+        pthread_mutex_destroy(&c.mu)
+        free(c)
+
+
+cdef class Channel:
+    """A wake-up channel: tokens pushed by host functions (no GIL) or Python, drained by an event loop.
+
+    The loop watches :meth:`fileno` for readability and calls :meth:`drain`. A pending host
+    function holds a reference to the channel's C state, so dropping the Python object while
+    notifications are in flight is safe.
+    """
+
+    def __cinit__(self):
+        cdef chan_t* c = <chan_t*>malloc(sizeof(chan_t))
+        if c == NULL:
+            raise MemoryError()
+        c.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        if c.fd < 0:
+            free(c)
+            PyErr_SetFromErrno(OSError)
+        pthread_mutex_init(&c.mu, NULL)
+        c.buf = NULL
+        c.n = c.cap = 0
+        c.refs = 1
+        self.c = c
+
+    def __dealloc__(self):
+        if self.c != NULL:
+            chan_unref(self.c)
+            self.c = NULL
+
+    cdef chan_t* ref(self) except NULL:
+        """A reference for a pending notification (released by chan_unref)."""
+        pthread_mutex_lock(&self.c.mu)
+        self.c.refs += 1
+        pthread_mutex_unlock(&self.c.mu)
+        return self.c
+
+    def fileno(self):
+        """The fd to watch for readability."""
+        return self.c.fd
+
+    def push(self, uint64_t token):
+        """Queue a token and wake the reader (any thread)."""
+        if chan_push(self.c, token) != 0:
+            raise MemoryError("wake-up channel: out of memory")
+
+    def drain(self):
+        """The tokens pushed since the last drain (resets the fd first, so no push is lost)."""
+        cdef uint64_t v
+        cdef size_t i
+        read(self.c.fd, &v, 8)
+        pthread_mutex_lock(&self.c.mu)
+        out = [self.c.buf[i] for i in range(self.c.n)]
+        self.c.n = 0
+        pthread_mutex_unlock(&self.c.mu)
+        return out
+
+    def pending(self):
+        """The number of references held by notifications still in flight."""
+        return self.c.refs - 1
+
+
+cdef class Driver:
+    """Driver entry points for the compiled core, filled once by a backend (cuda); empty on host.
+
+    ``error(code, call)`` turns a driver result code into the backend's ``CudaError``.
+    """
+
+    def has_launch(self):
+        """True if kernels can be launched through this table."""
+        return self.launch_kernel != NULL
+
+
+cdef int make_current(Driver d) except -1:
+    """Make ``d``'s context current on this thread (a thread-local check, then one driver call)."""
+    global dvo_current_ctx
+    cdef int err
+    if d.context == dvo_current_ctx or d.ctx_set == NULL:
+        return 0
+    err = d.ctx_set(d.context)
+    if err:
+        raise d.error(err, "cuCtxSetCurrent")
+    dvo_current_ctx = d.context
+    return 0

@@ -1,0 +1,375 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Launch plans, the kernel launch path, the step loop of chains, and graph replays.
+
+A :class:`LaunchPlan` holds what a launch needs once a kernel and its arguments' layout are
+known (function, grid, block, the parameter layout and fixed values) and nothing about their
+addresses, so fresh tensors of a known shape reuse it: :func:`launch` packs pointers and
+scalars into a parameter block on its own stack (``cuLaunchKernel`` copies it before it
+returns, so concurrent launches of one plan never share it), orders the tensors' accesses
+through the ledger and launches, under the ledger lock.
+"""
+
+from libc.stdint cimport uint64_t, uint8_t, uint16_t, int32_t, int64_t, uintptr_t
+
+from ._base cimport _LOCK as LOCK, Buffer, Driver, launch_kernel_t
+from ._ledger cimport ExecutionContext, order, order_tensor
+from ._op cimport DeviceOp
+
+from .._errors import CaptureError, DTypeError, UsageError
+from ..device._tensor import Partition
+
+__all__ = [
+    "LaunchPlan", "KernelPlan", "PlanCache", "Planned", "BuiltinFront", "launch", "run_steps", "GraphLaunch",
+    "MAX_PARAMS",
+]
+
+DEF MAXP = 24
+MAX_PARAMS = MAXP
+# parameter sources and C types (layout entries: (source, index, ctype, fixed raw bits))
+DEF SRC_TENSOR = 0
+DEF SRC_SCALAR = 1
+DEF SRC_FIXED = 2
+DEF CT_PTR = 0
+DEF CT_F32 = 1
+DEF CT_I32 = 2
+DEF CT_I64 = 3
+DEF CT_U8 = 4
+DEF CT_U16 = 5
+
+
+cdef class LaunchPlan:
+    """A kernel launch with its geometry and parameter layout, independent of the tensors' addresses.
+
+    ``layout``: one ``(source, index, ctype, fixed)`` per kernel parameter; source 0 takes the
+    address of ``tensors[index]``, 1 the value of ``scalars[index]``, 2 the raw bits ``fixed``;
+    ctype 0 pointer, 1 float32, 2 int32, 3 int64, 4 uint8, 5 a 16-bit raw value. ``writes``:
+    per tensor, whether the kernel writes it.
+    """
+
+    cdef readonly object fn
+    cdef void* f
+    cdef unsigned int g[3]
+    cdef unsigned int b[3]
+    cdef unsigned int shmem
+    cdef int np, nt
+    cdef signed char src[MAXP]
+    cdef signed char idx[MAXP]
+    cdef signed char ct[MAXP]
+    cdef uint64_t fixed[MAXP]
+    cdef bint wr[MAXP]
+    cdef Driver drv
+    cdef readonly object what
+    cdef readonly tuple writes
+
+    def __init__(self, Driver driver, fn, grid, block, unsigned int shmem, layout, writes, what):
+        cdef int i
+        if driver is None or driver.launch_kernel == NULL:
+            raise UsageError("a launch plan needs a backend that launches kernels (cuda)")
+        if len(layout) > MAXP:
+            raise UsageError(f"{what!r}: kernels take at most {MAXP} parameters, got {len(layout)}")
+        if len(writes) > MAXP:
+            raise UsageError(f"{what!r}: at most {MAXP} tensor parameters")
+        self.drv = driver
+        self.fn = fn
+        self.f = <void*><uintptr_t>int(fn)
+        for i in range(3):
+            self.g[i] = grid[i]
+            self.b[i] = block[i]
+        self.shmem = shmem
+        self.np = len(layout)
+        self.nt = len(writes)
+        for i in range(self.np):
+            s, j, c, v = layout[i]
+            self.src[i] = s
+            self.idx[i] = j
+            self.ct[i] = c
+            self.fixed[i] = v
+        for i in range(self.nt):
+            self.wr[i] = writes[i]
+        self.writes = tuple(writes)
+        self.what = what
+
+    @property
+    def grid(self):
+        return (self.g[0], self.g[1], self.g[2])
+
+    @property
+    def block(self):
+        return (self.b[0], self.b[1], self.b[2])
+
+    def __repr__(self):
+        return f"<LaunchPlan {self.what!r} grid={self.grid} block={self.block}>"
+
+
+cdef inline int _pack(LaunchPlan p, tuple tensors, tuple scalars, uint64_t* slots, void** params) except -1:
+    cdef int i, c
+    cdef object v
+    for i in range(p.np):
+        c = p.ct[i]
+        slots[i] = 0
+        if p.src[i] == SRC_TENSOR:
+            slots[i] = <uint64_t>(<uintptr_t>tensors[p.idx[i]].addr)
+        elif p.src[i] == SRC_SCALAR:
+            v = scalars[p.idx[i]]
+            if c == CT_F32:
+                (<float*>&slots[i])[0] = <float>v
+            elif c == CT_I32:
+                (<int32_t*>&slots[i])[0] = <int32_t>v
+            elif c == CT_I64:
+                (<int64_t*>&slots[i])[0] = <int64_t>v
+            elif c == CT_U8:
+                (<uint8_t*>&slots[i])[0] = <uint8_t>v
+            elif c == CT_U16:
+                (<uint16_t*>&slots[i])[0] = <uint16_t>v
+            else:
+                slots[i] = <uint64_t>v
+        else:
+            slots[i] = p.fixed[i]
+        params[i] = &slots[i]
+    return 0
+
+
+cpdef int launch(ExecutionContext cx, LaunchPlan p, tuple tensors, tuple scalars) except -1:
+    """Order ``tensors``' accesses through the ledger and launch ``p`` on ``cx.stream``, atomically."""
+    cdef uint64_t slots[MAXP]
+    cdef void* params[MAXP]
+    cdef int j, err
+    cdef void* sh = <void*>cx.sh
+    if cx.drv is not p.drv:
+        raise UsageError(f"{p.what!r} was planned for another device than this execution's")
+    _pack(p, tensors, scalars, slots, params)
+    LOCK.take()
+    try:
+        for j in range(p.nt):
+            order_tensor(cx, tensors[j], p.wr[j], p.what)
+        with nogil:
+            err = p.drv.launch_kernel(p.f, p.g[0], p.g[1], p.g[2], p.b[0], p.b[1], p.b[2], p.shmem, sh, params)
+    finally:
+        LOCK.drop()
+    if err:
+        raise p.drv.error(err, f"cuLaunchKernel({getattr(p.what, 'name', p.what)})")
+    return 0
+
+
+cdef class PlanCache:
+    """Launch plans by value key, bounded (oldest dropped first); ``hits`` and ``misses`` counted.
+
+    Thread-safe: lookups are single dict operations under the GIL; a plan made twice by racing
+    threads is the same plan, and either copy serves.
+    """
+
+    cdef dict d
+    cdef public Py_ssize_t max_size
+    cdef public Py_ssize_t hits
+    cdef public Py_ssize_t misses
+
+    def __init__(self, Py_ssize_t max_size=256):
+        self.d = {}
+        self.max_size = max_size
+
+    cpdef object get(self, key):
+        """The plan for ``key``, or None (counted as a hit or a miss)."""
+        p = self.d.get(key)
+        if p is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return p
+
+    def put(self, key, plan):
+        """Keep ``plan`` for ``key`` (dropping the oldest at the bound); returns ``plan``."""
+        d = self.d
+        while len(d) >= self.max_size:
+            try:
+                del d[next(iter(d))]
+            except (StopIteration, KeyError, RuntimeError):  # another thread changed it: retry or done
+                break
+        d[key] = plan
+        return plan
+
+    def __len__(self):
+        return len(self.d)
+
+    def clear(self):
+        """Drop every plan and reset the counters."""
+        self.d.clear()
+        self.hits = self.misses = 0
+
+
+cdef class KernelPlan:
+    """A built-in's plan for one argument layout: its backend, its launch (cuda) and whether it is empty."""
+
+    cdef readonly object be
+    cdef readonly LaunchPlan cuda
+    cdef readonly bint empty
+
+    def __init__(self, be, LaunchPlan cuda, bint empty):
+        self.be = be
+        self.cuda = cuda
+        self.empty = empty
+
+
+cdef class Planned(DeviceOp):
+    """A kernel call whose arguments were validated and planned when it was made; its output is
+    its arguments (same type in, same type out).
+
+    With ``nt`` > 0 the arguments are ``(out partition, nt - 1 tensors, float scalars...)`` and the
+    launch is compiled; with ``nt`` 0 the kernel's ``enqueue(cx, args, opts, plan)`` runs it.
+    """
+
+    cdef readonly object kernel
+    cdef readonly tuple args
+    cdef readonly object opts
+    cdef readonly object plan
+    cdef int nt
+
+    def __repr__(self):
+        return f"<{getattr(self.kernel, 'name', self.kernel)}() call>"
+
+    cpdef object _run(self, ExecutionContext cx):
+        cdef KernelPlan p
+        cdef tuple args = self.args
+        if self.nt > 0:
+            p = self.plan
+            if p.be is not cx.backend:
+                raise UsageError(
+                    f"{self!r}: its tensors live on {p.be.device_label}, not on {cx.backend.device_label}; "
+                    "run it on a stream of that device"
+                )
+            if p.empty:
+                return args
+            if p.cuda is not None:
+                if self.nt == 1:
+                    tensors = (args[0].tensor,)
+                elif self.nt == 2:
+                    tensors = (args[0].tensor, args[1])
+                else:
+                    tensors = (args[0].tensor,) + args[1:self.nt]
+                launch(cx, p.cuda, tensors, args[self.nt:])
+                return args
+        self.kernel.enqueue(cx, args, self.opts, self.plan)
+        return args
+
+
+cpdef Planned planned(kernel, tuple args, plan, int nt, opts=None):
+    """A :class:`Planned` call of ``kernel``."""
+    cdef Planned op = Planned.__new__(Planned)
+    op.kernel = kernel
+    op.args = args
+    op.plan = plan
+    op.nt = nt
+    op.opts = opts
+    return op
+
+
+cdef class BuiltinFront:
+    """The call of a built-in kernel family ``k(out_partition, *tensors, *float_scalars)``.
+
+    ``plans`` maps the arguments' layout (tile, and each tensor's shape, strides, dtype,
+    alignment and device) to a :class:`KernelPlan`; a call whose layout is known (fresh tensors
+    included) is checked and turned into its op here. Anything else (a first layout, ops as
+    arguments, wrong arguments) goes to the subclass's ``_call_slow``, which validates.
+    """
+
+    cdef public PlanCache plans
+    cdef public int n_args
+    cdef public int n_tensors
+    cdef public bint check_scalars  # scalars need more than "a float" (the subclass's _check_scalars)
+
+    def __call__(self, *args):
+        cdef int nt = self.n_tensors
+        cdef int i
+        if len(args) != self.n_args:
+            return self._call_slow(args)
+        out = args[0]
+        if type(out) is not Partition:
+            return self._call_slow(args)
+        try:
+            if nt == 1:
+                key = (out.tile, out.tensor._key)
+            elif nt == 2:
+                key = (out.tile, out.tensor._key, args[1]._key)
+            elif nt == 3:
+                key = (out.tile, out.tensor._key, args[1]._key, args[2]._key)
+            else:
+                return self._call_slow(args)
+        except AttributeError:  # an op or a foreign object among the arguments
+            return self._call_slow(args)
+        p = self.plans.get(key)
+        if p is None:
+            return self._call_slow(args)
+        for i in range(nt, self.n_args):
+            if type(args[i]) is not float:
+                return self._call_slow(args)  # validated (and converted) there
+        if self.check_scalars:
+            self._check_scalars(args)
+        return planned(self, args, p, nt)
+
+
+def run_steps(ExecutionContext cx, out, list steps, op_type):
+    """The step loop of a then/map/inspect chain: ``(len(steps), output)``, or ``(i, value)``
+    when step ``i``'s function returned ``value``, which is not an op (the caller raises)."""
+    cdef Py_ssize_t i
+    cdef DeviceOp op
+    for i in range(len(steps)):
+        kind, f = steps[i]
+        v = f(out)
+        if kind == "then":
+            if not isinstance(v, DeviceOp):
+                return i, v
+            op = v
+            op.take(".then()")
+            out = op._run(cx)
+        elif kind == "map":
+            out = v
+    return len(steps), out
+
+
+cdef class GraphLaunch(DeviceOp):
+    """One replay of a :class:`~deviceop.graph.CudaGraph`; its output is the graph's output.
+
+    A replay registers every region the graph touches with the access ledger, like any op,
+    and launches the executable graph on the execution's stream.
+    """
+
+    cdef readonly object source  # the CudaGraph this op replays
+
+    def __init__(self, g):
+        self.source = g
+
+    def __repr__(self):
+        return f"<launch of {self.source!r}>"
+
+    cpdef object _run(self, ExecutionContext cx):
+        cdef Driver d = cx.drv
+        cdef uintptr_t ex
+        cdef void* sh = <void*>cx.sh
+        cdef int err = 0
+        g = self.source
+        if cx.capturing:
+            raise CaptureError(
+                f"{self!r} inside a graph recording: graphs do not nest. Record the ops of both "
+                "into one scope instead"
+            )
+        if g.backend is not cx.backend:
+            raise UsageError(
+                f"{g!r} was recorded on the {g.backend.name} backend, not {cx.backend.name}; record it again there"
+            )
+        LOCK.take()
+        try:
+            ex_obj, regions, output = g._fast
+            for r in regions:
+                order(cx, r[0], r[1], r[2], r[3], self)
+            if ex_obj is not None:
+                if d is not None and d.graph_launch != NULL:
+                    ex = ex_obj.handle_int
+                    with nogil:
+                        err = d.graph_launch(<void*>ex, sh)
+                    if err:
+                        raise d.error(err, "cuGraphLaunch")
+                else:
+                    g.backend.graphs.launch(ex_obj, cx.stream)
+            g.launches += 1
+            return output
+        finally:
+            LOCK.drop()

@@ -1,0 +1,38 @@
+from libc.stdint cimport uintptr_t
+from ._base cimport Buffer, Driver, Lock
+
+
+cdef class Access:
+    cdef ExecutionContext cx
+    cdef Py_ssize_t lo, hi
+    cdef bint write
+
+
+cdef class ExecutionContext:
+    cdef public object stream
+    cdef public object backend
+    cdef public list buffers
+    cdef public bint done
+    cdef public object label
+    cdef public object op
+    cdef public bint capturing
+    cdef public object captured
+    cdef public tuple children
+    cdef public object _event
+    cdef public bint _sealed
+    cdef public tuple _waited
+    cdef public list _done_cbs
+    cdef public bint _waited_on
+    cdef readonly uintptr_t sh
+    cdef readonly Driver drv
+
+    cdef int wait_for_c(self, ExecutionContext other) except -1
+    cdef object seal_c(self)
+    cdef int finish_c(self, bint ok) except -1
+
+
+cdef ExecutionContext new_context(object stream, object label, object op)
+cdef int order(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write, object what) except -1
+cdef int order_tensor(ExecutionContext cx, object t, bint write, object what) except -1
+cdef int release_c(ExecutionContext cx) except -1
+cdef bint ledger_on()

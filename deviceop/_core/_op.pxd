@@ -1,0 +1,12 @@
+from ._ledger cimport ExecutionContext
+
+
+cdef class DeviceOp:
+    cdef public object _used
+    cpdef object _run(self, ExecutionContext cx)
+    cdef int take(self, str by) except -1
+
+
+cpdef object run_sync(DeviceOp op, object stream, str label)
+cpdef object as_stream(object stream)
+cpdef int refuse_in_capture(str what) except -1

@@ -1,0 +1,229 @@
+# cython: language_level=3
+"""DeviceOp, the run protocol and the synchronous terminals.
+
+An op is a single-use description of GPU work; a terminal makes an :class:`ExecutionContext`
+on a stream, calls the op's ``_run(cx)`` (which enqueues its work through the ledger and
+returns its output, possibly in flight) and waits or hands the execution over. The
+combinators (``then``, ``map``, ``shared``...), ``await``, ``submit`` and ``graph`` live in
+higher layers; they register their implementations in :data:`HOOKS` when imported (importing
+``deviceop`` imports them all), so this layer imports nothing above it.
+"""
+
+from ._base cimport Driver, make_current
+from ._ledger cimport ExecutionContext, new_context
+
+from .._errors import CaptureError, UsageError
+from ..device._capture import CAPTURE, RECORDING
+from ..device._select import next_stream
+
+__all__ = ["DeviceOp", "HOOKS", "SHAREABLE", "run_sync", "as_stream", "refuse_in_capture", "is_op"]
+
+#: implementations registered by higher layers: chain, shared, await, submit, graph
+HOOKS = {}
+
+#: the ``_used`` mark of ops any number of consumers may take (``shared()``)
+cdef object _SHAREABLE = "(shareable)"
+SHAREABLE = _SHAREABLE
+
+
+cpdef int refuse_in_capture(str what) except -1:
+    """Raise CaptureError if this thread is recording a graph: ``what`` would wait or run now."""
+    if RECORDING[0] == 0:
+        return 0
+    sc = CAPTURE.scope
+    if sc is not None:
+        raise CaptureError(
+            f"{what} inside a graph recording: a graph records GPU work, it cannot wait for "
+            f"results or run other work now ({sc!r} is recording on this thread). Run it before "
+            "or after the scope, and record only the ops themselves"
+        )
+    return 0
+
+
+cpdef object as_stream(object stream):
+    """A deviceop stream: ``None`` is the next pool stream; anything else must be a stream."""
+    if stream is None:
+        return next_stream()
+    if hasattr(stream, "backend") and hasattr(stream, "synchronize") and hasattr(stream, "record"):
+        return stream
+    raise UsageError(
+        f"{stream!r} is not a deviceop stream; pass one from do.next_stream() or do.streams()"
+    )
+
+
+cdef int _wait_stream(ExecutionContext cx) except -1:
+    cdef Driver d = cx.drv
+    cdef int err
+    cdef void* sh = <void*>cx.sh
+    if d is not None and d.stream_sync != NULL:
+        with nogil:
+            err = d.stream_sync(sh)
+        if err:
+            raise d.error(err, "cuStreamSynchronize")
+    else:
+        cx.stream.synchronize()
+    return 0
+
+
+cpdef object run_sync(DeviceOp op, object stream, str label):
+    """Run ``op`` (already consumed) on ``stream``, wait for the stream, return the output.
+
+    On failure while enqueuing, what was already enqueued completes before its buffers go.
+    """
+    cdef ExecutionContext cx
+    refuse_in_capture(f"{op!r}.{label}")
+    be = stream.backend
+    d = getattr(be, "driver", None)
+    if isinstance(d, Driver):
+        make_current(<Driver>d)
+    else:
+        be.make_current()
+    cx = new_context(stream, label, op)
+    try:
+        out = op._run(cx)
+    except BaseException:
+        try:
+            stream.synchronize()
+        finally:
+            cx.finish_c(False)
+        raise
+    try:
+        _wait_stream(cx)
+    except BaseException:
+        cx.finish_c(False)
+        raise
+    cx.finish_c(True)
+    return out
+
+
+cdef class DeviceOp:
+    """A description of GPU work whose output is a ``T``.
+
+    Ops are single-use values, like the paper's Rust ops that move into what consumes them:
+    composing an op (``then``, ``zip``, as a kernel argument...) or driving it with a terminal
+    (``sync``, ``sync_on``, ``submit``, ``await``) consumes it, and using it again raises
+    :class:`UsageError`. ``shared()`` makes an op that any number of consumers may use; it
+    executes once.
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._used = None
+
+    def __init__(self):
+        pass
+
+    @classmethod
+    def __class_getitem__(cls, item):
+        return cls
+
+    cpdef object _run(self, ExecutionContext cx):
+        """Enqueue this op's work on ``cx.stream`` and return its output (possibly in flight).
+
+        Every concrete op overrides this.
+        """
+        raise UsageError(f"{type(self).__name__} does not define _run(); subclasses of DeviceOp must")
+
+    cdef int take(self, str by) except -1:
+        u = self._used
+        if u is not None:
+            if u is _SHAREABLE:
+                return 0
+            raise UsageError(
+                f"{self!r} was already consumed by {self._used}; an op runs once. Build a new op "
+                "for another run, or call .shared() on it to use one result in several places."
+            )
+        self._used = by
+        return 0
+
+    def _take(self, by):
+        """Mark consumed by ``by``; raise UsageError if it already was."""
+        self.take(by)
+
+    def __repr__(self):
+        return f"<{type(self).__name__}>"
+
+    # -- combinators -----------------------------------------------------------------------
+    def then(self, f):
+        """Chain: ``f(output)`` returns the next op, which runs on the same stream after this one."""
+        return HOOKS["chain"](self, "then", f)
+
+    def map(self, f):
+        """Transform the output on the host with ``f(output)`` (runs when the op is enqueued)."""
+        return HOOKS["chain"](self, "map", f)
+
+    def inspect(self, f):
+        """Call ``f(output)`` for its side effect when the op is enqueued; pass the output on."""
+        return HOOKS["chain"](self, "inspect", f)
+
+    def first(self):
+        """The first element of a tuple output."""
+        return HOOKS["chain"](self, "map", _first)
+
+    def last(self):
+        """The last element of a tuple output."""
+        return HOOKS["chain"](self, "map", _last)
+
+    def shared(self):
+        """An op that executes this one once; every consumer gets the same output."""
+        return HOOKS["shared"](self)
+
+    # -- terminals -------------------------------------------------------------------------
+    def sync(self):
+        """Run on the next pool stream, wait for completion, return the output."""
+        s = next_stream()
+        self.take("sync()")
+        return run_sync(self, s, "sync()")
+
+    def sync_on(self, stream):
+        """Run on ``stream``, wait for completion, return the output."""
+        s = as_stream(stream)
+        self.take("sync_on()")
+        return run_sync(self, s, "sync_on()")
+
+    def __await__(self):
+        """``await op``: run on the next pool stream; resume the task when the work is complete.
+
+        Works under asyncio, uvloop and trio. The event loop is never blocked. Cancelling the
+        task raises at once; the GPU work still completes and its buffers stay alive until it does.
+        """
+        return self.wait().__await__()
+
+    def wait(self, timeout=None, stream=None):
+        """``await op.wait(timeout=s, stream=st)``: ``await op`` with a timeout and a chosen stream.
+
+        Raises ``TimeoutError`` if the work is not complete after ``timeout`` seconds (the work
+        keeps running).
+        """
+        return HOOKS["await"](self, timeout, stream)
+
+    def graph(self, stream=None):
+        """Record this op into a :class:`~deviceop.graph.CudaGraph` (nothing runs now).
+
+        ``graph.launch()`` replays it and yields this op's output. Allocating ops and nested
+        ``sync``/``await`` raise :class:`CaptureError`. ``stream``: record on this pool stream
+        instead of a private one.
+        """
+        return HOOKS["graph"](self, stream)
+
+    def submit(self, stream=None):
+        """Run on ``stream`` (default: the next pool stream) without waiting; return a future."""
+        return HOOKS["submit"](self, stream)
+
+
+def _first(x):
+    return _pick(x, 0, "first")
+
+
+def _last(x):
+    return _pick(x, -1, "last")
+
+
+cdef object _pick(x, int i, str name):
+    if not isinstance(x, tuple) or not x:
+        raise UsageError(f".{name}() needs an op whose output is a non-empty tuple, got {type(x).__name__}")
+    return x[i]
+
+
+def is_op(x):
+    """True if ``x`` is a DeviceOp."""
+    return isinstance(x, DeviceOp)

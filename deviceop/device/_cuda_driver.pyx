@@ -1,0 +1,207 @@
+# cython: language_level=3
+"""The cuda backend's driver entry points, called through ``cuda.bindings.cydriver``.
+
+cuda.bindings' Python layer spends about as long converting its arguments as the driver spends
+launching; these take plain integers prepared once and release the GIL around the call. The
+driver library itself is found and loaded by cuda.bindings (its first call), so importing this
+module never needs a GPU. :func:`make_driver` fills the compiled core's :class:`Driver` table
+once, when the backend is made.
+"""
+
+from libc.stdint cimport uintptr_t, uint64_t
+from cuda.bindings cimport cydriver
+from cuda.bindings.cydriver cimport CUresult, CUstream, CUevent, CUfunction, CUgraphExec, CUcontext
+
+from .._core._base cimport Channel, Driver, chan_push, chan_t, chan_unref
+
+__all__ = [
+    "make_driver", "event_record", "event_query", "event_create", "event_destroy", "event_sync", "stream_sync",
+    "stream_wait", "graph_launch", "notify", "lt_matmul", "mem_alloc_async", "mem_free_async", "memcpy_htod_async",
+    "memcpy_dtoh_async", "memcpy_dtod_async", "memset_async", "NOT_READY",
+]
+
+NOT_READY = 600  # CUDA_ERROR_NOT_READY
+
+
+cdef int _launch(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                 unsigned int by, unsigned int bz, unsigned int shmem, void* stream, void** params) noexcept nogil:
+    return <int>cydriver.cuLaunchKernel(<CUfunction>f, gx, gy, gz, bx, by, bz, shmem, <CUstream>stream, params, NULL)
+
+
+cdef int _graph_launch(void* ex, void* stream) noexcept nogil:
+    return <int>cydriver.cuGraphLaunch(<CUgraphExec>ex, <CUstream>stream)
+
+
+cdef int _stream_sync(void* stream) noexcept nogil:
+    return <int>cydriver.cuStreamSynchronize(<CUstream>stream)
+
+
+cdef int _event_record(void* ev, void* stream) noexcept nogil:
+    return <int>cydriver.cuEventRecord(<CUevent>ev, <CUstream>stream)
+
+
+cdef int _event_query(void* ev) noexcept nogil:
+    return <int>cydriver.cuEventQuery(<CUevent>ev)
+
+
+cdef int _ctx_set(void* ctx) noexcept nogil:
+    return <int>cydriver.cuCtxSetCurrent(<CUcontext>ctx)
+
+
+def make_driver(uintptr_t context, error):
+    """The core's entry-point table for the primary context ``context``; ``error(code, call)``
+    makes the backend's CudaError."""
+    cdef Driver d = Driver.__new__(Driver)
+    d.launch_kernel = _launch
+    d.graph_launch = _graph_launch
+    d.stream_sync = _stream_sync
+    d.event_record = _event_record
+    d.event_query = _event_query
+    d.ctx_set = _ctx_set
+    d.context = <void*>context
+    d.error = error
+    return d
+
+
+def event_record(uintptr_t ev, uintptr_t stream):
+    """cuEventRecord -> CUresult."""
+    return _event_record(<void*>ev, <void*>stream)
+
+
+def event_query(uintptr_t ev):
+    """cuEventQuery -> CUresult (0 complete, 600 not ready)."""
+    return _event_query(<void*>ev)
+
+
+def stream_sync(uintptr_t stream):
+    """cuStreamSynchronize -> CUresult; the GIL is released while waiting."""
+    cdef int err
+    with nogil:
+        err = _stream_sync(<void*>stream)
+    return err
+
+
+def stream_wait(uintptr_t stream, uintptr_t ev):
+    """cuStreamWaitEvent -> CUresult."""
+    return <int>cydriver.cuStreamWaitEvent(<CUstream>stream, <CUevent>ev, 0)
+
+
+def graph_launch(uintptr_t ex, uintptr_t stream):
+    """cuGraphLaunch -> CUresult."""
+    cdef int err
+    with nogil:
+        err = _graph_launch(<void*>ex, <void*>stream)
+    return err
+
+
+cdef struct note_t:
+    chan_t* c
+    uint64_t token
+
+
+cdef void _notify_cb(void* ud) noexcept nogil:
+    # on the driver's thread: no GIL, no CUDA call
+    cdef note_t* n = <note_t*>ud
+    chan_push(n.c, n.token)
+    chan_unref(n.c)
+    free(n)
+
+
+from libc.stdlib cimport malloc, free
+
+
+def notify(Channel ch, uintptr_t stream, uint64_t token):
+    """Push ``token`` to ``ch`` once ``stream`` reaches this point (a host function that needs no
+    GIL); returns the CUresult (non-zero: nothing was enqueued)."""
+    cdef note_t* n = <note_t*>malloc(sizeof(note_t))
+    cdef int err
+    if n == NULL:
+        raise MemoryError()
+    n.c = ch.ref()
+    n.token = token
+    err = <int>cydriver.cuLaunchHostFunc(<CUstream>stream, _notify_cb, n)
+    if err:
+        chan_unref(n.c)
+        free(n)
+    return err
+
+
+ctypedef int (*ltmatmul_t)(void*, void*, const void*, const void*, void*, const void*, void*,
+                           const void*, const void*, void*, void*, void*, const void*, void*,
+                           size_t, void*) noexcept nogil
+
+
+def lt_matmul(tuple st, float alpha, float beta, uintptr_t ws, size_t ws_bytes, uintptr_t stream):
+    """cublasLtMatmul with D = C: ``st`` = (fn address, handle, desc, A, Adesc, B, Bdesc, C, Cdesc,
+    algo) as ints; returns the cublasStatus_t."""
+    cdef void* v[10]
+    cdef int i, status
+    if len(st) != 10:
+        raise TypeError("lt_matmul: the static tuple has 10 entries")
+    for i in range(10):
+        v[i] = <void*><uintptr_t>st[i]
+    cdef ltmatmul_t fn = <ltmatmul_t>v[0]
+    with nogil:
+        status = fn(v[1], v[2], &alpha, v[3], v[4], v[5], v[6], &beta, v[7], v[8], v[7], v[8], v[9],
+                    <void*>ws, ws_bytes, <void*>stream)
+    return status
+
+
+# ---- memory and events: the per-request calls (cuda.bindings' Python layer costs microseconds) ----
+
+def mem_alloc_async(size_t nbytes, uintptr_t stream):
+    """cuMemAllocAsync -> (CUresult, address)."""
+    cdef cydriver.CUdeviceptr p = 0
+    cdef int err = <int>cydriver.cuMemAllocAsync(&p, nbytes, <CUstream>stream)
+    return err, <uintptr_t>p
+
+
+def mem_free_async(uintptr_t ptr, uintptr_t stream):
+    """cuMemFreeAsync -> CUresult."""
+    return <int>cydriver.cuMemFreeAsync(<cydriver.CUdeviceptr>ptr, <CUstream>stream)
+
+
+def memcpy_htod_async(uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream):
+    """cuMemcpyHtoDAsync -> CUresult."""
+    return <int>cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dst, <const void*>src, n, <CUstream>stream)
+
+
+def memcpy_dtoh_async(uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream):
+    """cuMemcpyDtoHAsync -> CUresult."""
+    return <int>cydriver.cuMemcpyDtoHAsync(<void*>dst, <cydriver.CUdeviceptr>src, n, <CUstream>stream)
+
+
+def memcpy_dtod_async(uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream):
+    """cuMemcpyDtoDAsync -> CUresult."""
+    return <int>cydriver.cuMemcpyDtoDAsync(<cydriver.CUdeviceptr>dst, <cydriver.CUdeviceptr>src, n, <CUstream>stream)
+
+
+def memset_async(uintptr_t dst, unsigned int value, size_t count, int width, uintptr_t stream):
+    """cuMemsetD8/D16/D32Async of ``count`` elements of ``width`` bytes -> CUresult."""
+    if width == 1:
+        return <int>cydriver.cuMemsetD8Async(<cydriver.CUdeviceptr>dst, <unsigned char>value, count, <CUstream>stream)
+    if width == 2:
+        return <int>cydriver.cuMemsetD16Async(<cydriver.CUdeviceptr>dst, <unsigned short>value, count, <CUstream>stream)
+    if width == 4:
+        return <int>cydriver.cuMemsetD32Async(<cydriver.CUdeviceptr>dst, value, count, <CUstream>stream)
+    raise ValueError("memset width must be 1, 2 or 4 bytes")
+
+
+def event_create(unsigned int flags):
+    """cuEventCreate -> (CUresult, event)."""
+    cdef CUevent ev = NULL
+    cdef int err = <int>cydriver.cuEventCreate(&ev, flags)
+    return err, <uintptr_t>ev
+
+
+def event_destroy(uintptr_t ev):
+    """cuEventDestroy -> CUresult."""
+    return <int>cydriver.cuEventDestroy(<CUevent>ev)
+
+
+def event_sync(uintptr_t ev):
+    """cuEventSynchronize -> CUresult; the GIL is released while waiting."""
+    cdef int err
+    with nogil:
+        err = <int>cydriver.cuEventSynchronize(<CUevent>ev)
+    return err

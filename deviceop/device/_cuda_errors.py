@@ -1,0 +1,41 @@
+"""The cuda backend's error reporting: driver results as :class:`CudaError`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._errors import CudaError
+
+__all__ = ["check", "cuda_error"]
+
+try:
+    from cuda.bindings import driver as _drv
+except Exception:  # pragma: no cover - cuda-python is a dependency; kept for broken installs
+    _drv = None  # type: ignore[assignment]
+
+
+def _error_text(err: Any) -> tuple[str, str]:
+    try:
+        if type(err) is int:  # from the compiled entry points
+            err = _drv.CUresult(err)
+        _, name = _drv.cuGetErrorName(err)
+        _, text = _drv.cuGetErrorString(err)
+        return name.decode(), text.decode()
+    except Exception:
+        return f"CUresult {int(err)}", "unknown error"
+
+
+def cuda_error(err: Any, call: str) -> CudaError:
+    """A CudaError carrying the driver's error name and explanation."""
+    name, text = _error_text(err)
+    return CudaError(f"{call} failed with {name}: {text}", name=name, code=int(err))
+
+
+def check(result: Any, call: str) -> Any:
+    """Unpack a cuda.bindings result tuple, raising CudaError on failure."""
+    err = result[0]
+    if err:
+        raise cuda_error(err, call)
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]

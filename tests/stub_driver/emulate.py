@@ -1,0 +1,182 @@
+"""The stub driver's kernels: built-in launches computed on the host by their numpy twins.
+
+``install()`` registers the hooks with the stub libcuda.so.1 loaded into this process (see
+stub_cuda.c). A launch arrives as the function's name, the grid and the parameter block; the
+parameters are decoded by the built-in's ABI (see deviceop.kernels._elementwise and
+_rowwise) and the family's host implementation computes the result in place. So the cuda
+backend's packing of parameters is checked by the results, as on a GPU.
+
+User kernels run their ``host=`` function: the harness remembers each Kernel by name and each
+tensor's layout by address (it wraps ``Kernel.__init__`` and ``Tensor.__init__``), so a
+pointer parameter becomes the array the host backend would pass. cuBLAS is not emulated: GEMM
+tests skip under the stub, as do tests that need work to run asynchronously (the stub runs
+everything at once, in the enqueuing thread).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint),
+                           ctypes.POINTER(ctypes.c_void_p))
+_NPARAMS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p)
+_state: dict[str, Any] = {}
+
+
+def _families() -> dict[str, Any]:
+    from deviceop.kernels._builtins import BUILTINS
+    from deviceop.kernels._elementwise import DTYPES, SFX
+
+    out = {}
+    for k in BUILTINS:
+        for d in DTYPES:
+            out[f"{k.name}_{SFX[d.name]}"] = (k, d)
+    return out
+
+
+def _nparams(k: Any) -> int:
+    if hasattr(k, "n_in"):  # elementwise: out, inputs, scalars, tile, vec
+        return 1 + k.n_in + k.n_scalar + 2
+    return k.n_tensors + (1 if k.kind == "rms" else 0) + 3  # row-wise: pointers, eps, n, r, vec
+
+
+def _array(addr: int, n: int, dtype: Any) -> np.ndarray:
+    if n == 0:
+        return np.empty(0, dtype.np_dtype)
+    raw = (ctypes.c_uint8 * (n * dtype.itemsize)).from_address(addr)
+    return np.frombuffer(raw, dtype=dtype.np_dtype)
+
+
+def _value(params: Any, i: int, ctype: Any) -> Any:
+    return ctype.from_address(params[i]).value
+
+
+_SCALAR_CTYPES = {"float32": ctypes.c_float, "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
+                  "float16": ctypes.c_uint16, "bfloat16": ctypes.c_uint16}
+
+
+def _tensor_array(addr: int, what: str) -> np.ndarray:
+    lay = _state["layouts"].get(addr)
+    if lay is None:
+        raise LookupError(f"no tensor is known at 0x{addr:x} ({what})")
+    shape, strides, dtype = lay
+    if not shape or 0 in shape:
+        return np.empty(shape, dtype.np_dtype)
+    span = (sum((n - 1) * st for n, st in zip(shape, strides)) + 1) * dtype.itemsize
+    raw = np.frombuffer((ctypes.c_uint8 * span).from_address(addr), dtype=np.uint8).view(dtype.np_dtype)
+    it = dtype.itemsize
+    return np.lib.stride_tricks.as_strided(raw, shape=shape, strides=tuple(st * it for st in strides))
+
+
+def _launch_user(k: Any, params: Any) -> int:
+    from deviceop.kernels._params import TensorParam
+
+    args = []
+    for i, p in enumerate(k.params):
+        if isinstance(p, TensorParam):
+            args.append(_tensor_array(_value(params, i, ctypes.c_uint64), f"argument {i} of {k.name}"))
+        else:
+            v = _value(params, i, _SCALAR_CTYPES[p.name])
+            if p.itemsize == 2 and p.is_float:
+                v = np.array(v, np.uint16).view(p.np_dtype)[()]
+            args.append(p.np_dtype.type(v))
+    k.host(*args)
+    return 0
+
+
+def _launch(name: bytes, grid: Any, block: Any, params: Any) -> int:
+    try:
+        user = _state["kernels"].get(name.decode())
+        if user is not None:
+            return _launch_user(user, params)
+        k, d = _state["families"][name.decode()]
+        g = grid[0] * grid[1] * grid[2]
+        ptr = lambda i: _value(params, i, ctypes.c_uint64)  # noqa: E731
+        if hasattr(k, "n_in"):
+            n_ptr = 1 + k.n_in
+            tile = _value(params, n_ptr + k.n_scalar, ctypes.c_int64)
+            n = g * tile
+            arrays = [_array(ptr(i), n, d) for i in range(n_ptr)]
+            scalars = [np.float32(_value(params, n_ptr + j, ctypes.c_float)) for j in range(k.n_scalar)]
+            k.host_impl(*arrays, *scalars)
+            return 0
+        n_ptr = k.n_tensors
+        extra = 1 if k.kind == "rms" else 0
+        n = _value(params, n_ptr + extra, ctypes.c_int64)
+        r = _value(params, n_ptr + extra + 1, ctypes.c_int64)
+        rows = g * r
+        x = _array(ptr(1), rows * n, d).reshape(rows, n)  # (matvec: the matrix)
+        if k.kind in ("map", "rms"):
+            out = _array(ptr(0), rows * n, d).reshape(rows, n)
+        else:
+            out = _array(ptr(0), rows, d)
+        rest: list[Any] = []
+        if k.kind == "rms":
+            rest = [_array(ptr(2), n, d), np.float32(_value(params, n_ptr, ctypes.c_float))]
+        elif k.kind == "matvec":
+            rest = [_array(ptr(2), n, d)]
+        k.host_impl(out, x, *rest)
+        return 0
+    except Exception as e:  # a fault, as a kernel's would be: CUDA_ERROR_LAUNCH_FAILED
+        print(f"deviceop stub driver: launch of {name!r} failed: {e!r}", file=sys.stderr)
+        return 719
+
+
+def _count(name: bytes) -> int:
+    user = _state["kernels"].get(name.decode())
+    if user is not None:
+        return len(user.params) if user.host is not None else -1
+    hit = _state["families"].get(name.decode())
+    return _nparams(hit[0]) if hit else -1
+
+
+def _remember_layouts() -> None:
+    from deviceop.device._tensor import Tensor
+    from deviceop.kernels._kernel import Kernel
+
+    layouts: dict[int, Any] = {}
+    kernels: dict[str, Any] = {}
+    t_init, k_init = Tensor.__init__, Kernel.__init__
+
+    def tensor_init(self: Any, *a: Any, **kw: Any) -> None:
+        t_init(self, *a, **kw)
+        if len(layouts) > 200_000:
+            layouts.clear()
+        layouts[self.addr] = (self.shape, self.strides, self.dtype)
+
+    def kernel_init(self: Any, *a: Any, **kw: Any) -> None:
+        k_init(self, *a, **kw)
+        kernels[self.name] = self
+
+    Tensor.__init__ = tensor_init  # type: ignore[method-assign]
+    Kernel.__init__ = kernel_init  # type: ignore[method-assign]
+    _state["layouts"], _state["kernels"] = layouts, kernels
+
+
+def install() -> None:
+    """Register the emulated kernels with the stub driver loaded in this process."""
+    if "lib" in _state:
+        return
+    lib = ctypes.CDLL("libcuda.so.1")
+    if not hasattr(lib, "stub_set_hooks"):
+        raise RuntimeError("libcuda.so.1 here is not deviceop's stub driver (check LD_LIBRARY_PATH)")
+    _state["families"] = _families()
+    _remember_layouts()
+    _state["hooks"] = (_LAUNCH(_launch), _NPARAMS(_count))  # kept alive: the driver calls them
+    lib.stub_set_hooks(*_state["hooks"])
+    lib.stub_launches.restype = ctypes.c_long
+    _state["lib"] = lib
+
+
+def launches() -> int:
+    """Kernel launches the stub has executed (graph replays included)."""
+    return int(_state["lib"].stub_launches())

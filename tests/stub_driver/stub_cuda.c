@@ -1,0 +1,507 @@
+// A stub libcuda.so.1: the CUDA driver API deviceop's cuda backend uses, emulated on the host,
+// so that CI runs that backend's code (launch plans and parameter packing, the ledger's cuda
+// path, events and cross-stream waits, host functions, graphs, the await wake-ups) without a GPU.
+//
+// Device memory is host memory. Each stream is a worker thread executing its queue in order;
+// events complete when their stream reaches them and cuStreamWaitEvent makes a stream wait, so
+// work on several streams runs concurrently and a missing dependency shows as a wrong result.
+// Kernel launches go to a hook the test harness registers (stub_set_hooks): it gets the
+// function's name, the grid and the parameter block, and computes the kernel's result on the
+// host. Parameters are copied when the launch is enqueued (8 bytes each, as many as the harness
+// says the function takes), as the driver copies them. During stream capture, work is recorded
+// and cuGraphLaunch enqueues it again. A failed launch makes the context's error sticky: every
+// later call returns it, as after a kernel fault.
+//
+// Build:  cc -O2 -shared -fPIC -Wl,-soname,libcuda.so.1 -o libcuda.so.1 stub_cuda.c -ldl -lpthread
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+enum { OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_NOT_FOUND = 500, E_CAPTURE_INVALIDATED = 901 };
+
+typedef int (*launch_hook_t)(const char *name, const unsigned *grid, const unsigned *block, void **params);
+typedef int (*nparams_hook_t)(const char *name);
+static launch_hook_t launch_hook;
+static nparams_hook_t nparams_hook;
+static long launches, live_allocs;
+static volatile int sticky;  // the context's error once a launch failed (0: healthy)
+
+// The harness's hooks: launch(name, grid[3], block[3], params) -> CUresult; nparams(name) -> count.
+void stub_set_hooks(launch_hook_t launch, nparams_hook_t nparams) {
+    launch_hook = launch;
+    nparams_hook = nparams;
+}
+long stub_launches(void) { return launches; }
+long stub_live_allocs(void) { return live_allocs; }
+
+typedef struct func {
+    char name[128];
+    int nparams;
+} func_t;
+
+// One cuEventRecord: done once its stream reaches it. A wait holds the record it saw when it was
+// enqueued, so a later record of the same event (a reused handle) never releases it early.
+typedef struct record {
+    int done;
+    long refs;  // the event's latest pointer, the queued record, queued waits
+} record_t;
+
+typedef struct event {
+    record_t *latest;  // NULL: never recorded (complete)
+} event_t;
+
+static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;  // every event and record
+static pthread_cond_t ev_cv = PTHREAD_COND_INITIALIZER;
+
+static void unref_record(record_t *r) {  // with ev_mu held
+    if (r && --r->refs == 0) free(r);
+}
+
+enum { W_KERNEL, W_MEMSET, W_COPY, W_FREE, W_RECORD, W_WAIT, W_HOSTFN };
+typedef struct work {
+    int kind;
+    func_t *fn;
+    unsigned grid[3], block[3];
+    int nparams;
+    uint64_t values[32];
+    CUdeviceptr dst, src;
+    size_t n;
+    unsigned value;
+    int width;
+    record_t *rec;
+    void (*hostfn)(void *);
+    void *data;
+    struct work *next;
+} work_t;
+
+typedef struct graph {
+    work_t *items;
+    size_t n, cap;
+} graph_t;
+
+typedef struct stream {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;       // work queued / all done
+    work_t *head, *tail;
+    long pending;            // queued or running
+    int capturing;
+    graph_t *capture;
+    pthread_t thread;
+} stream_t;
+
+static CUresult push_work(graph_t *g, const work_t *w) {
+    if (g->n == g->cap) {
+        size_t cap = g->cap ? 2 * g->cap : 16;
+        work_t *items = realloc(g->items, cap * sizeof(work_t));
+        if (!items) return E_OUT_OF_MEMORY;
+        g->items = items;
+        g->cap = cap;
+    }
+    g->items[g->n++] = *w;
+    return OK;
+}
+
+static CUresult release(CUdeviceptr p);
+
+static void run_work(const work_t *w) {
+    switch (w->kind) {
+    case W_KERNEL: {
+        if (sticky) return;  // no work runs once the context failed
+        void *params[32];
+        for (int i = 0; i < w->nparams; i++) params[i] = (void *)&w->values[i];
+        __sync_fetch_and_add(&launches, 1);
+        int r = launch_hook ? launch_hook(w->fn->name, w->grid, w->block, params) : E_INVALID_VALUE;
+        if (r && !sticky) sticky = r;
+        return;
+    }
+    case W_COPY:
+        if (!sticky) memmove((void *)w->dst, (const void *)w->src, w->n);
+        return;
+    case W_MEMSET:
+        if (sticky) return;
+        for (size_t i = 0; i < w->n; i++) {
+            char *p = (char *)w->dst + i * w->width;
+            if (w->width == 1) *(uint8_t *)p = (uint8_t)w->value;
+            else if (w->width == 2) *(uint16_t *)p = (uint16_t)w->value;
+            else *(uint32_t *)p = w->value;
+        }
+        return;
+    case W_FREE:
+        release(w->dst);
+        return;
+    case W_RECORD:
+        pthread_mutex_lock(&ev_mu);
+        w->rec->done = 1;
+        pthread_cond_broadcast(&ev_cv);
+        unref_record(w->rec);
+        pthread_mutex_unlock(&ev_mu);
+        return;
+    case W_WAIT:
+        pthread_mutex_lock(&ev_mu);
+        while (!w->rec->done) pthread_cond_wait(&ev_cv, &ev_mu);
+        unref_record(w->rec);
+        pthread_mutex_unlock(&ev_mu);
+        return;
+    case W_HOSTFN:
+        if (!sticky) w->hostfn(w->data);  // as on CUDA: none after a context error
+        return;
+    }
+}
+
+// DEVICEOP_STUB_CHAOS_US=N: each stream waits a random 0..N microseconds before each item, so a
+// missing cross-stream dependency shows up as a wrong result
+static unsigned chaos_us;
+
+static void *worker(void *arg) {
+    stream_t *s = arg;
+    unsigned seed = (unsigned)(uintptr_t)s;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->head) pthread_cond_wait(&s->cv, &s->mu);
+        work_t *w = s->head;
+        s->head = w->next;
+        if (!s->head) s->tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (chaos_us) {
+            struct timespec ts = {0, (long)(rand_r(&seed) % (chaos_us + 1)) * 1000L};
+            nanosleep(&ts, NULL);
+        }
+        run_work(w);
+        free(w);
+        pthread_mutex_lock(&s->mu);
+        if (--s->pending == 0) pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+// work on a stream: recorded while it captures, else queued for its worker
+static CUresult submit(void *hstream, const work_t *w) {
+    stream_t *s = hstream;
+    if (!s) return E_INVALID_VALUE;  // deviceop never uses the legacy stream
+    if (s->capturing) {
+        if (w->kind == W_RECORD || w->kind == W_WAIT || w->kind == W_HOSTFN || w->kind == W_FREE)
+            return E_CAPTURE_INVALIDATED;  // not recorded by deviceop's graphs
+        return push_work(s->capture, w);
+    }
+    work_t *c = malloc(sizeof(work_t));
+    if (!c) return E_OUT_OF_MEMORY;
+    *c = *w;
+    c->next = NULL;
+    pthread_mutex_lock(&s->mu);
+    if (s->tail) s->tail->next = c;
+    else s->head = c;
+    s->tail = c;
+    s->pending++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return OK;
+}
+
+// ---- init, devices, contexts -------------------------------------------------------------
+CUresult cuInit(unsigned flags) {
+    const char *c = getenv("DEVICEOP_STUB_CHAOS_US");
+    chaos_us = c ? (unsigned)strtoul(c, NULL, 10) : 0;
+    return OK;
+}
+CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
+CUresult cuDeviceGetCount(int *n) { *n = 1; return OK; }
+CUresult cuDeviceGet(int *dev, int ordinal) { if (ordinal != 0) return E_INVALID_VALUE; *dev = 0; return OK; }
+CUresult cuDeviceGetName(char *name, int len, int dev) { snprintf(name, len, "deviceop stub device"); return OK; }
+CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
+    switch (attr) {
+    case 75: *v = 9; break;    // compute capability major
+    case 76: *v = 0; break;    // minor
+    case 16: *v = 132; break;  // multiprocessors
+    default: *v = 1;
+    }
+    return OK;
+}
+static int the_context;
+static __thread void *current;
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) { *ctx = &the_context; return OK; }
+CUresult cuDevicePrimaryCtxRelease(int dev) { return OK; }
+CUresult cuCtxSetCurrent(void *ctx) { current = ctx; return OK; }
+CUresult cuCtxGetCurrent(void **ctx) { *ctx = current; return OK; }
+CUresult cuCtxGetDevice(int *dev) { *dev = 0; return OK; }
+CUresult cuCtxSynchronize(void) { return OK; }
+
+// ---- memory --------------------------------------------------------------------------------
+static int the_pool;
+static long long used;
+CUresult cuDeviceGetDefaultMemPool(void **pool, int dev) { *pool = &the_pool; return OK; }
+CUresult cuMemPoolSetAttribute(void *pool, int attr, void *value) { return OK; }
+CUresult cuMemPoolGetAttribute(void *pool, int attr, void *value) {
+    *(unsigned long long *)value = attr == 7 /* CU_MEMPOOL_ATTR_USED_MEM_CURRENT */ ? (unsigned long long)used : 0;
+    return OK;
+}
+
+static CUresult alloc(CUdeviceptr *p, size_t n) {
+    // a size header keeps the pool's "used" figure honest; 256-byte aligned like the driver's
+    void *raw = NULL;
+    if (posix_memalign(&raw, 256, n + 256) != 0) return E_OUT_OF_MEMORY;
+    *(size_t *)raw = n;
+    *p = (CUdeviceptr)((char *)raw + 256);
+    __sync_fetch_and_add(&used, (long long)n);
+    __sync_fetch_and_add(&live_allocs, 1);
+    return OK;
+}
+static CUresult release(CUdeviceptr p) {
+    if (!p) return OK;
+    char *raw = (char *)p - 256;
+    __sync_fetch_and_sub(&used, (long long)*(size_t *)raw);
+    __sync_fetch_and_sub(&live_allocs, 1);
+    free(raw);
+    return OK;
+}
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, void *s) { return alloc(p, n); }
+CUresult cuMemFreeAsync(CUdeviceptr p, void *s) {
+    work_t w = {.kind = W_FREE, .dst = p};
+    return s ? submit(s, &w) : release(p);
+}
+CUresult cuMemAlloc(CUdeviceptr *p, size_t n) { return alloc(p, n); }
+CUresult cuMemFree(CUdeviceptr p) { return release(p); }
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) { *p = malloc(n); return *p ? OK : E_OUT_OF_MEMORY; }
+CUresult cuMemFreeHost(void *p) { free(p); return OK; }
+
+static CUresult copy(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) {
+    work_t w = {.kind = W_COPY, .dst = dst, .src = src, .n = n};
+    return submit(s, &w);
+}
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, void *s) { return copy(dst, (CUdeviceptr)src, n, s); }
+CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, void *s) { return copy((CUdeviceptr)dst, src, n, s); }
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) { return copy(dst, src, n, s); }
+static CUresult memset_n(CUdeviceptr dst, unsigned v, size_t n, int width, void *s) {
+    work_t w = {.kind = W_MEMSET, .dst = dst, .n = n, .value = v, .width = width};
+    return submit(s, &w);
+}
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void *s) { return memset_n(d, v, n, 1, s); }
+CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, void *s) { return memset_n(d, v, n, 2, s); }
+CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, void *s) { return memset_n(d, v, n, 4, s); }
+
+// ---- streams, events, host functions -------------------------------------------------------
+CUresult cuStreamCreate(void **hs, unsigned flags) {
+    stream_t *s = calloc(1, sizeof(stream_t));
+    if (!s) return E_OUT_OF_MEMORY;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (pthread_create(&s->thread, NULL, worker, s) != 0) { free(s); return E_OUT_OF_MEMORY; }
+    pthread_detach(s->thread);
+    *hs = s;
+    return OK;
+}
+CUresult cuStreamDestroy(void *s) { return OK; }  // its worker stays: deviceop never destroys streams
+CUresult cuStreamSynchronize(void *hs) {
+    stream_t *s = hs;
+    if (!s) return E_INVALID_VALUE;
+    pthread_mutex_lock(&s->mu);
+    while (s->pending) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    return sticky;
+}
+CUresult cuStreamQuery(void *hs) {
+    stream_t *s = hs;
+    if (sticky) return sticky;
+    pthread_mutex_lock(&s->mu);
+    long n = s->pending;
+    pthread_mutex_unlock(&s->mu);
+    return n ? 600 : OK;  // CUDA_ERROR_NOT_READY
+}
+CUresult cuEventCreate(void **hev, unsigned flags) {
+    event_t *ev = calloc(1, sizeof(event_t));
+    if (!ev) return E_OUT_OF_MEMORY;
+    *hev = ev;
+    return OK;
+}
+CUresult cuEventDestroy(void *hev) {
+    event_t *ev = hev;
+    pthread_mutex_lock(&ev_mu);
+    unref_record(ev->latest);  // queued records and waits keep their own references
+    pthread_mutex_unlock(&ev_mu);
+    free(ev);
+    return OK;
+}
+CUresult cuEventRecord(void *hev, void *s) {
+    event_t *ev = hev;
+    record_t *r = calloc(1, sizeof(record_t));
+    if (!r) return E_OUT_OF_MEMORY;
+    r->refs = 2;  // the event's latest, the queued record
+    pthread_mutex_lock(&ev_mu);
+    unref_record(ev->latest);
+    ev->latest = r;
+    pthread_mutex_unlock(&ev_mu);
+    work_t w = {.kind = W_RECORD, .rec = r};
+    CUresult res = submit(s, &w);
+    if (res) {  // not queued: it will never complete by itself
+        pthread_mutex_lock(&ev_mu);
+        r->done = 1;
+        unref_record(r);
+        pthread_mutex_unlock(&ev_mu);
+    }
+    return res;
+}
+CUresult cuStreamWaitEvent(void *s, void *hev, unsigned flags) {
+    event_t *ev = hev;
+    pthread_mutex_lock(&ev_mu);
+    record_t *r = ev->latest;  // the record it waits for: the latest at this call
+    if (r) r->refs++;
+    pthread_mutex_unlock(&ev_mu);
+    if (!r) return OK;  // never recorded: complete
+    work_t w = {.kind = W_WAIT, .rec = r};
+    CUresult res = submit(s, &w);
+    if (res) {
+        pthread_mutex_lock(&ev_mu);
+        unref_record(r);
+        pthread_mutex_unlock(&ev_mu);
+    }
+    return res;
+}
+CUresult cuEventQuery(void *hev) {
+    event_t *ev = hev;
+    if (sticky) return sticky;
+    pthread_mutex_lock(&ev_mu);
+    int done = !ev->latest || ev->latest->done;
+    pthread_mutex_unlock(&ev_mu);
+    return done ? OK : 600;
+}
+CUresult cuEventSynchronize(void *hev) {
+    event_t *ev = hev;
+    pthread_mutex_lock(&ev_mu);
+    record_t *r = ev->latest;
+    if (r) {
+        r->refs++;
+        while (!r->done && !sticky) pthread_cond_wait(&ev_cv, &ev_mu);
+        unref_record(r);
+    }
+    pthread_mutex_unlock(&ev_mu);
+    return sticky;
+}
+CUresult cuLaunchHostFunc(void *s, void (*fn)(void *), void *data) {
+    work_t w = {.kind = W_HOSTFN, .hostfn = fn, .data = data};
+    return submit(s, &w);
+}
+
+// ---- modules and launches --------------------------------------------------------------------
+CUresult cuModuleLoadData(void **mod, const void *image) { *mod = malloc(1); return *mod ? OK : E_OUT_OF_MEMORY; }
+CUresult cuModuleUnload(void *mod) { free(mod); return OK; }
+CUresult cuModuleGetFunction(void **fn, void *mod, const char *name) {
+    func_t *f = calloc(1, sizeof(func_t));
+    if (!f) return E_OUT_OF_MEMORY;
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->nparams = nparams_hook ? nparams_hook(name) : -1;
+    if (f->nparams < 0 || f->nparams > 32) {
+        free(f);
+        return E_NOT_FOUND;  // the harness does not know this kernel
+    }
+    *fn = f;
+    return OK;
+}
+CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shmem, void *s, void **params, void **extra) {
+    func_t *f = fn;
+    if (sticky) return sticky;
+    if (!f || (uint64_t)gx * gy * gz == 0 || (uint64_t)bx * by * bz == 0 || (uint64_t)bx * by * bz > 1024)
+        return E_INVALID_VALUE;
+    work_t w = {.kind = W_KERNEL, .fn = f, .nparams = f->nparams, .grid = {gx, gy, gz}, .block = {bx, by, bz}};
+    for (int i = 0; i < f->nparams; i++) memcpy(&w.values[i], params[i], 8);
+    return submit(s, &w);
+}
+
+// ---- graphs ----------------------------------------------------------------------------------
+CUresult cuStreamBeginCapture(void *s, int mode) {
+    stream_t *st = s;
+    if (!st || st->capturing) return E_INVALID_VALUE;
+    st->capture = calloc(1, sizeof(graph_t));
+    if (!st->capture) return E_OUT_OF_MEMORY;
+    st->capturing = 1;
+    return OK;
+}
+CUresult cuStreamEndCapture(void *s, void **graph) {
+    stream_t *st = s;
+    if (!st || !st->capturing) return E_INVALID_VALUE;
+    *graph = st->capture;
+    st->capture = NULL;
+    st->capturing = 0;
+    return OK;
+}
+CUresult cuStreamIsCapturing(void *s, int *status) {
+    stream_t *st = s;
+    *status = st && st->capturing;
+    return OK;
+}
+CUresult cuGraphGetNodes(void *g, void **nodes, size_t *n) { *n = ((graph_t *)g)->n; return OK; }
+static graph_t *copy_graph(const graph_t *g) {
+    graph_t *c = calloc(1, sizeof(graph_t));
+    if (!c) return NULL;
+    if (g->n) {
+        c->items = malloc(g->n * sizeof(work_t));
+        if (!c->items) { free(c); return NULL; }
+        memcpy(c->items, g->items, g->n * sizeof(work_t));
+    }
+    c->n = c->cap = g->n;
+    return c;
+}
+static void free_graph(graph_t *g) { if (g) { free(g->items); free(g); } }
+CUresult cuGraphInstantiate(void **ex, void *g, unsigned long long flags) {
+    *ex = copy_graph(g);
+    return *ex ? OK : E_OUT_OF_MEMORY;
+}
+CUresult cuGraphInstantiateWithFlags(void **ex, void *g, unsigned long long flags) { return cuGraphInstantiate(ex, g, flags); }
+CUresult cuGraphUpload(void *ex, void *s) { return OK; }
+CUresult cuGraphLaunch(void *ex, void *s) {
+    graph_t *g = ex;
+    if (sticky) return sticky;
+    for (size_t i = 0; i < g->n; i++) {
+        CUresult r = submit(s, &g->items[i]);
+        if (r) return r;
+    }
+    return OK;
+}
+CUresult cuGraphExecUpdate(void *ex, void *g, void *info) {
+    graph_t *e = ex, *n = g;
+    if (e->n != n->n) return 910;  // CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+    for (size_t i = 0; i < e->n; i++)
+        if (e->items[i].kind != n->items[i].kind) return 910;  // (a kernel node may change its function)
+    memcpy(e->items, n->items, n->n * sizeof(work_t));
+    return OK;
+}
+CUresult cuGraphDestroy(void *g) { free_graph(g); return OK; }
+CUresult cuGraphExecDestroy(void *ex) { free_graph(ex); return OK; }
+
+// ---- errors ----------------------------------------------------------------------------------
+CUresult cuGetErrorName(CUresult e, const char **s) {
+    switch (e) {
+    case OK: *s = "CUDA_SUCCESS"; break;
+    case E_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case E_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case E_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
+    case 719: *s = "CUDA_ERROR_LAUNCH_FAILED"; break;
+    case E_CAPTURE_INVALIDATED: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break;
+    default: *s = "CUDA_ERROR_UNKNOWN";
+    }
+    return OK;
+}
+CUresult cuGetErrorString(CUresult e, const char **s) { *s = "reported by the deviceop stub driver"; return OK; }
+
+// NVRTC asks the driver it finds for its private tables: there are none here
+CUresult cuGetExportTable(const void **table, const void *id) { *table = NULL; return E_NOT_FOUND; }
+
+// cuda.bindings resolves its entry points through cuGetProcAddress: hand out this library's
+CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, int *status) {
+    void *p = dlsym(RTLD_DEFAULT, sym);
+    Dl_info here, there;  // only this library's own functions
+    if (p && dladdr((void *)cuInit, &here) && dladdr(p, &there) && here.dli_fbase != there.dli_fbase) p = NULL;
+    *pfn = p;
+    if (status != NULL) *status = p != NULL ? 0 : 1;  // CU_GET_PROC_ADDRESS_SUCCESS / SYMBOL_NOT_FOUND
+    return p != NULL ? OK : E_NOT_FOUND;
+}
+CUresult cuGetProcAddress(const char *sym, void **pfn, int version, unsigned long long flags) {
+    return cuGetProcAddress_v2(sym, pfn, version, flags, NULL);
+}
