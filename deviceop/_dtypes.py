@@ -14,9 +14,10 @@ from ._errors import DTypeError
 __all__ = ["DType", "float16", "bfloat16", "float32", "int32", "int64", "uint8", "as_dtype"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DType:
-    """A tensor element type."""
+    """A tensor element type. The six dtypes are singletons: compared and hashed by identity
+    (launch plans are keyed by them on every call)."""
 
     name: str
     itemsize: int

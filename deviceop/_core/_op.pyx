@@ -16,9 +16,12 @@ from .._errors import CaptureError, UsageError
 from ..device._capture import CAPTURE, RECORDING
 from ..device._select import next_stream
 
-__all__ = ["DeviceOp", "HOOKS", "SHAREABLE", "run_sync", "as_stream", "refuse_in_capture", "is_op"]
+__all__ = [
+    "DeviceOp", "Value", "Chain", "HOOKS", "SHAREABLE", "value", "chain", "run_sync", "as_stream", "refuse_in_capture",
+    "is_op",
+]
 
-#: implementations registered by higher layers: chain, shared, await, submit, graph
+#: implementations registered by higher layers: shared, await, submit, graph
 HOOKS = {}
 
 #: the ``_used`` mark of ops any number of consumers may take (``shared()``)
@@ -71,7 +74,8 @@ cpdef object run_sync(DeviceOp op, object stream, str label):
     On failure while enqueuing, what was already enqueued completes before its buffers go.
     """
     cdef ExecutionContext cx
-    refuse_in_capture(f"{op!r}.{label}")
+    if RECORDING[0]:
+        refuse_in_capture(f"{op!r}.{label}")
     be = stream.backend
     d = getattr(be, "driver", None)
     if isinstance(d, Driver):
@@ -145,23 +149,23 @@ cdef class DeviceOp:
     # -- combinators -----------------------------------------------------------------------
     def then(self, f):
         """Chain: ``f(output)`` returns the next op, which runs on the same stream after this one."""
-        return HOOKS["chain"](self, "then", f)
+        return chain(self, _THEN, f)
 
     def map(self, f):
         """Transform the output on the host with ``f(output)`` (runs when the op is enqueued)."""
-        return HOOKS["chain"](self, "map", f)
+        return chain(self, _MAP, f)
 
     def inspect(self, f):
         """Call ``f(output)`` for its side effect when the op is enqueued; pass the output on."""
-        return HOOKS["chain"](self, "inspect", f)
+        return chain(self, _INSPECT, f)
 
     def first(self):
         """The first element of a tuple output."""
-        return HOOKS["chain"](self, "map", _first)
+        return chain(self, _MAP, _first)
 
     def last(self):
         """The last element of a tuple output."""
-        return HOOKS["chain"](self, "map", _last)
+        return chain(self, _MAP, _last)
 
     def shared(self):
         """An op that executes this one once; every consumer gets the same output."""
@@ -227,3 +231,96 @@ cdef object _pick(x, int i, str name):
 def is_op(x):
     """True if ``x`` is a DeviceOp."""
     return isinstance(x, DeviceOp)
+
+
+# ---- the hot combinators: value, and then / map / inspect chains ------------------------------
+
+cdef class Value(DeviceOp):
+    """An op whose output is a given Python value."""
+
+    cdef readonly object x
+
+    def __init__(self, x):
+        self.x = x
+
+    def __repr__(self):
+        return f"<value {type(self.x).__name__}>"
+
+    cpdef object _run(self, ExecutionContext cx):
+        return self.x
+
+
+def value(x):
+    """An op that yields ``x``."""
+    cdef Value v = Value.__new__(Value)
+    v.x = x
+    return v
+
+
+cdef str _THEN = "then"
+cdef str _MAP = "map"
+cdef str _INSPECT = "inspect"
+cdef dict _BY = {"then": ".then()", "map": ".map()", "inspect": ".inspect()"}
+cdef dict _KIND = {"then": _THEN, "map": _MAP, "inspect": _INSPECT}
+
+
+cdef class Chain(DeviceOp):
+    """A source op and steps (then / map / inspect) run in order on one stream.
+
+    A chain keeps its steps in a list and runs them in a loop, so a chain of thousands of
+    ``then`` calls needs no recursion; extending a chain consumes it and takes over its list.
+    """
+
+    cdef readonly DeviceOp src
+    cdef list steps
+
+    def __repr__(self):
+        return f"<Chain {self.src!r} + {len(self.steps)} steps>"
+
+    cpdef object _run(self, ExecutionContext cx):
+        cdef list steps = self.steps
+        cdef Py_ssize_t i
+        cdef DeviceOp op
+        out = self.src._run(cx)
+        for i in range(len(steps)):
+            kind, f = <tuple>steps[i]
+            v = f(out)
+            if kind is _THEN:
+                if not isinstance(v, DeviceOp):
+                    _not_an_op(f, v)
+                op = v
+                op.take(".then()")
+                out = op._run(cx)
+            elif kind is _MAP:
+                out = v
+        return out
+
+
+cdef object _not_an_op(f, v):
+    raise UsageError(
+        f"the function given to .then() ({getattr(f, '__qualname__', f)!r}) returned "
+        f"{type(v).__name__}, not a DeviceOp; return an op (do.value(x) for a plain "
+        "value) or use .map() for a host-side transform"
+    )
+
+
+cpdef Chain chain(DeviceOp op, str kind, f):
+    """Append a step to ``op`` (consuming it); a chain extends its own step list."""
+    cdef Chain c
+    if not callable(f):
+        raise UsageError(f".{kind}() needs a function, got {type(f).__name__}")
+    by = _BY.get(kind)
+    if by is None:
+        raise UsageError(f"a chain step is then, map or inspect, not {kind!r}")
+    kind = _KIND[kind]  # the interned constant the step loop compares by identity
+    op.take(by)
+    c = Chain.__new__(Chain)
+    if type(op) is Chain:
+        c.src = (<Chain>op).src
+        c.steps = (<Chain>op).steps
+        (<Chain>op).steps = []  # taken over: the consumed chain keeps no reference
+    else:
+        c.src = op
+        c.steps = []
+    c.steps.append((kind, f))
+    return c

@@ -5,7 +5,6 @@ from ._chain import Chain, chain
 from ._shared import Shared
 from ._zip import Zip, zip_ops
 
-HOOKS["chain"] = chain
 HOOKS["shared"] = Shared
 
 zip = zip_ops  # noqa: A001 - the public name is do.zip

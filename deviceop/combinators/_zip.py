@@ -13,7 +13,7 @@ from typing import Any
 
 from .._errors import UsageError
 from ..ops._base import DeviceOp
-from ..ops._leaf import Value
+from .._core._op import Value
 from ._shared import Shared
 
 __all__ = ["Zip", "zip_ops"]

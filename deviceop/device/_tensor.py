@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -20,17 +21,22 @@ HOOKS: dict[str, Any] = {}
 
 def as_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
     """Normalize an int or a sequence of ints into a shape tuple, rejecting bad input."""
+    if type(shape) is tuple and all(type(s) is int and s >= 0 for s in shape):
+        return shape  # the common case, already a shape
+    if isinstance(shape, (bool, np.bool_)):
+        raise ShapeError(f"{what} must be an int or a sequence of ints, got {shape!r} (a bool)")
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     try:
         out = tuple(int(s) for s in shape)
     except (TypeError, ValueError):
         raise ShapeError(f"{what} must be an int or a sequence of ints, got {shape!r}") from None
-    if any(s < 0 for s in out) or any(not isinstance(s, (int, np.integer)) for s in shape):
+    if any(s < 0 for s in out) or any(isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) for s in shape):
         raise ShapeError(f"{what} {shape!r} must contain non-negative integers")
     return out
 
 
+@functools.lru_cache(maxsize=1024)
 def _contig_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides = []
     acc = 1
@@ -57,20 +63,24 @@ class Tensor:
         self.buffer = buffer
         self.shape = shape
         self.dtype = dtype
-        self.strides = _contig_strides(shape) if strides is None else strides
         self.offset = offset
-        self.size = math.prod(shape)
-        self.addr = buffer.ptr + offset
+        self.size = size = math.prod(shape)
+        self.addr = addr = buffer.ptr + offset
+        it = dtype.itemsize
+        if strides is None:  # the common case: a fresh, contiguous tensor
+            self.strides = strides = _contig_strides(shape)
+            self._span = (offset, offset + size * it)
+        else:
+            self.strides = strides
+            if size == 0:
+                self._span = (offset, offset)
+            else:
+                lo = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+                hi = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
+                self._span = (offset + lo * it, offset + (hi + 1) * it)
         # what launch plans are keyed by: everything about the layout but the address itself
         # (its alignment decides vectorized access); the backend decides the device
-        self._key = (buffer.backend, self.shape, self.strides, dtype, self.addr % 16)
-        if self.size == 0:
-            self._span = (offset, offset)
-        else:
-            lo = sum((n - 1) * s for n, s in zip(shape, self.strides) if s < 0)
-            hi = sum((n - 1) * s for n, s in zip(shape, self.strides) if s > 0)
-            it = dtype.itemsize
-            self._span = (offset + lo * it, offset + (hi + 1) * it)
+        self._key = (buffer.backend, shape, strides, dtype, addr & 15)
 
     # ---- metadata -------------------------------------------------------------------------
     @property
@@ -235,26 +245,28 @@ class Partition:
         if isinstance(tensor, Partition):
             raise ShapeError("cannot partition a partition; partition its .tensor instead")
         tile = as_shape(tile, "tile shape")
-        if len(tile) != tensor.ndim:
+        shape = tensor.shape
+        if len(tile) != len(shape):
             raise ShapeError(
                 f"tile shape {tile} has {len(tile)} dimensions but the tensor has shape "
-                f"{tensor.shape}; give one tile extent per dimension"
-            )
-        if any(t == 0 for t in tile):
-            raise ShapeError(f"tile shape {tile} has a zero extent; tiles must be non-empty")
-        bad = [d for d, (s, t) in enumerate(zip(tensor.shape, tile)) if s % t]
-        if bad:
-            d = bad[0]
-            raise ShapeError(
-                f"tile shape {tile} does not divide tensor shape {tensor.shape}: dimension {d} has "
-                f"{tensor.shape[d]} elements, not a multiple of {tile[d]}. Pick a tile that divides "
-                "it, or pad the tensor."
+                f"{shape}; give one tile extent per dimension"
             )
         if len(tile) > 3:
             raise ShapeError(f"partitions have at most 3 dimensions (a CUDA grid), got {len(tile)}")
+        grid = []
+        for d in range(len(tile)):
+            t, s = tile[d], shape[d]
+            if t == 0:
+                raise ShapeError(f"tile shape {tile} has a zero extent; tiles must be non-empty")
+            if s % t:
+                raise ShapeError(
+                    f"tile shape {tile} does not divide tensor shape {shape}: dimension {d} has "
+                    f"{s} elements, not a multiple of {t}. Pick a tile that divides it, or pad the tensor."
+                )
+            grid.append(s // t)
         self.tensor = tensor
         self.tile = tile
-        self.grid = tuple(s // t for s, t in zip(tensor.shape, tile))
+        self.grid = tuple(grid)
 
     @property
     def shape(self) -> tuple[int, ...]:

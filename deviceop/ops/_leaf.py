@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .._core._ledger import enqueue
+from .._core._op import Value, value
 from .._dtypes import DType, as_dtype, float32
 from .._errors import CaptureError, DTypeError
 from ..device._tensor import Tensor, as_shape
@@ -16,27 +17,6 @@ from ._base import DeviceOp
 __all__ = ["Value", "Alloc", "value", "zeros", "ones", "full", "empty", "new_tensor", "refuse_allocation"]
 
 T = TypeVar("T")
-
-
-class Value(DeviceOp[T]):
-    """An op whose output is a given Python value."""
-
-    __slots__ = ("_x",)
-
-    def __init__(self, x: T) -> None:
-        super().__init__()
-        self._x = x
-
-    def __repr__(self) -> str:
-        return f"<value {type(self._x).__name__}>"
-
-    def _run(self, cx: Any) -> T:
-        return self._x
-
-
-def value(x: T) -> DeviceOp[T]:
-    """An op that yields ``x``."""
-    return Value(x)
 
 
 def refuse_allocation(cx: Any, what: Any) -> None:

@@ -117,7 +117,7 @@ static void run_work(const work_t *w) {
         void *params[32];
         for (int i = 0; i < w->nparams; i++) params[i] = (void *)&w->values[i];
         __sync_fetch_and_add(&launches, 1);
-        int r = launch_hook ? launch_hook(w->fn->name, w->grid, w->block, params) : E_INVALID_VALUE;
+        int r = launch_hook ? launch_hook(w->fn->name, w->grid, w->block, params) : OK;
         if (r && !sticky) sticky = r;
         return;
     }
@@ -395,7 +395,8 @@ CUresult cuModuleGetFunction(void **fn, void *mod, const char *name) {
     func_t *f = calloc(1, sizeof(func_t));
     if (!f) return E_OUT_OF_MEMORY;
     snprintf(f->name, sizeof f->name, "%s", name);
-    f->nparams = nparams_hook ? nparams_hook(name) : -1;
+    // without a harness (measuring host cost): every kernel is accepted and does nothing
+    f->nparams = nparams_hook ? nparams_hook(name) : 0;
     if (f->nparams < 0 || f->nparams > 32) {
         free(f);
         return E_NOT_FOUND;  // the harness does not know this kernel
