@@ -41,8 +41,17 @@ def streams() -> list:
     return list(_current().streams)
 
 
+def empty_cache() -> int:
+    """Give the current device's cached idle memory blocks back to the driver; return the bytes.
+
+    deviceop keeps the memory of dropped buffers for reuse (a block is cached only once no work
+    uses it); allocation failures empty the cache and retry by themselves.
+    """
+    return int(_current().empty_cache())
+
+
 def used_bytes() -> int:
-    """Bytes of device memory deviceop currently holds in its pool (host: live allocations)."""
+    """Bytes of device memory held by live buffers (cached idle blocks not counted; host: live allocations)."""
     return int(_current().used_bytes())
 
 
@@ -52,7 +61,7 @@ __all__ = [
     "DeviceOp", "DeviceFuture", "Tensor", "Partition", "DType",
     "float16", "bfloat16", "float32", "int32", "int64", "uint8",
     "value", "zeros", "ones", "full", "empty", "from_numpy", "to_numpy", "from_dlpack", "zip",
-    "backend_name", "use_backend", "next_stream", "streams", "used_bytes",
+    "backend_name", "use_backend", "next_stream", "streams", "used_bytes", "empty_cache",
     "set_borrow_policy", "borrow_policy", "set_host_chaos", "set_poll_budget", "poll_budget", "kernels", "graph",
     "DeviceOpError", "BackendError", "BorrowError", "CaptureError", "CompileError", "CudaError",
     "ShapeError", "DTypeError", "UsageError", "DeviceOpWarning",

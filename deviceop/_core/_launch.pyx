@@ -286,11 +286,11 @@ cdef class BuiltinFront:
             return self._call_slow(args)
         try:
             if nt == 1:
-                key = (out.tile, out.tensor._key)
+                key = out._key
             elif nt == 2:
-                key = (out.tile, out.tensor._key, args[1]._key)
+                key = (out._key, args[1]._key)
             elif nt == 3:
-                key = (out.tile, out.tensor._key, args[1]._key, args[2]._key)
+                key = (out._key, args[1]._key, args[2]._key)
             else:
                 return self._call_slow(args)
         except AttributeError:  # an op or a foreign object among the arguments

@@ -110,9 +110,7 @@ cdef class DeviceOp:
     executes once.
     """
 
-    def __cinit__(self, *args, **kwargs):
-        self._used = None
-
+    # (_used starts as None: Cython initializes object fields so, with no __cinit__ to pay for)
     def __init__(self):
         pass
 

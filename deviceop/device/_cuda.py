@@ -160,6 +160,58 @@ class _PinnedPool:
             self._free.setdefault(size, []).append(ptr)
 
 
+_OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+
+
+def _block_size(n: int) -> int:
+    """The size class of an allocation: 512-byte steps up to 1 MiB, then eighths of a power of two."""
+    if n <= 1 << 20:
+        return max((n + 511) & ~511, 512)
+    step = 1 << (n.bit_length() - 4)
+    return (n + step - 1) // step * step
+
+
+class _BlockCache:
+    """Idle device memory blocks by size class (see CudaBackend.alloc); ``live`` bytes are in use."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[int]] = {}
+        self._lock = threading.Lock()
+        self.live = 0
+        self.cached = 0
+
+    def take(self, size: int) -> int:
+        """A cached block of ``size`` bytes, or 0."""
+        lst = self._free.get(size)
+        if lst:
+            with self._lock:
+                if lst:
+                    ptr = lst.pop()
+                    self.cached -= size
+                    self.live += size
+                    return ptr
+        return 0
+
+    def count(self, size: int) -> None:
+        """A new block of ``size`` bytes went into use."""
+        with self._lock:
+            self.live += size
+
+    def give(self, ptr: int, size: int) -> None:
+        with self._lock:
+            self._free.setdefault(size, []).append(ptr)
+            self.live -= size
+            self.cached += size
+
+    def drain(self) -> list[tuple[int, int]]:
+        """Take every cached block out of the cache."""
+        with self._lock:
+            out = [(p, size) for size, lst in self._free.items() for p in lst]
+            self._free = {}
+            self.cached = 0
+        return out
+
+
 class CudaBackend:
     """The CUDA driver backend for device ``ordinal``."""
 
@@ -208,6 +260,7 @@ class CudaBackend:
         )
         CudaEvent._FLAGS = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING) | int(_drv.CUevent_flags.CU_EVENT_BLOCKING_SYNC)
         self.pinned = _PinnedPool()
+        self.blocks = _BlockCache()
         self.free_events: list[int] = []  # handles of dropped events
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
         self._modules: dict[bytes, Any] = {}
@@ -252,23 +305,40 @@ class CudaBackend:
 
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, nbytes: int, stream: CudaStream) -> Buffer:
-        err, ptr = _nd.mem_alloc_async(max(nbytes, 1), stream.handle_int)
-        if err:
-            raise cuda_error(err, f"cuMemAllocAsync({nbytes} bytes)")
+        """A buffer of ``nbytes``: a cached block of its size class, else one from the pool.
+
+        A block is cached when its buffer is dropped, and deviceop drops a buffer only once every
+        execution that used it has finished (executions hold their buffers until then), so a
+        cached block is idle and serves any stream at once, with no event.
+        """
+        size = _block_size(nbytes)
+        ptr = self.blocks.take(size)
+        if not ptr:
+            err, ptr = _nd.mem_alloc_async(size, stream.handle_int)
+            if err == _OUT_OF_MEMORY and self.blocks.cached:
+                self.empty_cache()  # give the cached blocks back, then try once more
+                err, ptr = _nd.mem_alloc_async(size, stream.handle_int)
+            if err:
+                raise cuda_error(err, f"cuMemAllocAsync({nbytes} bytes)")
+            self.blocks.count(size)
         return Buffer(self, ptr, nbytes, stream=stream)
 
     def free(self, buf: Buffer) -> None:
+        """Return ``buf``'s block to the cache (no driver call: safe while a thread records)."""
+        self.blocks.give(buf.ptr, _block_size(buf.nbytes))
+
+    def empty_cache(self) -> int:
+        """Give every cached (idle) block back to the driver's pool; return the bytes freed."""
         self.make_current()
-        stream = buf.last_stream if buf.last_stream is not None else self.streams[0]
-        release(_nd.mem_free_async, buf.ptr, stream.handle_int)
+        freed = 0
+        for ptr, size in self.blocks.drain():
+            release(_nd.mem_free_async, ptr, self.streams[0].handle_int)
+            freed += size
+        return freed
 
     def used_bytes(self) -> int:
-        """Bytes of the device memory pool currently handed out."""
-        v = check(
-            _drv.cuMemPoolGetAttribute(self.mempool, _drv.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
-            "cuMemPoolGetAttribute",
-        )
-        return int(v)
+        """Bytes of device memory held by live buffers (cached idle blocks not counted)."""
+        return self.blocks.live
 
     def memset(self, buf: Buffer, offset: int, nbytes: int, pattern: bytes, stream: CudaStream) -> None:
         k = len(pattern)

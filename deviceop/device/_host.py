@@ -283,6 +283,10 @@ class HostBackend:
         with self._lock:
             self._used -= buf.nbytes
 
+    def empty_cache(self) -> int:
+        """Nothing is cached on the host backend; returns 0."""
+        return 0
+
     def used_bytes(self) -> int:
         """Bytes of deviceop-owned memory currently allocated."""
         return self._used

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Any
 
@@ -34,6 +35,23 @@ def as_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
     if any(s < 0 for s in out) or any(isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) for s in shape):
         raise ShapeError(f"{what} {shape!r} must contain non-negative integers")
     return out
+
+
+# layouts (device, shape, strides, dtype, alignment; a partition's tile) as small ints, so a
+# launch plan's key hashes a few ints on every call instead of nested tuples. Bounded: when
+# cleared, later tensors get new ids (a plan is then made again; never a wrong one).
+_LAYOUTS: dict[tuple[Any, ...], int] = {}
+_LAYOUT_IDS = itertools.count(1)
+
+
+def layout_id(key: tuple[Any, ...]) -> int:
+    """The small int standing for layout ``key``."""
+    i = _LAYOUTS.get(key)
+    if i is None:
+        if len(_LAYOUTS) >= 65536:
+            _LAYOUTS.clear()
+        i = _LAYOUTS[key] = next(_LAYOUT_IDS)
+    return i
 
 
 @functools.lru_cache(maxsize=1024)
@@ -80,7 +98,7 @@ class Tensor:
                 self._span = (offset + lo * it, offset + (hi + 1) * it)
         # what launch plans are keyed by: everything about the layout but the address itself
         # (its alignment decides vectorized access); the backend decides the device
-        self._key = (buffer.backend, shape, strides, dtype, addr & 15)
+        self._key = layout_id((buffer.backend, shape, strides, dtype, addr & 15))
 
     # ---- metadata -------------------------------------------------------------------------
     @property
@@ -239,7 +257,7 @@ class Partition:
     ``grid[d] = tensor.shape[d] // tile[d]``. Tiles must divide the tensor exactly.
     """
 
-    __slots__ = ("tensor", "tile", "grid", "__weakref__")
+    __slots__ = ("tensor", "tile", "grid", "_key", "__weakref__")
 
     def __init__(self, tensor: Tensor, tile: Any) -> None:
         if isinstance(tensor, Partition):
@@ -267,6 +285,7 @@ class Partition:
         self.tensor = tensor
         self.tile = tile
         self.grid = tuple(grid)
+        self._key = layout_id((tile, tensor._key))
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -160,8 +160,8 @@ class Elementwise(BuiltinFront):
         self._check_tensors(args)
         for i in range(self.n_tensors, len(args)):
             check_scalar(args[i], float32, f"scalar {i - self.n_tensors} of {self.name}()")
-        out = args[0]
-        key = (out.tile, out.tensor._key, *(a._key for a in args[1 : self.n_tensors]))
+        nt = self.n_tensors
+        key = args[0]._key if nt == 1 else (args[0]._key, *(a._key for a in args[1:nt]))
         p = self.plans.get(key)
         if p is None:
             p = self.plans.put(key, self._make_plan(args))

@@ -78,8 +78,8 @@ class _Gemm:
         """Validate ``(c, a, b)`` and return their problem's geometry (made once per layout)."""
         c, a, b = args
         ct = c.tensor if type(c) is Partition else c
-        try:
-            key = (opts[2], ct._key, a._key, b._key, _align(ct.addr), _align(a.addr), _align(b.addr))
+        try:  # the layout, and the addresses' alignment up to 256 bytes (cuBLASLt's heuristic uses it)
+            key = (opts[2], ct._key, a._key, b._key, ct.addr & 255, a.addr & 255, b.addr & 255)
         except AttributeError:
             key = None
         g = self.plans.get(key) if key is not None else None
@@ -87,7 +87,7 @@ class _Gemm:
             g = _geometry(args, opts)
             if key is not None:
                 self.plans.put(key, g)
-        if a.buffer is ct.buffer or b.buffer is ct.buffer:
+        elif a.buffer is ct.buffer or b.buffer is ct.buffer:
             _refuse_overlap(ct, a, b)
         return g
 
@@ -96,60 +96,83 @@ class _Gemm:
         if g.m == 0 or g.n == 0:
             return
         c, a, b = args
-        c = c.tensor if type(c) is Partition else c
-        tensors = (c, a, b)
+        if type(c) is Partition:
+            c = c.tensor
         if g.be is not cx.backend:
             raise UsageError(f"gemm(): its tensors live on {g.be.device_label}, not on {cx.backend.device_label}")
+        accesses = ((c, True), a, b)
         if cx.backend.driver is None:
             arrays = (host_array(c), host_array(a), host_array(b), alpha, beta)
-            launch_host(cx, self, _host_gemm, arrays, tensors, _WRITES)
+            launch_host(cx, self, _host_gemm, arrays, (c, a, b), _WRITES)
             return
-        if g.swap:  # c is column-major: c^T = b^T a^T (see _geometry)
-            c, a, b = c, b, a
+        # column-major view of the row-major product: c^T (n x m) = op(b') op(a'); a column-major c
+        # swaps a and b (see _geometry)
+        pa, pb, pc = (b.addr, a.addr, c.addr) if g.swap else (a.addr, b.addr, c.addr)
         stream = cx.stream
-        h = handle_for(stream)  # also makes the stream's workspace
-        dt = _CUDA_TYPE[c.dtype.name]
-        compute = _COMPUTE_TF32 if tf32 else _COMPUTE_32F
-        lp = None
-        if _MODE[0] != "ex":
-            lp = g.lt
-            if lp is None and not g.lt_tried and g.k:
-                g.lt_tried = True
-                lp = g.lt = lt_plan(g, dt, compute)
-        pa, pb, pc = a.addr, b.addr, c.addr
-        if lp is None:
+        sh = stream.handle_int
+        lt = g.lt_call if _MODE[0] != "ex" else None
+        if lt is None and _MODE[0] != "ex" and not g.lt_tried:
+            lt = _lt_call(g, c.dtype, tf32)
+        blas = _STREAM_BLAS.get(sh)
+        if blas is None:
+            blas = _STREAM_BLAS[sh] = (handle_for(stream), workspace_of(stream))
+        if lt is None:
+            h = blas[0]
+            dt = _CUDA_TYPE[c.dtype.name]
+            compute = _COMPUTE_TF32 if tf32 else _COMPUTE_32F
+
             def work() -> None:
-                # column-major view of the row-major product: c^T (n x m) = op(b') op(a')
                 al, be_ = ctypes.c_float(alpha), ctypes.c_float(beta)
                 call(
                     cublas().gemm_ex, h, g.op_b, g.op_a, g.n, g.m, g.k,
                     ctypes.addressof(al), pb, dt, g.ld_b, pa, dt, g.ld_a,
                     ctypes.addressof(be_), pc, dt, g.ld_c, compute, -1,  # CUBLAS_GEMM_DEFAULT
                 )
-        else:
-            fn = matmul_address()
-            ws, sh = workspace_of(stream), stream.handle_int
-            st = (fn, lt_handle(), lp.desc, pb, lp.layout_a, pa, lp.layout_b, pc, lp.layout_c, lp.algo)
 
+            enqueue(cx, accesses, work, self)
+            return
+        fn, handle, desc, la, lb, lc, algo = lt
+        st = (fn, handle, desc, pb, la, pa, lb, pc, lc, algo)
+        ws = blas[1]
+        if not fn:  # cublasLtMatmul's address is unknown: nvmath's binding calls it
             def work() -> None:
-                if not fn:  # cublasLtMatmul's address is unknown: nvmath's binding calls it
-                    al, be_ = ctypes.c_float(alpha), ctypes.c_float(beta)
-                    call(_lt().matmul, st[1], lp.desc, ctypes.addressof(al), pb, lp.layout_a, pa, lp.layout_b,
-                         ctypes.addressof(be_), pc, lp.layout_c, pc, lp.layout_c, lp.algo, ws, WORKSPACE_BYTES, sh)
-                    return
-                if _MODE[0] == "auto" and cx.captured is None:
-                    ex = REPLAYS.get((st, alpha, beta, sh), cx.backend, stream,
-                                     lambda on: lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, on))
-                    if ex:
-                        err = graph_launch(ex, sh)
-                        if err:
-                            raise cuda_error(err, "cuGraphLaunch (a recorded GEMM)")
-                        return
-                status = lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, sh)
-                if status:
-                    raise status_error(status, "cublasLtMatmul")
+                al, be_ = ctypes.c_float(alpha), ctypes.c_float(beta)
+                call(_lt().matmul, handle, desc, ctypes.addressof(al), pb, la, pa, lb,
+                     ctypes.addressof(be_), pc, lc, pc, lc, algo, ws, WORKSPACE_BYTES, sh)
 
-        enqueue(cx, ((tensors[0], True), tensors[1], tensors[2]), work, self)
+            enqueue(cx, accesses, work, self)
+            return
+        replay = _MODE[0] == "auto" and cx.captured is None
+
+        def work() -> None:
+            if replay:
+                ex = REPLAYS.get((st, alpha, beta, sh), cx.backend, stream,
+                                 lambda on: lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, on))
+                if ex:
+                    err = graph_launch(ex, sh)
+                    if err:
+                        raise cuda_error(err, "cuGraphLaunch (a recorded GEMM)")
+                    return
+            status = lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, sh)
+            if status:
+                raise status_error(status, "cublasLtMatmul")
+
+        enqueue(cx, accesses, work, self)
+
+
+#: per stream handle: its cuBLAS handle and workspace
+_STREAM_BLAS: dict[int, tuple[int, int]] = {}
+
+
+def _lt_call(g: "_Geometry", dtype: DType, tf32: bool) -> "tuple[int, ...] | None":
+    """The fixed arguments of g's cublasLtMatmul call (its plan made once), or None (no algorithm)."""
+    g.lt_tried = True
+    lp = lt_plan(g, _CUDA_TYPE[dtype.name], _COMPUTE_TF32 if tf32 else _COMPUTE_32F)
+    if lp is None:
+        return None
+    g.lt = lp
+    g.lt_call = (matmul_address(), lt_handle(), lp.desc, lp.layout_a, lp.layout_b, lp.layout_c, lp.algo)
+    return g.lt_call
 
 
 def _align(ptr: int) -> int:
@@ -169,7 +192,7 @@ class _Geometry:
     """A GEMM problem's layout for cuBLAS (no addresses): sizes, transposes, leading dimensions."""
 
     __slots__ = ("be", "m", "n", "k", "op_a", "op_b", "ld_a", "ld_b", "ld_c", "al_a", "al_b", "al_c", "swap",
-                 "lt", "lt_tried")
+                 "lt", "lt_tried", "lt_call")
 
 
 def _refuse_overlap(ct: Tensor, a: Tensor, b: Tensor) -> None:
@@ -203,7 +226,7 @@ def _geometry(args: tuple[Any, ...], opts: Any) -> _Geometry:
     _refuse_overlap(ct, a, b)
     g = _Geometry()
     g.be = ct.buffer.backend
-    g.lt, g.lt_tried = None, False
+    g.lt, g.lt_tried, g.lt_call = None, False, None
     g.swap = _layout(ct, "c")[0]
     if g.swap:
         # c is column-major (a transposed view): compute c^T = b^T a^T, whose output is row-major

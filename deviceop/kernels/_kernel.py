@@ -150,7 +150,7 @@ class Kernel:
         key: list[Any] = [opts]
         for p, a in zip(self.params, args):
             if isinstance(p, TensorParam):
-                key.append((a.tile, a.tensor._key) if type(a) is Partition else getattr(a, "_key", a))
+                key.append(getattr(a, "_key", a))
             else:
                 check_scalar(a, p, f"argument of {self.name}()")
         k = tuple(key)

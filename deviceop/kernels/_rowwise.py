@@ -206,9 +206,8 @@ class RowWise(BuiltinFront):
 
     def plan(self, args: tuple[Any, ...], opts: Any) -> KernelPlan:
         """Validate ``args`` and return their launch plan (made once per argument layout)."""
-        out = args[0]
         try:
-            key = (out.tile, out.tensor._key, *(a._key for a in args[1 : self._n_t]))
+            key = (args[0]._key, *(a._key for a in args[1 : self._n_t]))
         except AttributeError:
             key = None
         p = self.plans.get(key) if key is not None else None

@@ -51,7 +51,6 @@ class Alloc(DeviceOp[Tensor]):
     allocates = True
 
     def __init__(self, name: str, shape: Any, dtype: Any, fill: Any) -> None:
-        super().__init__()
         self._name = name
         self.shape = as_shape(shape)
         self.dtype = as_dtype(dtype)
