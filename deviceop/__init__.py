@@ -5,6 +5,8 @@ into pipelines that run synchronously (``sync``), are awaited (``await op``, und
 uvloop or trio) or are submitted (``submit``) across a pool of CUDA streams. The ``host`` backend emulates a device where no GPU is present.
 """
 
+from typing import Any
+
 from . import graph, kernels
 from ._dtypes import DType, bfloat16, float16, float32, int32, int64, uint8
 from ._errors import (
@@ -32,13 +34,32 @@ from .device import (
 )
 from .device._select import current as _current
 from .executors import DeviceFuture, poll_budget, set_poll_budget
-from .interop import from_dlpack
+from .device import _tensor as _tensor_mod
 from .ops import DeviceOp, empty, from_numpy, full, ones, to_numpy, value, zeros
 
 
 def streams() -> list:
     """The current device's stream pool."""
     return list(_current().streams)
+
+
+def from_dlpack(obj: Any) -> Tensor:
+    """Wrap an array that speaks DLPack (PyTorch, CuPy, JAX; numpy on the host) without a copy.
+
+    See :func:`deviceop.interop.from_dlpack`.
+    """
+    from .interop import from_dlpack as wrap  # (loaded on first use: start-up time)
+
+    return wrap(obj)
+
+
+def _dlpack_export(t: Tensor, stream: Any) -> Any:
+    from .interop._dlpack import export
+
+    return export(t, stream)
+
+
+_tensor_mod.HOOKS.setdefault("dlpack_export", _dlpack_export)
 
 
 def empty_cache() -> int:

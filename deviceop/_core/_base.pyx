@@ -28,7 +28,16 @@ cdef extern from "<sys/eventfd.h>" nogil:
     int EFD_NONBLOCK
     int EFD_CLOEXEC
 
-__all__ = ["Lock", "LOCK", "Buffer", "Channel", "Driver"]
+__all__ = ["Lock", "LOCK", "Buffer", "Channel", "Driver", "STREAM_TYPES", "register_stream_type"]
+
+#: the stream classes of the backends (each registers its own): what terminals accept as a stream
+STREAM_TYPES = set()
+
+
+def register_stream_type(cls):
+    """Make ``cls`` (a backend's stream class) a stream the terminals accept; returns ``cls``."""
+    STREAM_TYPES.add(cls)
+    return cls
 
 
 cdef class Lock:

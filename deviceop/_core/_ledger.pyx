@@ -192,12 +192,21 @@ cdef class ExecutionContext:
         self.finish_c(ok)
 
 
+# (backend, its Driver or None) of the last context made: one pair, replaced whole
+cdef tuple _last_driver = (None, None)
+
+
 cdef inline void _init(ExecutionContext cx, stream, label, op):
+    global _last_driver
+    be = stream.backend
     cx.stream = stream
-    cx.backend = stream.backend
+    cx.backend = be
     cx.sh = stream.handle_int
-    d = getattr(cx.backend, "driver", None)
-    cx.drv = d if isinstance(d, Driver) else None
+    last = _last_driver
+    if last[0] is not be:
+        d = getattr(be, "driver", None)
+        last = _last_driver = (be, d if isinstance(d, Driver) else None)
+    cx.drv = last[1]
     cx.buffers = []
     cx.done = False
     cx.label = label

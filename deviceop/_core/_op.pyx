@@ -12,6 +12,8 @@ higher layers; they register their implementations in :data:`HOOKS` when importe
 from ._base cimport Driver, make_current
 from ._ledger cimport ExecutionContext, new_context
 
+from ._base import STREAM_TYPES
+
 from .._errors import CaptureError, UsageError
 from ..device._capture import CAPTURE, RECORDING
 from ..device._select import next_stream
@@ -47,7 +49,7 @@ cpdef object as_stream(object stream):
     """A deviceop stream: ``None`` is the next pool stream; anything else must be a stream."""
     if stream is None:
         return next_stream()
-    if hasattr(stream, "backend") and hasattr(stream, "synchronize") and hasattr(stream, "record"):
+    if type(stream) in STREAM_TYPES:
         return stream
     raise UsageError(
         f"{stream!r} is not a deviceop stream; pass one from do.next_stream() or do.streams()"
@@ -76,13 +78,11 @@ cpdef object run_sync(DeviceOp op, object stream, str label):
     cdef ExecutionContext cx
     if RECORDING[0]:
         refuse_in_capture(f"{op!r}.{label}")
-    be = stream.backend
-    d = getattr(be, "driver", None)
-    if isinstance(d, Driver):
-        make_current(<Driver>d)
-    else:
-        be.make_current()
     cx = new_context(stream, label, op)
+    if cx.drv is not None:
+        make_current(cx.drv)
+    else:
+        cx.backend.make_current()
     try:
         out = op._run(cx)
     except BaseException:

@@ -17,7 +17,7 @@ import numpy as np
 from .._errors import BackendError, CudaError
 from ._cuda_errors import _drv, check, cuda_error
 from ._cuda_graph import CudaGraphs
-from .._core._base import Buffer
+from .._core._base import Buffer, register_stream_type
 from . import _capture
 from . import _cuda_driver as _nd
 from ._capture import release
@@ -81,6 +81,7 @@ class CudaEvent:
             pass
 
 
+@register_stream_type
 class CudaStream:
     """A non-blocking CUDA stream of the pool."""
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._core._base import Buffer
+from .._core._base import Buffer, register_stream_type
 from .._errors import CudaError, DTypeError
 
 __all__ = ["HostBackend", "set_host_chaos"]
@@ -53,6 +53,7 @@ class HostEvent:
         return ok
 
 
+@register_stream_type
 class HostStream:
     """An in-order work queue executed by one worker thread."""
 

@@ -10,10 +10,8 @@ compiling the same kernel at once both end with a complete entry.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import tempfile
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -136,6 +134,8 @@ def _read(path: Path) -> bytes | None:
     if data[:head] != _MAGIC or len(data) < head + 32:
         return None
     digest, payload = data[head : head + 32], data[head + 32 :]
+    import hashlib  # (here: the cache's modules cost start-up time to programs that never compile)
+
     if hashlib.sha256(payload).digest() != digest or not payload:
         return None
     return payload
@@ -144,6 +144,9 @@ def _read(path: Path) -> bytes | None:
 def _write(path: Path, payload: bytes) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        import hashlib
+        import tempfile
+
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -159,6 +162,8 @@ def _write(path: Path, payload: bytes) -> None:
 def compile_cubin(source: str, name: str, arch: str, options: Sequence[str] = ()) -> bytes:
     """Compile ``source`` to a CUBIN for ``arch`` (e.g. ``"sm_90"``), through the disk cache."""
     key_text = "\0".join([source, arch, *options, nvrtc_ident(), _MAGIC.decode()])
+    import hashlib
+
     key = hashlib.sha256(key_text.encode()).hexdigest()
     with _lock:
         hit = _memo.get(key)
