@@ -77,6 +77,10 @@ timeout 120 python3 experiments/plan_reuse.py --out "$OUT/plan_reuse.json" 2>&1 
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 timeout 120 python3 experiments/startup.py --out "$OUT/startup.json" 2>&1 | tee "$OUT/startup.log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
+python3 -X importtime -c "import numpy; import deviceop" 2>"$OUT/importtime.log" || status=1
+if [ "$MODE" = core ] && [ "${SKIP_KERNELS:-0}" = 1 ]; then  # the core figures only
+  plots; echo "gpu_suite status: $status"; exit $status
+fi
 if [ "$MODE" = core ]; then
   kernels; plots
   echo "gpu_suite status: $status"; exit $status
