@@ -27,6 +27,7 @@ ctypedef int (*stream_sync_t)(void* stream) noexcept nogil
 ctypedef int (*event_record_t)(void* ev, void* stream) noexcept nogil
 ctypedef int (*event_query_t)(void* ev) noexcept nogil
 ctypedef int (*ctx_set_t)(void* ctx) noexcept nogil
+ctypedef int (*mem_alloc_t)(uintptr_t* ptr, size_t nbytes, void* stream) noexcept nogil
 
 
 cdef class Lock:
@@ -37,7 +38,20 @@ cdef class Lock:
     cdef void drop(self) noexcept nogil
 
 
+cdef class BlockCache:
+    cdef dict free
+    cdef readonly Py_ssize_t live
+    cdef readonly Py_ssize_t cached
+    cdef uintptr_t take(self, Py_ssize_t size)
+    cdef void count(self, Py_ssize_t size)
+    cdef int give(self, uintptr_t ptr, Py_ssize_t size) except -1
+
+
+cdef Py_ssize_t block_size(Py_ssize_t n) noexcept
+
+
 cdef class Buffer:
+    cdef public BlockCache cache
     cdef public object backend
     cdef readonly uintptr_t ptr
     cdef readonly Py_ssize_t nbytes
@@ -72,7 +86,9 @@ cdef class Driver:
     cdef event_record_t event_record
     cdef event_query_t event_query
     cdef ctx_set_t ctx_set
+    cdef mem_alloc_t mem_alloc
     cdef void* context
+    cdef public BlockCache blocks
     cdef public object error   # error(code, call) -> CudaError: the backend's error maker
 
 

@@ -28,7 +28,9 @@ cdef extern from "<sys/eventfd.h>" nogil:
     int EFD_NONBLOCK
     int EFD_CLOEXEC
 
-__all__ = ["Lock", "LOCK", "Buffer", "Channel", "Driver", "STREAM_TYPES", "register_stream_type"]
+__all__ = [
+    "Lock", "LOCK", "Buffer", "BlockCache", "Channel", "Driver", "STREAM_TYPES", "register_stream_type", "size_class",
+]
 
 #: the stream classes of the backends (each registers its own): what terminals accept as a stream
 STREAM_TYPES = set()
@@ -102,6 +104,76 @@ _LOCK = Lock()
 LOCK = _LOCK
 
 
+cdef Py_ssize_t block_size(Py_ssize_t n) noexcept:
+    """The size class of an allocation: 512-byte steps up to 1 MiB, then eighths of a power of two."""
+    cdef Py_ssize_t step
+    cdef int bits = 0
+    if n <= (1 << 20):
+        return max((n + 511) & ~(<Py_ssize_t>511), 512)
+    while (n >> bits) > 1:
+        bits += 1
+    step = (<Py_ssize_t>1) << (bits + 1 - 4)
+    return (n + step - 1) // step * step
+
+
+def size_class(Py_ssize_t n):
+    """The block size an allocation of ``n`` bytes takes (see :class:`BlockCache`)."""
+    return block_size(n)
+
+
+cdef class BlockCache:
+    """Idle device memory blocks by size class, reused at once by later allocations.
+
+    A backend caches a buffer's block when the buffer is dropped, and deviceop drops a buffer
+    only once every execution that used it has finished (executions hold their buffers until
+    then), so a cached block is idle and serves any stream at once, with no event. Its methods
+    run under the GIL without calling Python, so they are atomic with respect to other threads.
+    ``live``: bytes of blocks in use; ``cached``: bytes of idle blocks.
+    """
+
+    def __cinit__(self):
+        self.free = {}
+
+    cdef uintptr_t take(self, Py_ssize_t size):
+        cdef list lst = self.free.get(size)
+        if lst:
+            self.cached -= size
+            self.live += size
+            return <uintptr_t>lst.pop()
+        return 0
+
+    cdef void count(self, Py_ssize_t size):
+        self.live += size
+
+    cdef int give(self, uintptr_t ptr, Py_ssize_t size) except -1:
+        cdef list lst = self.free.get(size)
+        if lst is None:
+            lst = self.free[size] = []
+        lst.append(ptr)
+        self.live -= size
+        self.cached += size
+        return 0
+
+    def take_block(self, Py_ssize_t size):
+        """A cached block of ``size`` bytes, or 0 (counted live)."""
+        return self.take(size)
+
+    def count_block(self, Py_ssize_t size):
+        """A new block of ``size`` bytes went into use."""
+        self.count(size)
+
+    def give_block(self, uintptr_t ptr, Py_ssize_t size):
+        """Return a block (now idle) to the cache."""
+        self.give(ptr, size)
+
+    def drain(self):
+        """Take every cached block out of the cache: a list of (address, size)."""
+        out = [(p, size) for size, lst in self.free.items() for p in lst]
+        self.free = {}
+        self.cached = 0
+        return out
+
+
 cdef class Buffer:
     """Device memory: ``ptr`` and ``nbytes`` on ``backend``.
 
@@ -130,6 +202,9 @@ cdef class Buffer:
 
     def __del__(self):
         if self.owner is not None or self.backend is None or sys.is_finalizing():
+            return
+        if self.cache is not None:  # idle now (see BlockCache): straight back to the cache
+            self.cache.give(self.ptr, block_size(self.nbytes))
             return
         try:
             self.backend.free(self)

@@ -17,7 +17,7 @@ import numpy as np
 from .._errors import BackendError, CudaError
 from ._cuda_errors import _drv, check, cuda_error
 from ._cuda_graph import CudaGraphs
-from .._core._base import Buffer, register_stream_type
+from .._core._base import BlockCache, Buffer, register_stream_type, size_class
 from . import _capture
 from . import _cuda_driver as _nd
 from ._capture import release
@@ -164,55 +164,6 @@ class _PinnedPool:
 _OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
-def _block_size(n: int) -> int:
-    """The size class of an allocation: 512-byte steps up to 1 MiB, then eighths of a power of two."""
-    if n <= 1 << 20:
-        return max((n + 511) & ~511, 512)
-    step = 1 << (n.bit_length() - 4)
-    return (n + step - 1) // step * step
-
-
-class _BlockCache:
-    """Idle device memory blocks by size class (see CudaBackend.alloc); ``live`` bytes are in use."""
-
-    def __init__(self) -> None:
-        self._free: dict[int, list[int]] = {}
-        self._lock = threading.Lock()
-        self.live = 0
-        self.cached = 0
-
-    def take(self, size: int) -> int:
-        """A cached block of ``size`` bytes, or 0."""
-        lst = self._free.get(size)
-        if lst:
-            with self._lock:
-                if lst:
-                    ptr = lst.pop()
-                    self.cached -= size
-                    self.live += size
-                    return ptr
-        return 0
-
-    def count(self, size: int) -> None:
-        """A new block of ``size`` bytes went into use."""
-        with self._lock:
-            self.live += size
-
-    def give(self, ptr: int, size: int) -> None:
-        with self._lock:
-            self._free.setdefault(size, []).append(ptr)
-            self.live -= size
-            self.cached += size
-
-    def drain(self) -> list[tuple[int, int]]:
-        """Take every cached block out of the cache."""
-        with self._lock:
-            out = [(p, size) for size, lst in self._free.items() for p in lst]
-            self._free = {}
-            self.cached = 0
-        return out
-
-
 class CudaBackend:
     """The CUDA driver backend for device ``ordinal``."""
 
@@ -261,14 +212,14 @@ class CudaBackend:
         )
         CudaEvent._FLAGS = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING) | int(_drv.CUevent_flags.CU_EVENT_BLOCKING_SYNC)
         self.pinned = _PinnedPool()
-        self.blocks = _BlockCache()
+        self.blocks = BlockCache()
         self.free_events: list[int] = []  # handles of dropped events
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
         self._modules: dict[bytes, Any] = {}
         self._mod_lock = threading.Lock()
         self.graphs = CudaGraphs(self, lambda: CudaStream(self, -1))
         # the compiled core's entry points into the driver, for this context
-        self.driver = _nd.make_driver(int(self.context), cuda_error)
+        self.driver = _nd.make_driver(int(self.context), cuda_error, self.blocks)
 
     # -- context -------------------------------------------------------------------------------
     def make_current(self) -> None:
@@ -308,12 +259,11 @@ class CudaBackend:
     def alloc(self, nbytes: int, stream: CudaStream) -> Buffer:
         """A buffer of ``nbytes``: a cached block of its size class, else one from the pool.
 
-        A block is cached when its buffer is dropped, and deviceop drops a buffer only once every
-        execution that used it has finished (executions hold their buffers until then), so a
-        cached block is idle and serves any stream at once, with no event.
+        See :class:`~deviceop._core._base.BlockCache`: a cached block is idle and serves any
+        stream at once. The compiled allocation op (``_core._alloc``) does the same in C.
         """
-        size = _block_size(nbytes)
-        ptr = self.blocks.take(size)
+        size = size_class(nbytes)
+        ptr = self.blocks.take_block(size)
         if not ptr:
             err, ptr = _nd.mem_alloc_async(size, stream.handle_int)
             if err == _OUT_OF_MEMORY and self.blocks.cached:
@@ -321,12 +271,14 @@ class CudaBackend:
                 err, ptr = _nd.mem_alloc_async(size, stream.handle_int)
             if err:
                 raise cuda_error(err, f"cuMemAllocAsync({nbytes} bytes)")
-            self.blocks.count(size)
-        return Buffer(self, ptr, nbytes, stream=stream)
+            self.blocks.count_block(size)
+        buf = Buffer(self, ptr, nbytes, stream=stream)
+        buf.cache = self.blocks  # dropped: straight back to the cache (no driver call)
+        return buf
 
     def free(self, buf: Buffer) -> None:
         """Return ``buf``'s block to the cache (no driver call: safe while a thread records)."""
-        self.blocks.give(buf.ptr, _block_size(buf.nbytes))
+        self.blocks.give_block(buf.ptr, size_class(buf.nbytes))
 
     def empty_cache(self) -> int:
         """Give every cached (idle) block back to the driver's pool; return the bytes freed."""

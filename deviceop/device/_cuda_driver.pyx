@@ -12,7 +12,7 @@ from libc.stdint cimport uintptr_t, uint64_t
 from cuda.bindings cimport cydriver
 from cuda.bindings.cydriver cimport CUresult, CUstream, CUevent, CUfunction, CUgraphExec, CUcontext
 
-from .._core._base cimport Channel, Driver, chan_push, chan_t, chan_unref
+from .._core._base cimport BlockCache, Channel, Driver, chan_push, chan_t, chan_unref
 
 __all__ = [
     "make_driver", "event_record", "event_query", "event_create", "event_destroy", "event_sync", "stream_sync",
@@ -48,10 +48,19 @@ cdef int _ctx_set(void* ctx) noexcept nogil:
     return <int>cydriver.cuCtxSetCurrent(<CUcontext>ctx)
 
 
-def make_driver(uintptr_t context, error):
+cdef int _mem_alloc(uintptr_t* ptr, size_t nbytes, void* stream) noexcept nogil:
+    cdef cydriver.CUdeviceptr p = 0
+    cdef int err = <int>cydriver.cuMemAllocAsync(&p, nbytes, <CUstream>stream)
+    ptr[0] = <uintptr_t>p
+    return err
+
+
+def make_driver(uintptr_t context, error, BlockCache blocks):
     """The core's entry-point table for the primary context ``context``; ``error(code, call)``
-    makes the backend's CudaError."""
+    makes the backend's CudaError; ``blocks`` is the backend's cache of idle memory blocks."""
     cdef Driver d = Driver.__new__(Driver)
+    d.mem_alloc = _mem_alloc
+    d.blocks = blocks
     d.launch_kernel = _launch
     d.graph_launch = _graph_launch
     d.stream_sync = _stream_sync

@@ -1,0 +1,133 @@
+# cython: language_level=3
+"""Allocation as an op: zeros / ones / full / empty, and the allocation every op shares.
+
+A tensor's memory comes from the backend's cache of idle blocks when it has one of the size
+class (see :class:`~deviceop._core._base.BlockCache`), else from the driver's pool; either way
+in C on cuda. The new buffer is registered as written by the execution through the ledger.
+"""
+
+import math
+
+import numpy as np
+
+from libc.stdint cimport uintptr_t
+
+from ._base cimport _LOCK as LOCK, BlockCache, Buffer, Driver, block_size
+from ._ledger cimport ExecutionContext, order
+from ._op cimport DeviceOp
+
+from .._dtypes import as_dtype
+from .._errors import CaptureError, DTypeError
+from ..device._tensor import Tensor, as_shape
+
+__all__ = ["Alloc", "alloc_tensor", "refuse_allocation"]
+
+DEF OUT_OF_MEMORY = 2
+
+
+cpdef int refuse_allocation(ExecutionContext cx, what) except -1:
+    """Raise CaptureError if ``cx`` records a graph: a replay cannot allocate (paper's GraphNode)."""
+    if cx.capturing:
+        raise CaptureError(
+            f"{what!r} allocates device memory, which a graph cannot record: a replay would write "
+            "into memory nobody holds. Allocate before the scope (x = do.zeros(...).sync()) and "
+            "record ops on the existing tensors"
+        )
+    return 0
+
+
+cdef Buffer _block(ExecutionContext cx, Py_ssize_t nbytes):
+    cdef Driver d = cx.drv
+    cdef BlockCache blocks
+    cdef Buffer buf
+    cdef Py_ssize_t size
+    cdef uintptr_t ptr = 0
+    cdef int err = 0
+    cdef void* sh = <void*>cx.sh
+    if d is None or d.mem_alloc == NULL or d.blocks is None:
+        return cx.backend.alloc(nbytes, cx.stream)  # a backend without compiled allocation (host)
+    blocks = d.blocks
+    size = block_size(nbytes if nbytes > 0 else 1)
+    ptr = blocks.take(size)
+    if ptr == 0:
+        with nogil:
+            err = d.mem_alloc(&ptr, size, sh)
+        if err == OUT_OF_MEMORY and blocks.cached:
+            cx.backend.empty_cache()  # give the idle blocks back, then try once more
+            with nogil:
+                err = d.mem_alloc(&ptr, size, sh)
+        if err:
+            raise d.error(err, f"cuMemAllocAsync({nbytes} bytes)")
+        blocks.count(size)
+    buf = Buffer.__new__(Buffer)
+    buf.backend = cx.backend
+    buf.ptr = ptr
+    buf.nbytes = nbytes
+    buf.accesses = []
+    buf.last_stream = cx.stream
+    buf.cache = blocks
+    return buf
+
+
+cpdef object alloc_tensor(ExecutionContext cx, tuple shape, dtype, what):
+    """A new tensor on ``cx``'s stream, registered as written by the execution (not filled)."""
+    cdef Py_ssize_t nbytes = math.prod(shape) * dtype.itemsize
+    cdef Buffer buf
+    refuse_allocation(cx, what)
+    buf = _block(cx, nbytes)
+    t = Tensor(buf, shape, dtype)
+    LOCK.take()  # a new buffer conflicts with nothing; registered as every access is
+    try:
+        order(cx, buf, 0, nbytes, True, what)
+    finally:
+        LOCK.drop()
+    return t
+
+
+cdef class Alloc(DeviceOp):
+    """Allocate a tensor (from the cache of idle blocks or the driver's pool) and optionally fill it."""
+
+    cdef readonly str name
+    cdef readonly tuple shape
+    cdef readonly object dtype
+    cdef readonly object fill
+
+    allocates = True
+
+    def __init__(self, str name, shape, dtype, fill):
+        self.name = name
+        self.shape = as_shape(shape)
+        self.dtype = as_dtype(dtype)
+        if fill is not None:
+            dt = self.dtype
+            if isinstance(fill, (bool, np.bool_)) or not isinstance(fill, (int, float, np.integer, np.floating)):
+                raise DTypeError(f"{name}: the fill value must be a number, got {type(fill).__name__}")
+            try:
+                with np.errstate(over="raise", invalid="raise"):
+                    arr = np.array(fill, dtype=dt.np_dtype)
+            except (TypeError, ValueError, OverflowError, FloatingPointError) as e:
+                raise DTypeError(f"{name}: fill value {fill!r} does not fit {dt.name}: {e}") from None
+            if arr.shape != ():
+                raise DTypeError(f"{name}: fill value must be a scalar, got shape {arr.shape}")
+            if not dt.is_float and arr != fill:
+                raise DTypeError(f"{name}: fill value {fill!r} is not representable in {dt.name}")
+            if dt.is_float and np.isinf(arr.astype(np.float64)) and not math.isinf(float(fill)):
+                raise DTypeError(f"{name}: fill value {fill!r} overflows {dt.name} (it would become inf)")
+            fill = arr
+        self.fill = fill
+
+    def __repr__(self):
+        return f"<{self.name}{self.shape} {self.dtype.name}>"
+
+    cpdef object _run(self, ExecutionContext cx):
+        t = alloc_tensor(cx, self.shape, self.dtype, self)
+        value = self.fill
+        if value is None or not t.nbytes:
+            return t
+        pattern = value.tobytes()
+        be = cx.backend
+        if len(pattern) <= 4:
+            be.memset(t.buffer, 0, t.nbytes, pattern, cx.stream)
+        else:
+            be.htod(t.buffer, 0, np.full(self.shape, value, dtype=self.dtype.np_dtype), cx.stream, cx)
+        return t
