@@ -19,8 +19,8 @@ from .._errors import CaptureError, DTypeError, UsageError
 from ..device._tensor import Partition
 
 __all__ = [
-    "LaunchPlan", "KernelPlan", "PlanCache", "Planned", "BuiltinFront", "launch", "run_steps", "GraphLaunch",
-    "MAX_PARAMS",
+    "LaunchPlan", "KernelPlan", "PlanCache", "Planned", "BuiltinFront", "launch", "run_steps", "GraphBase",
+    "GraphLaunch", "MAX_PARAMS",
 ]
 
 DEF MAXP = 24
@@ -325,6 +325,35 @@ def run_steps(ExecutionContext cx, out, list steps, op_type):
     return len(steps), out
 
 
+cdef class GraphBase:
+    """The compiled part of a CudaGraph: what its replays read, set together under the ledger
+    lock (``_set_replay``), and its launch count."""
+
+    cdef public object backend
+    cdef public Py_ssize_t launches
+    cdef object exec_obj       # the executable graph, None when the recording was empty
+    cdef uintptr_t exec_handle  # its handle where the backend launches graphs through the core
+    cdef tuple regions         # ((Buffer, lo, hi, write), ...) every region its work touches
+    cdef object out
+
+    def _set_replay(self, ex, regions, output):
+        """Point replays at executable graph ``ex`` (call with the ledger lock held)."""
+        cdef tuple r
+        for r in regions:
+            if len(r) != 4 or not isinstance(r[0], Buffer):
+                raise TypeError("a graph region is (Buffer, lo, hi, write)")
+        self.exec_obj = ex
+        self.exec_handle = getattr(ex, "handle_int", 0) if ex is not None else 0
+        self.regions = tuple(regions)
+        self.out = output
+
+    def launch(self):
+        """An op that replays the graph once, on the stream of the terminal that drives it."""
+        cdef GraphLaunch op = GraphLaunch.__new__(GraphLaunch)
+        op.source = self
+        return op
+
+
 cdef class GraphLaunch(DeviceOp):
     """One replay of a :class:`~deviceop.graph.CudaGraph`; its output is the graph's output.
 
@@ -332,9 +361,9 @@ cdef class GraphLaunch(DeviceOp):
     and launches the executable graph on the execution's stream.
     """
 
-    cdef readonly object source  # the CudaGraph this op replays
+    cdef readonly GraphBase source  # the CudaGraph this op replays
 
-    def __init__(self, g):
+    def __init__(self, GraphBase g):
         self.source = g
 
     def __repr__(self):
@@ -342,10 +371,11 @@ cdef class GraphLaunch(DeviceOp):
 
     cpdef object _run(self, ExecutionContext cx):
         cdef Driver d = cx.drv
+        cdef GraphBase g = self.source
         cdef uintptr_t ex
         cdef void* sh = <void*>cx.sh
         cdef int err = 0
-        g = self.source
+        cdef tuple r
         if cx.capturing:
             raise CaptureError(
                 f"{self!r} inside a graph recording: graphs do not nest. Record the ops of both "
@@ -357,19 +387,18 @@ cdef class GraphLaunch(DeviceOp):
             )
         LOCK.take()
         try:
-            ex_obj, regions, output = g._fast
-            for r in regions:
+            for r in g.regions:
                 order(cx, r[0], r[1], r[2], r[3], self)
-            if ex_obj is not None:
-                if d is not None and d.graph_launch != NULL:
-                    ex = ex_obj.handle_int
+            if g.exec_obj is not None:
+                ex = g.exec_handle
+                if d is not None and d.graph_launch != NULL and ex:
                     with nogil:
                         err = d.graph_launch(<void*>ex, sh)
                     if err:
                         raise d.error(err, "cuGraphLaunch")
                 else:
-                    g.backend.graphs.launch(ex_obj, cx.stream)
+                    g.backend.graphs.launch(g.exec_obj, cx.stream)
             g.launches += 1
-            return output
+            return g.out
         finally:
             LOCK.drop()

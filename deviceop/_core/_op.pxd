@@ -8,5 +8,6 @@ cdef class DeviceOp:
 
 
 cpdef object run_sync(DeviceOp op, object stream, str label)
+cpdef tuple start(DeviceOp op, object stream, str label)
 cpdef object as_stream(object stream)
 cpdef int refuse_in_capture(str what) except -1

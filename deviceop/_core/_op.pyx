@@ -19,8 +19,8 @@ from ..device._capture import CAPTURE, RECORDING
 from ..device._select import next_stream
 
 __all__ = [
-    "DeviceOp", "Value", "Chain", "HOOKS", "SHAREABLE", "value", "chain", "run_sync", "as_stream", "refuse_in_capture",
-    "is_op",
+    "DeviceOp", "Value", "Chain", "HOOKS", "SHAREABLE", "value", "chain", "start", "run_sync", "as_stream",
+    "refuse_in_capture", "is_op",
 ]
 
 #: implementations registered by higher layers: shared, await, submit, graph
@@ -68,6 +68,30 @@ cdef int _wait_stream(ExecutionContext cx) except -1:
     else:
         cx.stream.synchronize()
     return 0
+
+
+cpdef tuple start(DeviceOp op, object stream, str label):
+    """Enqueue ``op`` (already consumed) on ``stream``: ``(execution, output)``.
+
+    On failure while enqueuing, what was already enqueued completes before its buffers go.
+    The asynchronous terminals (submit, await) start with this.
+    """
+    cdef ExecutionContext cx
+    if RECORDING[0]:
+        refuse_in_capture(f"{op!r}.{label}")
+    cx = new_context(stream, label, op)
+    if cx.drv is not None:
+        make_current(cx.drv)
+    else:
+        cx.backend.make_current()
+    try:
+        return cx, op._run(cx)
+    except BaseException:
+        try:
+            stream.synchronize()
+        finally:
+            cx.finish_c(False)
+        raise
 
 
 cpdef object run_sync(DeviceOp op, object stream, str label):

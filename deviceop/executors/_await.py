@@ -17,11 +17,10 @@ from __future__ import annotations
 import time
 from typing import Any, Awaitable, Callable
 
-from .._core._op import HOOKS, as_stream, refuse_in_capture
+from .._core._op import HOOKS, as_stream, refuse_in_capture, start
 from .._errors import UsageError
 from . import _future
 from ._future import DeviceFuture, watch
-from ._terminals import start
 from ._wake import arm, current_lib, dispatcher
 
 __all__ = ["await_op", "await_future", "set_poll_budget", "poll_budget"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._core._base import LOCK
-from .._core._launch import GraphLaunch
+from .._core._launch import GraphBase, GraphLaunch
 from .._core._op import DeviceOp
 
 __all__ = ["CudaGraph", "GraphLaunch", "Recording", "HOOKS"]
@@ -30,7 +30,7 @@ class Recording:
         self.stream = stream
 
 
-class CudaGraph(Generic[T]):
+class CudaGraph(GraphBase, Generic[T]):
     """An executable graph of recorded GPU work (a host-backend recording on the host backend).
 
     ``launch()`` returns a DeviceOp that replays it: sync it, await it, submit it or ``then``
@@ -57,9 +57,9 @@ class CudaGraph(Generic[T]):
         self._exec = ex
         outs = rec.outputs
         self._output = outs[0] if len(outs) == 1 else tuple(outs)
-        # what a replay reads, in one attribute swapped under the ledger lock: the executable
-        # graph, the regions its work touches, the output
-        self._fast = (ex, tuple(tuple(r) for r in rec.regions), self._output)
+        # what a replay reads (compiled fields, set together under the ledger lock): the
+        # executable graph, the regions its work touches, the output
+        self._set_replay(ex, tuple(tuple(r) for r in rec.regions), self._output)
 
     @property
     def nodes(self) -> int:
@@ -74,9 +74,10 @@ class CudaGraph(Generic[T]):
     def __repr__(self) -> str:
         return f"<CudaGraph {self.nodes} nodes on {self.backend.device_label}, {self.launches} launches>"
 
-    def launch(self) -> "DeviceOp[T]":
-        """An op that replays the graph once, on the stream of the terminal that drives it."""
-        return GraphLaunch(self)  # type: ignore[no-any-return]
+    if TYPE_CHECKING:
+
+        def launch(self) -> "DeviceOp[T]":
+            """An op that replays the graph once, on the stream of the terminal that drives it."""
 
     def update(self, op: DeviceOp[Any]) -> str:
         """Re-record ``op`` and make this graph replay it instead; return what happened.
