@@ -175,3 +175,26 @@ def test_allocation_arguments_are_checked_when_built(backend):
 def test_stub_driver_marker_is_consistent():
     # the suite knows whether it runs on the stub driver (CI) and skips only GPU-only checks there
     assert isinstance(STUB_DRIVER, bool)
+
+
+def test_launch_plans_refuse_bad_layouts_and_arguments(backend):
+    from deviceop._core._launch import MAX_PARAMS, LaunchPlan, launch
+    from deviceop._core._ledger import ExecutionContext
+
+    be = do.device.current()
+    if be.driver is None:  # the host backend launches no kernels through plans
+        with pytest.raises(do.UsageError, match="launches kernels"):
+            LaunchPlan(None, 1, (1, 1, 1), (32, 1, 1), 0, (), (), "k")
+        return
+    geo = ((1, 1, 1), (32, 1, 1), 0)
+    with pytest.raises(do.UsageError, match="bad layout"):
+        LaunchPlan(be.driver, 1, *geo, ((7, 0, 0, 0),), (), "k")
+    with pytest.raises(do.UsageError, match="at most"):
+        LaunchPlan(be.driver, 1, *geo, tuple((1, i, 1, 0) for i in range(MAX_PARAMS + 1)), (), "k")
+    p = LaunchPlan(be.driver, 1, *geo, ((0, 0, 0, 0), (1, 0, 1, 0)), (True,), "k")
+    cx = ExecutionContext(do.streams()[0], "test")
+    with pytest.raises(do.UsageError, match="takes 1 tensors and 1 scalars"):
+        launch(cx, p, (), (1.0,))  # refused before anything is read or launched
+    with pytest.raises(do.UsageError, match="takes 1 tensors and 1 scalars"):
+        launch(cx, p, (do.empty(4).sync(),), ())
+    cx.finish()

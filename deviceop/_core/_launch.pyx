@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Launch plans, the kernel launch path, the step loop of chains, and graph replays.
+"""Launch plans, the kernel launch path, built-in calls as ops, and graph replays.
 
 A :class:`LaunchPlan` holds what a launch needs once a kernel and its arguments' layout are
 known (function, grid, block, the parameter layout and fixed values) and nothing about their
@@ -11,15 +11,15 @@ through the ledger and launches, under the ledger lock.
 
 from libc.stdint cimport uint64_t, uint8_t, uint16_t, int32_t, int64_t, uintptr_t
 
-from ._base cimport _LOCK as LOCK, Buffer, Driver, launch_kernel_t
+from ._base cimport _LOCK as LOCK, Buffer, Driver
 from ._ledger cimport ExecutionContext, order, order_tensor
 from ._op cimport DeviceOp
 
-from .._errors import CaptureError, DTypeError, UsageError
+from .._errors import CaptureError, UsageError
 from ..device._tensor import Partition
 
 __all__ = [
-    "LaunchPlan", "KernelPlan", "PlanCache", "Planned", "BuiltinFront", "launch", "run_steps", "GraphBase",
+    "LaunchPlan", "KernelPlan", "PlanCache", "Planned", "BuiltinFront", "launch", "planned", "GraphBase",
     "GraphLaunch", "MAX_PARAMS",
 ]
 
@@ -52,6 +52,7 @@ cdef class LaunchPlan:
     cdef unsigned int b[3]
     cdef unsigned int shmem
     cdef int np, nt
+    cdef int need_tensors, need_scalars  # how many of each a launch must be given
     cdef signed char src[MAXP]
     cdef signed char idx[MAXP]
     cdef signed char ct[MAXP]
@@ -80,10 +81,16 @@ cdef class LaunchPlan:
         self.nt = len(writes)
         for i in range(self.np):
             s, j, c, v = layout[i]
+            if s not in (SRC_TENSOR, SRC_SCALAR, SRC_FIXED) or not 0 <= c <= CT_U16 or not 0 <= j < MAXP:
+                raise UsageError(f"{what!r}: parameter {i} has a bad layout entry {layout[i]!r}")
             self.src[i] = s
             self.idx[i] = j
             self.ct[i] = c
             self.fixed[i] = v
+            if s == SRC_TENSOR:
+                self.need_tensors = max(self.need_tensors, j + 1)
+            elif s == SRC_SCALAR:
+                self.need_scalars = max(self.need_scalars, j + 1)
         for i in range(self.nt):
             self.wr[i] = writes[i]
         self.writes = tuple(writes)
@@ -137,6 +144,11 @@ cpdef int launch(ExecutionContext cx, LaunchPlan p, tuple tensors, tuple scalars
     cdef void* sh = <void*>cx.sh
     if cx.drv is not p.drv:
         raise UsageError(f"{p.what!r} was planned for another device than this execution's")
+    if len(tensors) < p.need_tensors or len(tensors) < p.nt or len(scalars) < p.need_scalars:
+        raise UsageError(
+            f"{p.what!r} takes {max(p.need_tensors, p.nt)} tensors and {p.need_scalars} scalars, "
+            f"got {len(tensors)} and {len(scalars)}"
+        )
     _pack(p, tensors, scalars, slots, params)
     LOCK.take()
     try:
@@ -304,25 +316,6 @@ cdef class BuiltinFront:
         if self.check_scalars:
             self._check_scalars(args)
         return planned(self, args, p, nt)
-
-
-def run_steps(ExecutionContext cx, out, list steps, op_type):
-    """The step loop of a then/map/inspect chain: ``(len(steps), output)``, or ``(i, value)``
-    when step ``i``'s function returned ``value``, which is not an op (the caller raises)."""
-    cdef Py_ssize_t i
-    cdef DeviceOp op
-    for i in range(len(steps)):
-        kind, f = steps[i]
-        v = f(out)
-        if kind == "then":
-            if not isinstance(v, DeviceOp):
-                return i, v
-            op = v
-            op.take(".then()")
-            out = op._run(cx)
-        elif kind == "map":
-            out = v
-    return len(steps), out
 
 
 cdef class GraphBase:

@@ -95,26 +95,9 @@ cpdef tuple start(DeviceOp op, object stream, str label):
 
 
 cpdef object run_sync(DeviceOp op, object stream, str label):
-    """Run ``op`` (already consumed) on ``stream``, wait for the stream, return the output.
-
-    On failure while enqueuing, what was already enqueued completes before its buffers go.
-    """
+    """Run ``op`` (already consumed) on ``stream``, wait for the stream, return the output."""
     cdef ExecutionContext cx
-    if RECORDING[0]:
-        refuse_in_capture(f"{op!r}.{label}")
-    cx = new_context(stream, label, op)
-    if cx.drv is not None:
-        make_current(cx.drv)
-    else:
-        cx.backend.make_current()
-    try:
-        out = op._run(cx)
-    except BaseException:
-        try:
-            stream.synchronize()
-        finally:
-            cx.finish_c(False)
-        raise
+    cx, out = start(op, stream, label)
     try:
         _wait_stream(cx)
     except BaseException:
