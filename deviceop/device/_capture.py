@@ -23,8 +23,8 @@ class _CaptureState(threading.local):
 
 CAPTURE = _CaptureState()
 
-#: [number of recordings open on any thread]: while 0, no thread can be recording, so the native
-#: replay skips the per-thread lookup of CAPTURE.scope
+#: [number of recordings open on any thread]: while 0, no thread can be recording, so the compiled
+#: terminals skip the per-thread lookup of CAPTURE.scope
 RECORDING = [0]
 _count_lock = threading.Lock()
 

@@ -85,7 +85,7 @@ class CudaEvent:
 class CudaStream:
     """A non-blocking CUDA stream of the pool."""
 
-    # slots: the native graph replay reads backend and handle_int at a fixed offset
+    # slots: an execution context reads backend and handle_int once per execution
     __slots__ = ("backend", "index", "handle", "handle_int", "__weakref__")
 
     def __init__(self, backend: "CudaBackend", index: int) -> None:

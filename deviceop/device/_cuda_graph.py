@@ -39,7 +39,7 @@ class _Exec:
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
-        self.handle_int = int(handle)  # for the native launch
+        self.handle_int = int(handle)  # for the compiled launch
 
     def __del__(self) -> None:
         try:

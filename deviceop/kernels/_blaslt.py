@@ -49,7 +49,7 @@ def lt_handle() -> int:
 def matmul_address() -> int:
     """The address of the ``cublasLtMatmul`` that nvmath's bindings call (0 if it cannot be had).
 
-    The native launch calls it directly: the same library instance as the handle and plans.
+    The compiled launch calls it directly: the same library instance as the handle and plans.
     """
     a = _state.get("addr")
     if a is None:
