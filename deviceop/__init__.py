@@ -5,9 +5,10 @@ into pipelines that run synchronously (``sync``), are awaited (``await op``, und
 uvloop or trio) or are submitted (``submit``) across a pool of CUDA streams. The ``host`` backend emulates a device where no GPU is present.
 """
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from . import graph, kernels
+from ._core._op import HOOKS as _HOOKS
 from ._dtypes import DType, bfloat16, float16, float32, int32, int64, uint8
 from ._errors import (
     BackendError,
@@ -20,7 +21,6 @@ from ._errors import (
     ShapeError,
     UsageError,
 )
-from .combinators import zip  # importing combinators also registers then/map/shared on DeviceOp
 from .device import (
     DeviceOpWarning,
     Partition,
@@ -33,9 +33,40 @@ from .device import (
     use_backend,
 )
 from .device._select import current as _current
-from .executors import DeviceFuture, poll_budget, set_poll_budget
 from .device import _tensor as _tensor_mod
 from .ops import DeviceOp, empty, from_numpy, full, ones, to_numpy, value, zeros
+
+if TYPE_CHECKING:
+    from . import graph, kernels
+    from .combinators import zip  # noqa: A004
+    from .executors import DeviceFuture, poll_budget, set_poll_budget
+
+# The layers above the ops load on first use (start-up time): the modules that register the
+# core's hooks, and the public names they hold.
+_HOOKS.load_from.update({
+    "shared": "deviceop.combinators", "await": "deviceop.executors._await",
+    "await_future": "deviceop.executors._await", "submit": "deviceop.executors._terminals",
+    "graph": "deviceop.graph._scope",
+})
+_LAZY = {
+    "graph": ("deviceop.graph", None), "kernels": ("deviceop.kernels", None),
+    "zip": ("deviceop.combinators", "zip"), "DeviceFuture": ("deviceop.executors", "DeviceFuture"),
+    "poll_budget": ("deviceop.executors", "poll_budget"), "set_poll_budget": ("deviceop.executors", "set_poll_budget"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    spec = _LAZY.get(name)
+    if spec is None:
+        raise AttributeError(f"module 'deviceop' has no attribute {name!r}")
+    mod = importlib.import_module(spec[0])
+    value = mod if spec[1] is None else getattr(mod, spec[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def streams() -> list:

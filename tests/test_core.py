@@ -198,3 +198,27 @@ def test_launch_plans_refuse_bad_layouts_and_arguments(backend):
     with pytest.raises(do.UsageError, match="takes 1 tensors and 1 scalars"):
         launch(cx, p, (do.empty(4).sync(),), ())
     cx.finish()
+
+
+def test_layers_above_the_ops_load_on_first_use():
+    # import deviceop loads the core, the device layer and the ops; graph, kernels, executors
+    # and combinators load when first used, through a public name or a hook of DeviceOp
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import asyncio, sys
+import deviceop as do
+lazy = ("deviceop.graph", "deviceop.kernels", "deviceop.executors", "deviceop.combinators")
+print(sorted(m for m in lazy if m in sys.modules))
+print(do.value(1).shared().sync(), do.value(2).submit().result(timeout=30))
+print(asyncio.run(do.value(3).wait(timeout=30)))
+t = do.zeros(4).sync()
+g = do.value(t).graph()
+print(type(g).__name__, g.launch().sync() is t, do.zip(do.value(4), do.value(5)).sync())
+"""
+    env = dict(os.environ, DEVICEOP_BACKEND="host", PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:4] == ["[]", "1 2", "3", "CudaGraph True (4, 5)"], r.stdout

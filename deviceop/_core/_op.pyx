@@ -23,8 +23,28 @@ __all__ = [
     "refuse_in_capture", "is_op",
 ]
 
-#: implementations registered by higher layers: shared, await, submit, graph
-HOOKS = {}
+class _Hooks(dict):
+    """Implementations registered by higher layers (shared, await, submit, await_future, graph).
+
+    A layer registers its own when it is imported; ``load_from`` names, for each hook, the
+    module that registers it, so a hook first used before its layer was imported is loaded then
+    (the top-level package sets the names: this layer names no module above it).
+    """
+
+    load_from = {}
+
+    def __missing__(self, key):
+        mod = self.load_from.get(key)
+        if mod is None:
+            raise UsageError(f"deviceop's {key!r} is not available: import deviceop first")
+        import importlib  # (the layer registering the hook loads on its first use: start-up time)
+
+        importlib.import_module(mod)
+        return dict.__getitem__(self, key)
+
+
+#: implementations registered by higher layers (see _Hooks)
+HOOKS = _Hooks()
 
 #: the ``_used`` mark of ops any number of consumers may take (``shared()``)
 cdef object _SHAREABLE = "(shareable)"
