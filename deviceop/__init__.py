@@ -18,7 +18,9 @@ from ._errors import (
     CudaError,
     DeviceOpError,
     DTypeError,
+    SettingError,
     ShapeError,
+    TensorIndexError,
     UsageError,
 )
 from .device import (
@@ -116,5 +118,5 @@ __all__ = [
     "backend_name", "use_backend", "next_stream", "streams", "used_bytes", "empty_cache",
     "set_borrow_policy", "borrow_policy", "set_host_chaos", "set_poll_budget", "poll_budget", "kernels", "graph",
     "DeviceOpError", "BackendError", "BorrowError", "CaptureError", "CompileError", "CudaError",
-    "ShapeError", "DTypeError", "UsageError", "DeviceOpWarning",
+    "ShapeError", "TensorIndexError", "DTypeError", "UsageError", "SettingError", "DeviceOpWarning",
 ]

@@ -7,8 +7,10 @@
     ├── CompileError        NVRTC rejected a kernel (carries the log)
     ├── CudaError           the driver reported an error (carries its name and explanation)
     ├── ShapeError          shapes, views or partitions that do not fit (also a ValueError)
-    ├── DTypeError          an element type that is not accepted (also a TypeError)
+    │   └── TensorIndexError    an index out of a tensor's range (also an IndexError)
+    ├── DTypeError          an element type or scalar that is not accepted (also a TypeError)
     └── UsageError          an API used the wrong way (terminal twice, bad callback result...)
+        └── SettingError    a setting's value that is not accepted (also a ValueError)
 
 Messages say what happened and what to do instead.
 """
@@ -23,8 +25,10 @@ __all__ = [
     "CompileError",
     "CudaError",
     "ShapeError",
+    "TensorIndexError",
     "DTypeError",
     "UsageError",
+    "SettingError",
 ]
 
 
@@ -75,3 +79,11 @@ class DTypeError(DeviceOpError, TypeError):
 
 class UsageError(DeviceOpError):
     """The API was used in a way it does not support."""
+
+
+class TensorIndexError(ShapeError, IndexError):
+    """An index outside a tensor's dimension (an IndexError, so iteration stops at the end)."""
+
+
+class SettingError(UsageError, ValueError):
+    """A setting (a ``set_*`` call or an environment variable) given a value it does not accept."""

@@ -17,12 +17,14 @@ from ._ledger cimport ExecutionContext, order
 from ._op cimport DeviceOp
 
 from .._dtypes import as_dtype
-from .._errors import CaptureError, DTypeError
+from .._errors import CaptureError, DTypeError, ShapeError
 from ..device._tensor import Tensor, as_shape
 
 __all__ = ["Alloc", "alloc_tensor", "refuse_allocation"]
 
 DEF OUT_OF_MEMORY = 2
+#: no allocation can be larger (2^48 bytes: 256 TiB); larger shapes are mistakes, refused when built
+MAX_BYTES = 1 << 48
 
 
 cpdef int refuse_allocation(ExecutionContext cx, what) except -1:
@@ -98,6 +100,11 @@ cdef class Alloc(DeviceOp):
         self.name = name
         self.shape = as_shape(shape)
         self.dtype = as_dtype(dtype)
+        if math.prod(self.shape) * self.dtype.itemsize > MAX_BYTES:
+            raise ShapeError(
+                f"{name}{self.shape} of {self.dtype.name} would take {math.prod(self.shape) * self.dtype.itemsize} bytes, "
+                f"more than any device holds (limit {MAX_BYTES} bytes); check the shape"
+            )
         if fill is not None:
             dt = self.dtype
             if isinstance(fill, (bool, np.bool_)) or not isinstance(fill, (int, float, np.integer, np.floating)):

@@ -9,6 +9,7 @@ returns, so concurrent launches of one plan never share it), orders the tensors'
 through the ledger and launches, under the ledger lock.
 """
 
+from libc.float cimport FLT_MAX
 from libc.stdint cimport uint64_t, uint8_t, uint16_t, int32_t, int64_t, uintptr_t
 
 from ._base cimport _LOCK as LOCK, Buffer, Driver
@@ -311,8 +312,9 @@ cdef class BuiltinFront:
         if p is None:
             return self._call_slow(args)
         for i in range(nt, self.n_args):
-            if type(args[i]) is not float:
-                return self._call_slow(args)  # validated (and converted) there
+            v = args[i]
+            if type(v) is not float or (<double>v > FLT_MAX or <double>v < -FLT_MAX) and <double>v - <double>v == 0.0:
+                return self._call_slow(args)  # validated (and converted, or refused: beyond float32) there
         if self.check_scalars:
             self._check_scalars(args)
         return planned(self, args, p, nt)

@@ -17,7 +17,7 @@ Finished executions remove their entries (:meth:`ExecutionContext.finish`), so l
 
 from ._base cimport _LOCK as LOCK, Buffer, Driver, Lock
 
-from .._errors import BorrowError, CaptureError
+from .._errors import BorrowError, CaptureError, SettingError
 
 __all__ = [
     "ExecutionContext", "Access", "enqueue", "touch", "release", "in_flight", "held", "set_borrow_policy",
@@ -38,8 +38,8 @@ def set_borrow_policy(mode):
     ``"off"``: no tracking at all (unsafe; only for measuring the ledger's cost).
     """
     global _mode
-    if mode not in _MODES:
-        raise ValueError(f"borrow policy {mode!r} is not known; use 'order', 'raise' or 'off'")
+    if not isinstance(mode, str) or mode not in _MODES:
+        raise SettingError(f"borrow policy {mode!r} is not known; use 'order', 'raise' or 'off'")
     _mode = _MODES.index(mode)
 
 

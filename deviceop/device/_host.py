@@ -19,18 +19,33 @@ from typing import Any, Callable
 import numpy as np
 
 from .._core._base import Buffer, register_stream_type
-from .._errors import CudaError, DTypeError
+from .._errors import CudaError, DTypeError, SettingError
 
 __all__ = ["HostBackend", "set_host_chaos"]
 
-_chaos = {"max_delay": float(os.environ.get("DEVICEOP_HOST_CHAOS", "0") or 0)}
+_MAX_CHAOS_S = 10.0
+
+
+def _chaos_delay(value: Any, what: str) -> float:
+    """A chaos delay in seconds: a real number in [0, 10]; SettingError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise SettingError(f"{what} must be a number of seconds in [0, {_MAX_CHAOS_S:g}], got {value!r}")
+    v = float(value)
+    if not 0.0 <= v <= _MAX_CHAOS_S:  # (NaN fails this too)
+        raise SettingError(f"{what} must be in [0, {_MAX_CHAOS_S:g}] seconds, got {v!r}")
+    return v
+
+
+_chaos = {"max_delay": 0.0}
 
 
 def set_host_chaos(max_delay_s: float) -> None:
-    """Delay every item a host stream executes by a random time in [0, max_delay_s] (0: off)."""
-    if max_delay_s < 0:
-        raise ValueError("max_delay_s must be >= 0")
-    _chaos["max_delay"] = float(max_delay_s)
+    """Delay every item a host stream executes by a random time in [0, max_delay_s] (0: off).
+
+    ``max_delay_s`` is a number of seconds in [0, 10]; anything else raises
+    :class:`~deviceop.SettingError`. ``DEVICEOP_HOST_CHAOS`` sets it for a new host backend.
+    """
+    _chaos["max_delay"] = _chaos_delay(max_delay_s, "set_host_chaos(max_delay_s)")
 
 
 class HostEvent:
@@ -87,10 +102,10 @@ class HostStream:
         be = self.backend
         while True:
             fn, always = self._q.get()
-            delay = _chaos["max_delay"]
-            if delay:
-                time.sleep(random.random() * delay)
-            try:
+            try:  # nothing may end this loop: a stream whose worker died would hang its waiters
+                delay = _chaos["max_delay"]
+                if delay:
+                    time.sleep(random.random() * delay)
                 if always or be.error is None:
                     fn()
             except BaseException as e:  # the emulated device faults; the context is now broken
@@ -211,6 +226,13 @@ class HostBackend:
     arch = "sm_90"  # what built-in kernels are compiled for when asked, e.g. in CI
 
     def __init__(self, pool_size: int = 4) -> None:
+        env = os.environ.get("DEVICEOP_HOST_CHAOS", "").strip()
+        if env:
+            try:
+                value: Any = float(env)
+            except ValueError:
+                value = env
+            _chaos["max_delay"] = _chaos_delay(value, "DEVICEOP_HOST_CHAOS")
         self.error: CudaError | None = None
         self._lock = threading.Lock()
         self._used = 0

@@ -12,7 +12,7 @@ import numpy as np
 from .._core._base import Buffer
 from .._core._ledger import in_flight
 from .._dtypes import DType
-from .._errors import BorrowError, DTypeError, ShapeError
+from .._errors import BorrowError, DTypeError, ShapeError, TensorIndexError
 
 __all__ = ["Tensor", "Partition", "as_shape", "HOOKS"]
 
@@ -181,7 +181,7 @@ class Tensor:
             if isinstance(k, (int, np.integer)):
                 i = int(k) + (n if k < 0 else 0)
                 if not 0 <= i < n:
-                    raise ShapeError(f"index {int(k)} is out of range for dimension {d} of size {n}")
+                    raise TensorIndexError(f"index {int(k)} is out of range for dimension {d} of size {n}")
                 offset += i * st * it
             elif isinstance(k, slice):
                 start, stop, step = k.indices(n)

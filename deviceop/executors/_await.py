@@ -14,11 +14,12 @@ entries in place until the work has really completed.
 
 from __future__ import annotations
 
+import numbers
 import time
 from typing import Any, Awaitable, Callable
 
 from .._core._op import HOOKS, as_stream, refuse_in_capture, start
-from .._errors import UsageError
+from .._errors import SettingError, UsageError
 from . import _future
 from ._future import DeviceFuture, watch
 from ._wake import arm, current_lib, dispatcher
@@ -37,10 +38,9 @@ def set_poll_budget(seconds: float) -> None:
     Longer budgets shave wake-up latency off medium-length work at the price of CPU time
     spent polling; the default covers a short kernel with margin.
     """
-    s = float(seconds)
-    if not 0 <= s <= 1:
-        raise UsageError(f"poll budget {seconds!r} s is out of range; use 0 to 1 second (default 50e-6)")
-    _POLL[0] = s
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 <= float(seconds) <= 1:
+        raise SettingError(f"poll budget {seconds!r} s is not accepted; use a number from 0 to 1 second (default 50e-6)")
+    _POLL[0] = float(seconds)
 
 
 def poll_budget() -> float:
@@ -62,6 +62,8 @@ def _yielder() -> Callable[[], Awaitable[None]]:
 def _check_timeout(timeout: float | None) -> float | None:
     if timeout is None:
         return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise UsageError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
     t = float(timeout)
     if not t >= 0:
         raise UsageError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")

@@ -23,6 +23,7 @@ from ._params import TensorParam
 
 __all__ = ["Kernel", "CompiledFunctions", "check_scalar", "check_tensor"]
 
+_FLOAT_MAX = {"float32": 3.4028234663852886e38, "float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 _INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1), "uint8": (0, 255)}
 
 
@@ -55,7 +56,13 @@ def check_scalar(v: Any, dtype: DType, what: str) -> Any:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise DTypeError(f"{what} must be a {dtype.name} scalar, got {type(v).__name__}")
     if dtype.is_float:
-        return float(v)
+        try:
+            f = float(v)
+        except OverflowError:
+            raise DTypeError(f"{what} = {v!r} is out of range for {dtype.name}") from None
+        if math.isfinite(f) and abs(f) > _FLOAT_MAX[dtype.name]:
+            raise DTypeError(f"{what} = {v!r} is out of range for {dtype.name} (it would become inf)")
+        return f
     if isinstance(v, numbers.Integral) or float(v).is_integer():
         iv = int(v)
         lo, hi = _INT_RANGE[dtype.name]

@@ -1,0 +1,104 @@
+"""Bad input that used to escape the error contract: settings, indexing, timeouts, scalars and
+sizes are checked when given, with deviceop errors that also derive from the matching built-in."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import deviceop as do
+
+K = do.kernels
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1, 11, "0.1", None, True])
+def test_host_chaos_settings_out_of_range_are_refused(bad):
+    with pytest.raises(do.SettingError):
+        do.set_host_chaos(bad)
+    assert isinstance(do.SettingError("x"), (do.UsageError, ValueError))
+
+
+def test_a_bad_chaos_environment_value_is_refused_when_the_backend_is_made():
+    env = dict(os.environ, DEVICEOP_BACKEND="host", DEVICEOP_HOST_CHAOS="-1", PYTHONPATH=os.pathsep.join(sys.path))
+    code = "import deviceop as do\ntry:\n    do.zeros(4).sync()\nexcept do.SettingError as e:\n    print('refused:', e)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout.startswith("refused: DEVICEOP_HOST_CHAOS"), (r.stdout, r.stderr)
+
+
+def test_a_stream_worker_survives_its_own_failure(host_backend, monkeypatch):
+    # whatever fails in a worker's loop (here its chaos delay, set around the checks), the
+    # worker goes on: the context records the error and waits report it instead of hanging
+    import threading
+
+    from deviceop.device import _host
+
+    s = do.streams()[0]
+    monkeypatch.setitem(_host._chaos, "max_delay", float("nan"))
+    s.enqueue(lambda: None)
+    out = []
+
+    def wait() -> None:
+        try:
+            s.synchronize()
+            out.append("ok")
+        except do.CudaError:
+            out.append("error")
+
+    th = threading.Thread(target=wait, daemon=True)
+    th.start()
+    th.join(10)
+    monkeypatch.setitem(_host._chaos, "max_delay", 0.0)
+    assert out == ["error"], "the stream's worker died: its waiters hang"
+    do.use_backend("host")
+
+
+def test_settings_refuse_wrong_types():
+    with pytest.raises(do.SettingError):
+        do.set_poll_budget("0.001")
+    with pytest.raises(do.SettingError):
+        do.set_poll_budget(True)
+    with pytest.raises(do.SettingError):
+        do.set_borrow_policy(1)
+    with pytest.raises(ValueError):  # a SettingError is a ValueError too
+        do.set_borrow_policy("sometimes")
+    assert do.borrow_policy() == "order"
+
+
+def test_indexing_past_the_end_is_an_index_error_so_iteration_stops(backend):
+    t = do.from_numpy(np.arange(6, dtype=np.float32).reshape(3, 2)).sync()
+    with pytest.raises(IndexError):
+        t[3]
+    with pytest.raises(do.TensorIndexError):
+        t[-4]
+    rows = list(t)  # iteration ends at the IndexError
+    assert len(rows) == 3 and rows[2].numpy().tolist() == [4.0, 5.0]
+
+
+@pytest.mark.parametrize("bad", ["1.0", b"1", [1], True])
+def test_timeouts_must_be_numbers(backend, bad):
+    async def main() -> None:
+        await do.value(1).wait(timeout=bad)
+
+    with pytest.raises(do.UsageError, match="timeout"):
+        asyncio.run(main())
+
+
+def test_scalars_beyond_the_dtype_are_refused_when_built(backend):
+    x = do.zeros(256, do.float32).sync()
+    y = do.empty(256, do.float32).sync()
+    with pytest.raises(do.DTypeError, match="out of range"):
+        K.scale(y.partition((128,)), x, 10**400)
+    with pytest.raises(do.DTypeError, match="out of range"):
+        K.scale(y.partition((128,)), x, 1e300)  # a float, beyond float32
+    K.scale(y.partition((128,)), x, float("inf")).sync()  # inf itself is a float32 value
+
+
+@pytest.mark.parametrize("shape", [2**62, (2**31, 2**31), (1 << 40, 1 << 10)])
+def test_impossible_sizes_are_refused_when_built(shape):
+    with pytest.raises(do.ShapeError, match="more than any device holds"):
+        do.zeros(shape)
