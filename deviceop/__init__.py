@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 _HOOKS.load_from.update({
     "shared": "deviceop.combinators", "await": "deviceop.executors._await",
     "await_future": "deviceop.executors._await", "submit": "deviceop.executors._terminals",
-    "graph": "deviceop.graph._scope",
+    "graph": "deviceop.graph._scope", "watch": "deviceop.executors._future",
 })
 _LAZY = {
     "graph": ("deviceop.graph", None), "kernels": ("deviceop.kernels", None),

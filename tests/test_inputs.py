@@ -102,3 +102,30 @@ def test_scalars_beyond_the_dtype_are_refused_when_built(backend):
 def test_impossible_sizes_are_refused_when_built(shape):
     with pytest.raises(do.ShapeError, match="more than any device holds"):
         do.zeros(shape)
+
+
+def test_an_interrupted_sync_keeps_its_work_registered_until_it_completes(host_backend, monkeypatch):
+    # Ctrl-C while sync() waits: the work still runs, so the execution is handed to the stream's
+    # watcher instead of being finished: host reads are refused and a later write on another
+    # stream is ordered after it, until the work is really done
+    from helpers import slow_fill
+
+    x = do.zeros(4096, do.float32).sync()
+    s0, s1 = do.streams()[0], do.streams()[1]
+    real = type(s0).synchronize
+    calls = []
+
+    def interrupted(self):
+        if self is s0 and not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(type(s0), "synchronize", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        slow_fill(x, 80.0, 0.3).sync_on(s0)
+    monkeypatch.undo()
+    with pytest.raises(do.BorrowError):
+        x.numpy()
+    K.fill(x.partition((128,)), 5.0).sync_on(s1)  # ordered after the slow fill
+    assert np.all(x.numpy() == 5.0)

@@ -14,7 +14,7 @@ from ._ledger cimport ExecutionContext, new_context
 
 from ._base import STREAM_TYPES
 
-from .._errors import CaptureError, UsageError
+from .._errors import CaptureError, CudaError, UsageError
 from ..device._capture import CAPTURE, RECORDING
 from ..device._select import next_stream
 
@@ -24,7 +24,8 @@ __all__ = [
 ]
 
 class _Hooks(dict):
-    """Implementations registered by higher layers (shared, await, submit, await_future, graph).
+    """Implementations registered by higher layers (shared, await, submit, await_future, graph,
+    watch).
 
     A layer registers its own when it is imported; ``load_from`` names, for each hook, the
     module that registers it, so a hook first used before its layer was imported is loaded then
@@ -90,6 +91,18 @@ cdef int _wait_stream(ExecutionContext cx) except -1:
     return 0
 
 
+cdef int _hand_over(ExecutionContext cx, object stream) except -1:
+    """Work may still run but its terminal stops waiting (an interrupt, a second failure): the
+    stream's watcher finishes the execution once the work is really done, so its buffers and
+    ledger entries hold until then (as for a cancelled await)."""
+    try:
+        ev = cx.seal_c()
+        HOOKS["watch"](stream, ev, cx)
+    except CudaError:
+        cx.finish_c(False)  # the context failed: nothing more of it runs
+    return 0
+
+
 cpdef tuple start(DeviceOp op, object stream, str label):
     """Enqueue ``op`` (already consumed) on ``stream``: ``(execution, output)``.
 
@@ -108,8 +121,12 @@ cpdef tuple start(DeviceOp op, object stream, str label):
         return cx, op._run(cx)
     except BaseException:
         try:
-            stream.synchronize()
-        finally:
+            stream.synchronize()  # what was enqueued completes before its buffers go
+        except CudaError:
+            cx.finish_c(False)
+        except BaseException:
+            _hand_over(cx, stream)  # interrupted while waiting: the watcher finishes it
+        else:
             cx.finish_c(False)
         raise
 
@@ -120,8 +137,11 @@ cpdef object run_sync(DeviceOp op, object stream, str label):
     cx, out = start(op, stream, label)
     try:
         _wait_stream(cx)
+    except CudaError:
+        cx.finish_c(False)  # the context failed: nothing more of it runs
+        raise
     except BaseException:
-        cx.finish_c(False)
+        _hand_over(cx, stream)  # KeyboardInterrupt, SystemExit...: the work may still run
         raise
     cx.finish_c(True)
     return out

@@ -6,6 +6,7 @@ import queue
 import threading
 from typing import Any, Callable, Coroutine, Generator, Generic, TypeVar
 
+from .._core._op import HOOKS as CORE_HOOKS
 from .._core._op import refuse_in_capture
 from .._errors import CudaError
 
@@ -154,3 +155,6 @@ def watch(
             if w is None or w.stream is not stream:
                 w = _watchers[id(stream)] = _Watcher(stream)
     w.q.put((event, cx, fut, then))
+
+
+CORE_HOOKS["watch"] = watch  # the sync terminals hand interrupted executions to the watchers
