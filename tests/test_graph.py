@@ -591,3 +591,50 @@ def test_cache_bad_input(backend) -> None:
     alloc = do.graph.GraphCache(lambda inp: do.zeros(inp.shape), max_size=4)
     with pytest.raises(do.CaptureError, match="allocates"):
         alloc(do.zeros((2, 4)).sync()).sync()
+
+
+def test_graph_cache_from_several_threads_gives_each_call_its_own_result(backend, monkeypatch) -> None:
+    # a call is three enqueues on the bucket's shared buffers (copy in, replay, copy out);
+    # another thread's call must never slip between them (it used to: its replay then fed this
+    # call's copy out). The window is widened: the copy out's allocation waits 1 ms.
+    import threading
+    import time as _time
+
+    from deviceop.graph import _cache
+
+    real_new_tensor = _cache.new_tensor
+
+    def slow_new_tensor(*a, **kw):
+        _time.sleep(0.001)
+        return real_new_tensor(*a, **kw)
+
+    monkeypatch.setattr(_cache, "new_tensor", slow_new_tensor)
+
+    def build(inp):
+        out = do.empty(inp.shape, inp.dtype).sync()
+        return K.scale(out.partition((1, inp.shape[1])), inp, 2.0).map(lambda a: a[0].tensor)
+
+    cache = do.graph.GraphCache(build, max_size=8)
+    wrong, errors = [], []
+
+    def worker(k: int) -> None:
+        try:
+            s = do.streams()[k % len(do.streams())]
+            for i in range(100):
+                n = 3 if i % 4 else 1 + (i + k) % 8  # mostly one bucket: the calls share its buffers
+                v = float(1000 * k + i)
+                x = do.full((n, 64), v, do.float32).sync_on(s)
+                y = cache(x).sync_on(s)
+                got = y.numpy()
+                if got.shape != (n, 64) or not np.all(got == 2 * v):
+                    wrong.append((k, i, float(got.flat[0])))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    assert not wrong, f"{len(wrong)} of 400 calls got another call's result, e.g. {wrong[:3]}"

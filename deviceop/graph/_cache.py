@@ -36,12 +36,16 @@ def power_of_two_buckets(max_size: int) -> list[int]:
 
 
 class _Entry:
-    __slots__ = ("inp", "graph", "out")
+    """One bucket's recording: its static input and output, and the lock that keeps each call's
+    copy in, replay and copy out contiguous in issue order (calls share those buffers)."""
+
+    __slots__ = ("inp", "graph", "out", "lock")
 
     def __init__(self, inp: Tensor, graph: CudaGraph[Any], out: Tensor) -> None:
         self.inp = inp
         self.graph = graph
         self.out = out
+        self.lock = threading.RLock()
 
 
 class GraphCache:
@@ -167,18 +171,21 @@ class GraphCache:
             if n < b:
                 be.memset(inp.buffer, n * row, (b - n) * row, b"\0", cx.stream)
 
-        enqueue(cx, ((x.buffer, *x._span, False), (inp.buffer, 0, inp.nbytes, True)), copy_in, "GraphCache input copy")
-        out = e.graph.launch()._run(cx)[:n]
-        if not self._copy_out:
-            return out  # type: ignore[no-any-return]
-
-        def copy_out(res: Tensor) -> None:
+        def copy_out(res: Tensor, out: Tensor) -> None:
             be.dtod(res.buffer, 0, out.buffer, out._span[0], res.nbytes, cx.stream)
 
-        # the copy reads the graph's output: registered with the new tensor's write, in one enqueue
-        res = new_tensor(cx, out.shape, out.dtype, "GraphCache output copy")
-        enqueue(cx, ((out.buffer, *out._span, False), (res.buffer, 0, res.nbytes, True)), lambda: copy_out(res),
-                "GraphCache output copy")
+        # copy in, replay and copy out are enqueued as one: another call of this bucket (another
+        # thread) cannot slip between them, so the ledger orders whole calls, in issue order
+        with e.lock:
+            enqueue(cx, ((x.buffer, *x._span, False), (inp.buffer, 0, inp.nbytes, True)), copy_in,
+                    "GraphCache input copy")
+            out = e.graph.launch()._run(cx)[:n]
+            if not self._copy_out:
+                return out  # type: ignore[no-any-return]
+            # the copy reads the graph's output: registered with the new tensor's write, in one enqueue
+            res = new_tensor(cx, out.shape, out.dtype, "GraphCache output copy")
+            enqueue(cx, ((out.buffer, *out._span, False), (res.buffer, 0, res.nbytes, True)),
+                    lambda: copy_out(res, out), "GraphCache output copy")
         return res
 
 
