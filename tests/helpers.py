@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -80,3 +82,22 @@ def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: do.DTy
     info = np.iinfo(dtype.np_dtype)
     lo, hi = max(info.min, -(2**40)), min(info.max, 2**40)
     return rng.integers(lo, hi, size=shape, endpoint=True, dtype=dtype.np_dtype)
+
+
+def run_threads(worker: Callable[[int], None], n: int, timeout: float = 120.0) -> list[BaseException]:
+    """Run ``worker(k)`` for k in range(n), each on its own thread; return what they raised."""
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            worker(k)
+        except BaseException as e:  # noqa: BLE001 - returned to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a worker thread hangs"
+    return errors

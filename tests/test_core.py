@@ -11,6 +11,7 @@ import pytest
 
 import deviceop as do
 from conftest import STUB_DRIVER, needs_gpu
+from helpers import run_threads
 
 K = do.kernels
 
@@ -43,53 +44,37 @@ def test_to_numpy_is_ordered_before_a_later_write_from_another_thread(backend, m
 
 
 def test_threads_calling_the_same_builtins_get_their_own_results(backend):
-    n_threads, rounds, n = 8, 30, 2048
-    errors = []
+    rounds, n = 30, 2048
 
     def worker(k: int) -> None:
-        try:
-            rng = np.random.default_rng(k)
-            for r in range(rounds):
-                a_np = rng.standard_normal(n).astype(np.float32)
-                b_np = rng.standard_normal(n).astype(np.float32)
-                a, b = do.from_numpy(a_np).sync(), do.from_numpy(b_np).sync()
-                y = do.empty(n, do.float32).sync()
-                g = float(k + r)
-                K.axpy(y.partition((256,)), a, b, g).sync()  # the same plan for every thread
-                np.testing.assert_allclose(y.numpy(), g * a_np + b_np, rtol=1e-5, atol=1e-5)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        rng = np.random.default_rng(k)
+        for r in range(rounds):
+            a_np = rng.standard_normal(n).astype(np.float32)
+            b_np = rng.standard_normal(n).astype(np.float32)
+            a, b = do.from_numpy(a_np).sync(), do.from_numpy(b_np).sync()
+            y = do.empty(n, do.float32).sync()
+            g = float(k + r)
+            K.axpy(y.partition((256,)), a, b, g).sync()  # the same plan for every thread
+            np.testing.assert_allclose(y.numpy(), g * a_np + b_np, rtol=1e-5, atol=1e-5)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    errors = run_threads(worker, 8)
     assert not errors, errors[:3]
 
 
 def test_threads_calling_gemm_get_their_own_results(backend):
     needs_gpu(backend, "cuBLAS")
-    errors = []
 
     def worker(k: int) -> None:
-        try:
-            rng = np.random.default_rng(100 + k)
-            for _ in range(10):
-                a_np = rng.standard_normal((32, 24)).astype(np.float32)
-                b_np = rng.standard_normal((24, 16)).astype(np.float32)
-                a, b = do.from_numpy(a_np).sync(), do.from_numpy(b_np).sync()
-                c = do.empty((32, 16), do.float32).sync()
-                K.gemm(c, a, b).sync()
-                np.testing.assert_allclose(c.numpy(), a_np @ b_np, rtol=1e-4, atol=1e-4)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        rng = np.random.default_rng(100 + k)
+        for _ in range(10):
+            a_np = rng.standard_normal((32, 24)).astype(np.float32)
+            b_np = rng.standard_normal((24, 16)).astype(np.float32)
+            a, b = do.from_numpy(a_np).sync(), do.from_numpy(b_np).sync()
+            c = do.empty((32, 16), do.float32).sync()
+            K.gemm(c, a, b).sync()
+            np.testing.assert_allclose(c.numpy(), a_np @ b_np, rtol=1e-4, atol=1e-4)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    errors = run_threads(worker, 6)
     assert not errors, errors[:3]
 
 

@@ -597,8 +597,9 @@ def test_graph_cache_from_several_threads_gives_each_call_its_own_result(backend
     # a call is three enqueues on the bucket's shared buffers (copy in, replay, copy out);
     # another thread's call must never slip between them (it used to: its replay then fed this
     # call's copy out). The window is widened: the copy out's allocation waits 1 ms.
-    import threading
     import time as _time
+
+    from helpers import run_threads
 
     from deviceop.graph import _cache
 
@@ -615,26 +616,19 @@ def test_graph_cache_from_several_threads_gives_each_call_its_own_result(backend
         return K.scale(out.partition((1, inp.shape[1])), inp, 2.0).map(lambda a: a[0].tensor)
 
     cache = do.graph.GraphCache(build, max_size=8)
-    wrong, errors = [], []
+    wrong = []
 
     def worker(k: int) -> None:
-        try:
-            s = do.streams()[k % len(do.streams())]
-            for i in range(100):
-                n = 3 if i % 4 else 1 + (i + k) % 8  # mostly one bucket: the calls share its buffers
-                v = float(1000 * k + i)
-                x = do.full((n, 64), v, do.float32).sync_on(s)
-                y = cache(x).sync_on(s)
-                got = y.numpy()
-                if got.shape != (n, 64) or not np.all(got == 2 * v):
-                    wrong.append((k, i, float(got.flat[0])))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        s = do.streams()[k % len(do.streams())]
+        for i in range(100):
+            n = 3 if i % 4 else 1 + (i + k) % 8  # mostly one bucket: the calls share its buffers
+            v = float(1000 * k + i)
+            x = do.full((n, 64), v, do.float32).sync_on(s)
+            y = cache(x).sync_on(s)
+            got = y.numpy()
+            if got.shape != (n, 64) or not np.all(got == 2 * v):
+                wrong.append((k, i, float(got.flat[0])))
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    errors = run_threads(worker, 4)
     assert not errors, errors[:3]
     assert not wrong, f"{len(wrong)} of 400 calls got another call's result, e.g. {wrong[:3]}"

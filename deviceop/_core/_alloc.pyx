@@ -10,9 +10,7 @@ import math
 
 import numpy as np
 
-from libc.stdint cimport uintptr_t
-
-from ._base cimport _LOCK as LOCK, BlockCache, Buffer, Driver, block_size
+from ._base cimport _LOCK as LOCK, Buffer, Driver, driver_alloc
 from ._ledger cimport ExecutionContext, order
 from ._op cimport DeviceOp
 
@@ -22,7 +20,6 @@ from ..device._tensor import Tensor, as_shape
 
 __all__ = ["Alloc", "alloc_tensor", "refuse_allocation"]
 
-DEF OUT_OF_MEMORY = 2
 #: no allocation can be larger (2^48 bytes: 256 TiB); larger shapes are mistakes, refused when built
 MAX_BYTES = 1 << 48
 
@@ -40,35 +37,9 @@ cpdef int refuse_allocation(ExecutionContext cx, what) except -1:
 
 cdef Buffer _block(ExecutionContext cx, Py_ssize_t nbytes):
     cdef Driver d = cx.drv
-    cdef BlockCache blocks
-    cdef Buffer buf
-    cdef Py_ssize_t size
-    cdef uintptr_t ptr = 0
-    cdef int err = 0
-    cdef void* sh = <void*>cx.sh
     if d is None or d.mem_alloc == NULL or d.blocks is None:
         return cx.backend.alloc(nbytes, cx.stream)  # a backend without compiled allocation (host)
-    blocks = d.blocks
-    size = block_size(nbytes if nbytes > 0 else 1)
-    ptr = blocks.take(size)
-    if ptr == 0:
-        with nogil:
-            err = d.mem_alloc(&ptr, size, sh)
-        if err == OUT_OF_MEMORY and blocks.cached:
-            cx.backend.empty_cache()  # give the idle blocks back, then try once more
-            with nogil:
-                err = d.mem_alloc(&ptr, size, sh)
-        if err:
-            raise d.error(err, f"cuMemAllocAsync({nbytes} bytes)")
-        blocks.count(size)
-    buf = Buffer.__new__(Buffer)
-    buf.backend = cx.backend
-    buf.ptr = ptr
-    buf.nbytes = nbytes
-    buf.accesses = []
-    buf.last_stream = cx.stream
-    buf.cache = blocks
-    return buf
+    return driver_alloc(d, cx.backend, cx.stream, nbytes)
 
 
 cpdef object alloc_tensor(ExecutionContext cx, tuple shape, dtype, what):

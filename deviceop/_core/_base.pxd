@@ -92,6 +92,8 @@ cdef class Driver:
     cdef public object error   # error(code, call) -> CudaError: the backend's error maker
 
 
+cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nbytes)
+
 cdef Lock _LOCK
 
 cdef int make_current(Driver d) except -1

@@ -30,6 +30,7 @@ cdef extern from "<sys/eventfd.h>" nogil:
 
 __all__ = [
     "Lock", "LOCK", "Buffer", "BlockCache", "Channel", "Driver", "STREAM_TYPES", "register_stream_type", "size_class",
+    "driver_alloc",
 ]
 
 #: the stream classes of the backends (each registers its own): what terminals accept as a stream
@@ -329,3 +330,34 @@ cdef int make_current(Driver d) except -1:
         raise d.error(err, "cuCtxSetCurrent")
     dvo_current_ctx = d.context
     return 0
+
+
+cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nbytes):
+    """A buffer of ``nbytes`` on ``stream``: a cached idle block of its size class, else one from
+    the driver's pool (``d.mem_alloc``); when the pool is out of memory the backend's cached
+    blocks go back to it (``backend.empty_cache()``) and the allocation is tried once more.
+    The buffer returns its block to the cache when it is dropped."""
+    cdef BlockCache blocks = d.blocks
+    cdef Py_ssize_t size = block_size(nbytes if nbytes > 0 else 1)
+    cdef uintptr_t ptr = blocks.take(size)
+    cdef void* sh = <void*><uintptr_t>stream.handle_int
+    cdef int err = 0
+    cdef Buffer buf
+    if ptr == 0:
+        with nogil:
+            err = d.mem_alloc(&ptr, size, sh)
+        if err == 2 and blocks.cached:  # CUDA_ERROR_OUT_OF_MEMORY
+            backend.empty_cache()
+            with nogil:
+                err = d.mem_alloc(&ptr, size, sh)
+        if err:
+            raise d.error(err, f"cuMemAllocAsync({nbytes} bytes)")
+        blocks.count(size)
+    buf = Buffer.__new__(Buffer)
+    buf.backend = backend
+    buf.ptr = ptr
+    buf.nbytes = nbytes
+    buf.accesses = []
+    buf.last_stream = stream
+    buf.cache = blocks
+    return buf

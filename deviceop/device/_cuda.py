@@ -17,7 +17,7 @@ import numpy as np
 from .._errors import BackendError, CudaError
 from ._cuda_errors import _drv, check, cuda_error
 from ._cuda_graph import CudaGraphs
-from .._core._base import BlockCache, Buffer, register_stream_type, size_class
+from .._core._base import BlockCache, Buffer, driver_alloc, register_stream_type, size_class
 from . import _capture
 from . import _cuda_driver as _nd
 from ._capture import release
@@ -161,9 +161,6 @@ class _PinnedPool:
             self._free.setdefault(size, []).append(ptr)
 
 
-_OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
-
-
 class CudaBackend:
     """The CUDA driver backend for device ``ordinal``."""
 
@@ -257,24 +254,9 @@ class CudaBackend:
 
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, nbytes: int, stream: CudaStream) -> Buffer:
-        """A buffer of ``nbytes``: a cached block of its size class, else one from the pool.
-
-        See :class:`~deviceop._core._base.BlockCache`: a cached block is idle and serves any
-        stream at once. The compiled allocation op (``_core._alloc``) does the same in C.
-        """
-        size = size_class(nbytes)
-        ptr = self.blocks.take_block(size)
-        if not ptr:
-            err, ptr = _nd.mem_alloc_async(size, stream.handle_int)
-            if err == _OUT_OF_MEMORY and self.blocks.cached:
-                self.empty_cache()  # give the cached blocks back, then try once more
-                err, ptr = _nd.mem_alloc_async(size, stream.handle_int)
-            if err:
-                raise cuda_error(err, f"cuMemAllocAsync({nbytes} bytes)")
-            self.blocks.count_block(size)
-        buf = Buffer(self, ptr, nbytes, stream=stream)
-        buf.cache = self.blocks  # dropped: straight back to the cache (no driver call)
-        return buf
+        """A buffer of ``nbytes``: a cached idle block of its size class, else one from the pool
+        (:func:`~deviceop._core._base.driver_alloc`; a cached block serves any stream at once)."""
+        return driver_alloc(self.driver, self, stream, nbytes)
 
     def free(self, buf: Buffer) -> None:
         """Return ``buf``'s block to the cache (no driver call: safe while a thread records)."""

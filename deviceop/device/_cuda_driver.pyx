@@ -16,7 +16,7 @@ from .._core._base cimport BlockCache, Channel, Driver, chan_push, chan_t, chan_
 
 __all__ = [
     "make_driver", "event_record", "event_query", "event_create", "event_destroy", "event_sync", "stream_sync",
-    "stream_wait", "graph_launch", "notify", "lt_matmul", "mem_alloc_async", "mem_free_async", "memcpy_htod_async",
+    "stream_wait", "graph_launch", "notify", "lt_matmul", "mem_free_async", "memcpy_htod_async",
     "memcpy_dtoh_async", "memcpy_dtod_async", "memset_async", "NOT_READY",
 ]
 
@@ -156,14 +156,8 @@ def lt_matmul(tuple st, float alpha, float beta, uintptr_t ws, size_t ws_bytes, 
     return status
 
 
-# ---- memory and events: the per-request calls (cuda.bindings' Python layer costs microseconds) ----
-
-def mem_alloc_async(size_t nbytes, uintptr_t stream):
-    """cuMemAllocAsync -> (CUresult, address)."""
-    cdef cydriver.CUdeviceptr p = 0
-    cdef int err = <int>cydriver.cuMemAllocAsync(&p, nbytes, <CUstream>stream)
-    return err, <uintptr_t>p
-
+# ---- memory and events: the per-request calls (cuda.bindings' Python layer costs microseconds;
+# allocation itself goes through the core's table, driver_alloc) ----
 
 def mem_free_async(uintptr_t ptr, uintptr_t stream):
     """cuMemFreeAsync -> CUresult."""
