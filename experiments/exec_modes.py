@@ -210,7 +210,18 @@ def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5, graph_lib: str | 
         g.launch().sync_on(s)
         return (clock() - t) / 1e3
 
-    fns = {"raw_bindings": raw, "deviceop": dev}
+    # deviceop's own executable graph launched through raw cuda.bindings on deviceop's stream:
+    # separates deviceop's host cost per replay (deviceop over this) from what its recorded
+    # graph and its kernels cost on the GPU (this over raw_bindings)
+    own_exec, own_stream = driver.CUgraphExec(g._exec.handle_int), driver.CUstream(s.handle_int)
+
+    def raw_own() -> float:
+        t = clock()
+        glaunch(own_exec, own_stream)
+        sync(own_stream)
+        return (clock() - t) / 1e3
+
+    fns = {"raw_bindings": raw, "deviceop": dev, "raw_bindings_deviceop_graph": raw_own}
     lib = None
     if graph_lib:
         import ctypes
@@ -243,6 +254,9 @@ def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5, graph_lib: str | 
     med = {k: float(np.median(v)) for k, v in samples.items()}
     out = {"n_ops": n_ops, "reps": reps, "us_per_op_median": med,
            "deviceop_over_raw_median_of_ratios": _ratio(samples, "raw_bindings")}
+    out["deviceop_over_raw_own_graph"] = _ratio(samples, "raw_bindings_deviceop_graph")
+    out["raw_own_graph_over_raw"] = float(np.median(
+        [o / r for o, r in zip(samples["raw_bindings_deviceop_graph"], samples["raw_bindings"])]))
     if lib is not None:
         out["deviceop_over_cuda_cpp_in_process"] = _ratio(samples, "cuda_cpp")
         out["raw_over_cuda_cpp_in_process"] = float(np.median([r / c for r, c in zip(samples["raw_bindings"], samples["cuda_cpp"])]))
@@ -393,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             cpp_s += f"  C++ in-process {m['cuda_cpp']:.3f} -> {p['deviceop_over_cuda_cpp_in_process']:.3f}x C++"
         print(f"  N={p['n_ops']:<5} raw {m['raw_bindings']:.3f}  deviceop {m['deviceop']:.3f} us/op -> "
               f"{p['deviceop_over_raw_median_of_ratios']:.3f}x raw{cpp_s}")
+        print(f"         deviceop's graph through raw cuda.bindings {m['raw_bindings_deviceop_graph']:.3f} us/op: "
+              f"deviceop {p['deviceop_over_raw_own_graph']:.3f}x it (host cost), it {p['raw_own_graph_over_raw']:.3f}x raw (graph)")
     print(f"graph update, N={update['n_ops']}: update in place {update['update_us']:.0f} us, record + instantiate "
           f"{update['record_and_instantiate_us']:.0f} us, record alone {update['record_only_us']:.0f} us "
           f"({update['update_over_instantiate']:.2f}x)")

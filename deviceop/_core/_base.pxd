@@ -62,6 +62,27 @@ cdef class Buffer:
     cdef object __weakref__
 
 
+cdef class TensorBase:
+    cdef readonly Buffer buffer
+    cdef readonly tuple shape
+    cdef readonly tuple strides
+    cdef readonly object dtype
+    cdef readonly Py_ssize_t offset
+    cdef readonly Py_ssize_t size
+    cdef readonly uintptr_t addr
+    cdef readonly Py_ssize_t _key
+    cdef Py_ssize_t lo, hi  # the byte span [lo, hi) of the buffer this view can touch
+    cdef object __weakref__
+
+
+cdef class PartitionBase:
+    cdef readonly TensorBase tensor
+    cdef readonly tuple tile
+    cdef readonly tuple grid
+    cdef readonly Py_ssize_t _key
+    cdef object __weakref__
+
+
 cdef struct chan_t:
     pthread_mutex_t mu
     int fd

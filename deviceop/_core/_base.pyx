@@ -30,7 +30,7 @@ cdef extern from "<sys/eventfd.h>" nogil:
 
 __all__ = [
     "Lock", "LOCK", "Buffer", "BlockCache", "Channel", "Driver", "STREAM_TYPES", "register_stream_type", "size_class",
-    "driver_alloc",
+    "driver_alloc", "TensorBase", "PartitionBase", "layout_id", "contiguous_strides",
 ]
 
 #: the stream classes of the backends (each registers its own): what terminals accept as a stream
@@ -212,6 +212,97 @@ cdef class Buffer:
         except Exception:
             # a destructor must not raise; a context that already failed cannot free anyway
             pass
+
+
+# ---- tensors: the fields every compiled path reads ---------------------------------------------
+
+# layouts (device, shape, strides, dtype, alignment; a partition's tile) as small ints, so a
+# launch plan's key hashes a few ints on every call instead of nested tuples. Bounded: when
+# cleared, later tensors get new ids (a plan is then made again; never a wrong one).
+cdef dict _LAYOUTS = {}
+cdef Py_ssize_t _next_layout = 1
+cdef dict _CONTIG = {}
+
+
+cpdef Py_ssize_t layout_id(tuple key) except -1:
+    """The small int standing for layout ``key``."""
+    global _next_layout
+    i = _LAYOUTS.get(key)
+    if i is None:
+        if len(_LAYOUTS) >= 65536:
+            _LAYOUTS.clear()
+        i = _LAYOUTS[key] = _next_layout
+        _next_layout += 1
+    return i
+
+
+cpdef tuple contiguous_strides(tuple shape):
+    """The row-major element strides of ``shape`` (cached)."""
+    st = _CONTIG.get(shape)
+    if st is None:
+        out = []
+        acc = 1
+        for s in reversed(shape):
+            out.append(acc)
+            acc *= max(s, 1)
+        st = tuple(reversed(out))
+        if len(_CONTIG) >= 1024:
+            _CONTIG.clear()
+        _CONTIG[shape] = st
+    return st
+
+
+cdef class TensorBase:
+    """The fields of a :class:`~deviceop.Tensor`, declared once for every compiled path.
+
+    ``buffer``, ``shape``, ``dtype``, element ``strides``, byte ``offset``, ``size``, ``addr``
+    (the first element's address) and ``_key`` (its layout: what launch plans are keyed by).
+    """
+
+    def __init__(self, Buffer buffer not None, tuple shape, dtype, strides=None, Py_ssize_t offset=0):
+        cdef Py_ssize_t size = 1, it = dtype.itemsize, lo = 0, hi = 0, n, st
+        for n in shape:
+            size *= n
+        self.buffer = buffer
+        self.shape = shape
+        self.dtype = dtype
+        self.offset = offset
+        self.size = size
+        self.addr = buffer.ptr + offset
+        if strides is None:  # the common case: a fresh, contiguous tensor
+            self.strides = contiguous_strides(shape)
+            self.lo = offset
+            self.hi = offset + size * it
+        else:
+            self.strides = <tuple?>strides
+            if size == 0:
+                self.lo = self.hi = offset
+            else:
+                for n, st in zip(shape, strides):
+                    if st < 0:
+                        lo += (n - 1) * st
+                    else:
+                        hi += (n - 1) * st
+                self.lo = offset + lo * it
+                self.hi = offset + (hi + 1) * it
+        # everything about the layout but the address itself (its alignment decides vectorized
+        # access); the backend decides the device
+        self._key = layout_id((buffer.backend, shape, self.strides, dtype, self.addr & 15))
+
+    @property
+    def _span(self):
+        """The byte range [lo, hi) of the buffer that this view can touch."""
+        return (self.lo, self.hi)
+
+
+cdef class PartitionBase:
+    """The fields of a :class:`~deviceop.Partition`: ``tensor``, ``tile``, ``grid`` and ``_key``."""
+
+    def __init__(self, TensorBase tensor not None, tuple tile, tuple grid):
+        self.tensor = tensor
+        self.tile = tile
+        self.grid = grid
+        self._key = layout_id((tile, tensor._key))
 
 
 # ---- wake-up channels ------------------------------------------------------------------------

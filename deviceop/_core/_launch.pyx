@@ -12,12 +12,11 @@ through the ledger and launches, under the ledger lock.
 from libc.float cimport FLT_MAX
 from libc.stdint cimport uint64_t, uint8_t, uint16_t, int32_t, int64_t, uintptr_t
 
-from ._base cimport _LOCK as LOCK, Buffer, Driver
+from ._base cimport _LOCK as LOCK, Buffer, Driver, PartitionBase, TensorBase
 from ._ledger cimport ExecutionContext, order, order_tensor
 from ._op cimport DeviceOp
 
 from .._errors import CaptureError, UsageError
-from ..device._tensor import Partition
 
 __all__ = [
     "LaunchPlan", "KernelPlan", "PlanCache", "Planned", "BuiltinFront", "launch", "planned", "GraphBase",
@@ -116,7 +115,7 @@ cdef inline int _pack(LaunchPlan p, tuple tensors, tuple scalars, uint64_t* slot
         c = p.ct[i]
         slots[i] = 0
         if p.src[i] == SRC_TENSOR:
-            slots[i] = <uint64_t>(<uintptr_t>tensors[p.idx[i]].addr)
+            slots[i] = <uint64_t>(<TensorBase?>tensors[p.idx[i]]).addr
         elif p.src[i] == SRC_SCALAR:
             v = scalars[p.idx[i]]
             if c == CT_F32:
@@ -252,12 +251,13 @@ cdef class Planned(DeviceOp):
             if p.empty:
                 return args
             if p.cuda is not None:
+                t0 = (<PartitionBase?>args[0]).tensor
                 if self.nt == 1:
-                    tensors = (args[0].tensor,)
+                    tensors = (t0,)
                 elif self.nt == 2:
-                    tensors = (args[0].tensor, args[1])
+                    tensors = (t0, args[1])
                 else:
-                    tensors = (args[0].tensor,) + args[1:self.nt]
+                    tensors = (t0,) + args[1:self.nt]
                 launch(cx, p.cuda, tensors, args[self.nt:])
                 return args
         self.kernel.enqueue(cx, args, self.opts, self.plan)
@@ -295,18 +295,18 @@ cdef class BuiltinFront:
         if len(args) != self.n_args:
             return self._call_slow(args)
         out = args[0]
-        if type(out) is not Partition:
+        if not isinstance(out, PartitionBase):
             return self._call_slow(args)
-        try:
-            if nt == 1:
-                key = out._key
-            elif nt == 2:
-                key = (out._key, args[1]._key)
-            elif nt == 3:
-                key = (out._key, args[1]._key, args[2]._key)
-            else:
+        for i in range(1, nt):
+            if not isinstance(args[i], TensorBase):  # an op or a foreign object
                 return self._call_slow(args)
-        except AttributeError:  # an op or a foreign object among the arguments
+        if nt == 1:
+            key = (<PartitionBase>out)._key
+        elif nt == 2:
+            key = ((<PartitionBase>out)._key, (<TensorBase>args[1])._key)
+        elif nt == 3:
+            key = ((<PartitionBase>out)._key, (<TensorBase>args[1])._key, (<TensorBase>args[2])._key)
+        else:
             return self._call_slow(args)
         p = self.plans.get(key)
         if p is None:

@@ -15,7 +15,7 @@ launch paths (kernels, graph replays) use the same steps (:func:`order` under ``
 Finished executions remove their entries (:meth:`ExecutionContext.finish`), so lists stay short.
 """
 
-from ._base cimport _LOCK as LOCK, Buffer, Driver, Lock
+from ._base cimport _LOCK as LOCK, Buffer, Driver, Lock, TensorBase
 
 from .._errors import BorrowError, CaptureError, SettingError
 
@@ -284,8 +284,8 @@ cdef int order(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bi
 
 cdef int order_tensor(ExecutionContext cx, object t, bint write, object what) except -1:
     """:func:`order` for a tensor's byte span."""
-    span = t._span
-    return order(cx, t.buffer, span[0], span[1], write, what)
+    cdef TensorBase tb = <TensorBase?>t
+    return order(cx, tb.buffer, tb.lo, tb.hi, write, what)
 
 
 def touch(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write, what):

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
 from typing import Any
 
 import numpy as np
 
-from .._core._base import Buffer
+from .._core._base import Buffer, PartitionBase, TensorBase, contiguous_strides
 from .._core._ledger import in_flight
 from .._dtypes import DType
 from .._errors import BorrowError, DTypeError, ShapeError, TensorIndexError
@@ -37,68 +35,16 @@ def as_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
     return out
 
 
-# layouts (device, shape, strides, dtype, alignment; a partition's tile) as small ints, so a
-# launch plan's key hashes a few ints on every call instead of nested tuples. Bounded: when
-# cleared, later tensors get new ids (a plan is then made again; never a wrong one).
-_LAYOUTS: dict[tuple[Any, ...], int] = {}
-_LAYOUT_IDS = itertools.count(1)
-
-
-def layout_id(key: tuple[Any, ...]) -> int:
-    """The small int standing for layout ``key``."""
-    i = _LAYOUTS.get(key)
-    if i is None:
-        if len(_LAYOUTS) >= 65536:
-            _LAYOUTS.clear()
-        i = _LAYOUTS[key] = next(_LAYOUT_IDS)
-    return i
-
-
-@functools.lru_cache(maxsize=1024)
-def _contig_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides = []
-    acc = 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(strides))
-
-
-class Tensor:
+class Tensor(TensorBase):
     """A typed view of device memory: ``shape``, ``dtype``, element ``strides``, byte ``offset``.
 
-    Views (``view``, ``t[...]``) share the buffer. Tensors are produced by ops (``zeros``,
-    ``from_numpy``...) and returned by ops that use them; while work that uses one is in flight,
-    host access (``numpy()``) raises :class:`BorrowError`.
+    ``Tensor(buffer, shape, dtype, strides=None, offset=0)``; ``addr`` is the first element's
+    address. Views (``view``, ``t[...]``) share the buffer. Tensors are produced by ops
+    (``zeros``, ``from_numpy``...) and returned by ops that use them; while work that uses one is
+    in flight, host access (``numpy()``) raises :class:`BorrowError`. The fields are read-only.
     """
 
-    __slots__ = ("buffer", "offset", "shape", "strides", "dtype", "size", "addr", "_span", "_key", "__weakref__")
-
-    def __init__(
-        self, buffer: Buffer, shape: tuple[int, ...], dtype: DType,
-        strides: tuple[int, ...] | None = None, offset: int = 0,
-    ) -> None:
-        self.buffer = buffer
-        self.shape = shape
-        self.dtype = dtype
-        self.offset = offset
-        self.size = size = math.prod(shape)
-        self.addr = addr = buffer.ptr + offset
-        it = dtype.itemsize
-        if strides is None:  # the common case: a fresh, contiguous tensor
-            self.strides = strides = _contig_strides(shape)
-            self._span = (offset, offset + size * it)
-        else:
-            self.strides = strides
-            if size == 0:
-                self._span = (offset, offset)
-            else:
-                lo = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
-                hi = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0)
-                self._span = (offset + lo * it, offset + (hi + 1) * it)
-        # what launch plans are keyed by: everything about the layout but the address itself
-        # (its alignment decides vectorized access); the backend decides the device
-        self._key = layout_id((buffer.backend, shape, strides, dtype, addr & 15))
+    __slots__ = ()
 
     # ---- metadata -------------------------------------------------------------------------
     @property
@@ -128,7 +74,7 @@ class Tensor:
 
     def is_contiguous(self) -> bool:
         """True when elements are laid out densely in row-major order."""
-        return self.size <= 1 or self.strides == _contig_strides(self.shape)
+        return self.size <= 1 or self.strides == contiguous_strides(self.shape)
 
     def __repr__(self) -> str:
         return f"Tensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device!r})"
@@ -250,14 +196,14 @@ class Tensor:
         return self.buffer.backend.dlpack_device
 
 
-class Partition:
+class Partition(PartitionBase):
     """An exclusive split of ``tensor`` into tiles of shape ``tile``.
 
     Passed to a kernel, a partition is written (each program owns one tile) and gives the grid:
     ``grid[d] = tensor.shape[d] // tile[d]``. Tiles must divide the tensor exactly.
     """
 
-    __slots__ = ("tensor", "tile", "grid", "_key", "__weakref__")
+    __slots__ = ()
 
     def __init__(self, tensor: Tensor, tile: Any) -> None:
         if isinstance(tensor, Partition):
@@ -282,10 +228,9 @@ class Partition:
                     f"{s} elements, not a multiple of {t}. Pick a tile that divides it, or pad the tensor."
                 )
             grid.append(s // t)
-        self.tensor = tensor
-        self.tile = tile
-        self.grid = tuple(grid)
-        self._key = layout_id((tile, tensor._key))
+        if not isinstance(tensor, TensorBase):
+            raise ShapeError(f"partition() needs a deviceop Tensor, got {type(tensor).__name__}")
+        PartitionBase.__init__(self, tensor, tile, tuple(grid))
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -12,6 +12,11 @@
 // and cuGraphLaunch enqueues it again. A failed launch makes the context's error sticky: every
 // later call returns it, as after a kernel fault.
 //
+// DEVICEOP_STUB_INLINE=1 runs each item when it is enqueued, on the calling thread, instead of on
+// the stream's worker: every stream then completes in issue order and a synchronize returns at
+// once, so the host cost of deviceop's own paths can be timed and profiled without the workers'
+// wake-ups (experiments/host_cost.py). Tests never set it: it hides missing dependencies.
+//
 // Build:  cc -O2 -shared -fPIC -Wl,-soname,libcuda.so.1 -o libcuda.so.1 stub_cuda.c -ldl -lpthread
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -158,6 +163,7 @@ static void run_work(const work_t *w) {
 // DEVICEOP_STUB_CHAOS_US=N: each stream waits a random 0..N microseconds before each item, so a
 // missing cross-stream dependency shows up as a wrong result
 static unsigned chaos_us;
+static int inline_mode;  // DEVICEOP_STUB_INLINE=1
 
 static void *worker(void *arg) {
     stream_t *s = arg;
@@ -191,6 +197,10 @@ static CUresult submit(void *hstream, const work_t *w) {
             return E_CAPTURE_INVALIDATED;  // not recorded by deviceop's graphs
         return push_work(s->capture, w);
     }
+    if (inline_mode) {
+        run_work(w);
+        return OK;
+    }
     work_t *c = malloc(sizeof(work_t));
     if (!c) return E_OUT_OF_MEMORY;
     *c = *w;
@@ -209,6 +219,8 @@ static CUresult submit(void *hstream, const work_t *w) {
 CUresult cuInit(unsigned flags) {
     const char *c = getenv("DEVICEOP_STUB_CHAOS_US");
     chaos_us = c ? (unsigned)strtoul(c, NULL, 10) : 0;
+    const char *i = getenv("DEVICEOP_STUB_INLINE");
+    inline_mode = i && strcmp(i, "1") == 0;
     return OK;
 }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
