@@ -70,6 +70,8 @@ case "$MODE" in full) REPS=200 ;; core) REPS=100 ;; *) REPS=30 ;; esac
   && nvcc -O3 -arch=sm_90 -shared -Xcompiler -fPIC -o /tmp/libgraphref.so graph_ref.cu ) || status=1
 timeout 300 python3 experiments/exec_modes.py --reps $REPS --chain-bin /tmp/chain --graph-lib /tmp/libgraphref.so --out "$OUT/exec_modes.json" 2>&1 | tee "$OUT/exec_modes.log" | tail -n 40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
+timeout 120 python3 experiments/host_cost.py --out "$OUT/host_cost.json" 2>&1 | tee "$OUT/host_cost.log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 # the user's program: a request pipeline with fresh buffers, beside PyTorch
 timeout 300 python3 experiments/pipeline_cost.py --rounds $((REPS / 15 + 3)) --out "$OUT/pipeline_cost.json" 2>&1 | tee "$OUT/pipeline_cost.log" | tail -n 8
 [ "${PIPESTATUS[0]}" = 0 ] || status=1

@@ -104,6 +104,11 @@ cdef class LaunchPlan:
     def block(self):
         return (self.b[0], self.b[1], self.b[2])
 
+    @property
+    def layout(self):
+        """The parameter layout: one ``(source, index, ctype, fixed)`` per kernel parameter."""
+        return tuple((self.src[i], self.idx[i], self.ct[i], self.fixed[i]) for i in range(self.np))
+
     def __repr__(self):
         return f"<LaunchPlan {self.what!r} grid={self.grid} block={self.block}>"
 
