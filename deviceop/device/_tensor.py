@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core._base import Buffer, PartitionBase, TensorBase, contiguous_strides
+from .._core._base import PartitionBase, TensorBase, contiguous_strides
 from .._core._ledger import in_flight
 from .._dtypes import DType
 from .._errors import BorrowError, DTypeError, ShapeError, TensorIndexError
