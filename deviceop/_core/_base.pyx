@@ -10,6 +10,7 @@ from cpython.exc cimport PyErr_SetFromErrno
 from libc.errno cimport errno, EINTR, EAGAIN
 from libc.stdlib cimport malloc, realloc, free
 from libc.stdint cimport uint64_t
+import os
 import sys
 
 cdef extern from "<unistd.h>" nogil:
@@ -30,7 +31,7 @@ cdef extern from "<sys/eventfd.h>" nogil:
 
 __all__ = [
     "Lock", "LOCK", "Buffer", "BlockCache", "Channel", "Driver", "STREAM_TYPES", "register_stream_type", "size_class",
-    "driver_alloc", "TensorBase", "PartitionBase", "layout_id", "contiguous_strides",
+    "driver_alloc", "TensorBase", "PartitionBase", "layout_id", "forget_layouts", "contiguous_strides",
 ]
 
 #: the stream classes of the backends (each registers its own): what terminals accept as a stream
@@ -103,6 +104,19 @@ cdef class Lock:
 #: the access ledger's lock: held around "order, register, enqueue" (see _ledger)
 _LOCK = Lock()
 LOCK = _LOCK
+
+
+def _after_fork_in_child():
+    """A forked child has only the forking thread: a lock another thread held stays held, and
+    this thread's current context belongs to the parent. Start both afresh."""
+    global dvo_current_ctx
+    sem_destroy(&_LOCK.sem)
+    sem_init(&_LOCK.sem, 0, 1)
+    _LOCK._locked = False
+    dvo_current_ctx = NULL
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 cdef Py_ssize_t block_size(Py_ssize_t n) noexcept:
@@ -234,6 +248,13 @@ cpdef Py_ssize_t layout_id(tuple key) except -1:
         i = _LAYOUTS[key] = _next_layout
         _next_layout += 1
     return i
+
+
+def forget_layouts(backend):
+    """Drop the layout ids of ``backend``'s tensors (it runs nothing more): the table holds no
+    device that is gone."""
+    for k in [k for k in _LAYOUTS if k and k[0] is backend]:
+        del _LAYOUTS[k]
 
 
 cpdef tuple contiguous_strides(tuple shape):

@@ -13,7 +13,7 @@ from libc.float cimport FLT_MAX
 from libc.stdint cimport uint64_t, uint8_t, uint16_t, int32_t, int64_t, uintptr_t
 
 from ._base cimport _LOCK as LOCK, Buffer, Driver, PartitionBase, TensorBase
-from ._ledger cimport ExecutionContext, order, order_tensor
+from ._ledger cimport ExecutionContext, check_backend, order, order_tensor
 from ._op cimport DeviceOp
 
 from .._errors import CaptureError, UsageError
@@ -249,10 +249,7 @@ cdef class Planned(DeviceOp):
         if self.nt > 0:
             p = self.plan
             if p.be is not cx.backend:
-                raise UsageError(
-                    f"{self!r}: its tensors live on {p.be.device_label}, not on {cx.backend.device_label}; "
-                    "run it on a stream of that device"
-                )
+                check_backend(cx, p.be, self)
             if p.empty:
                 return args
             if p.cuda is not None:

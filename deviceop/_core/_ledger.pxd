@@ -36,3 +36,4 @@ cdef int order(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bi
 cdef int order_tensor(ExecutionContext cx, object t, bint write, object what) except -1
 cdef int release_c(ExecutionContext cx) except -1
 cdef bint ledger_on()
+cpdef int check_backend(ExecutionContext cx, object be, object what) except -1

@@ -16,11 +16,15 @@ Finished executions remove their entries (:meth:`ExecutionContext.finish`), so l
 """
 
 from ._base cimport _LOCK as LOCK, Buffer, Driver, Lock, TensorBase
+from ._base import forget_layouts
 
-from .._errors import BorrowError, CaptureError, SettingError
+import os
+import weakref
+
+from .._errors import BackendError, BorrowError, CaptureError, SettingError, UsageError
 
 __all__ = [
-    "ExecutionContext", "Access", "enqueue", "touch", "release", "in_flight", "held", "set_borrow_policy",
+    "ExecutionContext", "Access", "enqueue", "abandon", "abandoned", "on_abandon", "check_backend", "touch", "release", "in_flight", "held", "set_borrow_policy",
     "borrow_policy",
 ]
 
@@ -195,8 +199,66 @@ cdef class ExecutionContext:
 # (backend, its Driver or None) of the last context made: one pair, replaced whole
 cdef tuple _last_driver = (None, None)
 
+# backends that may run nothing more (closed, or inherited across fork()), with the reason
+cdef dict _ABANDONED = {}
+cdef bint _any_abandoned = False
 
-cdef inline void _init(ExecutionContext cx, stream, label, op):
+
+def abandon(backend, str reason):
+    """From now on, an execution on ``backend`` raises :class:`BackendError` with ``reason``
+    (what happened and what to do instead) before any work is enqueued."""
+    global _last_driver, _any_abandoned
+    for k in [k for k, e in _ABANDONED.items() if e[0]() is None]:
+        del _ABANDONED[k]  # (weak: a closed device that nothing uses any more is freed)
+    _ABANDONED[id(backend)] = (weakref.ref(backend), reason)
+    _any_abandoned = True
+    _last_driver = (None, None)
+    forget_layouts(backend)
+    for fn in list(_ON_ABANDON):
+        fn(backend)
+
+
+#: what higher layers do when a backend is abandoned (end its threads): fn(backend)
+cdef list _ON_ABANDON = []
+
+
+def on_abandon(fn):
+    """Call ``fn(backend)`` whenever a backend is abandoned (see :func:`abandon`)."""
+    _ON_ABANDON.append(fn)
+
+
+def abandoned(backend):
+    """Why ``backend`` may run nothing more, or None if it may."""
+    e = _ABANDONED.get(id(backend))
+    return e[1] if e is not None and e[0]() is backend else None
+
+
+cpdef int check_backend(ExecutionContext cx, object be, object what) except -1:
+    """Raise unless ``be``, the device ``what``'s tensors live on, is the execution's.
+
+    :class:`BackendError` where that device may run nothing more (see :func:`abandon`),
+    :class:`UsageError` where it is another live device.
+    """
+    if be is cx.backend:
+        return 0
+    why = abandoned(be)
+    if why is not None:
+        raise BackendError(f"{what}: {why}")
+    raise UsageError(
+        f"{what}: its tensors live on another device ({be.device_label}) than this execution's "
+        f"stream ({cx.backend.device_label}); run it on a stream of the tensors' device"
+    )
+
+
+def _after_fork_in_child():
+    global _last_driver
+    _last_driver = (None, None)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+cdef inline int _init(ExecutionContext cx, stream, label, op) except -1:
     global _last_driver
     be = stream.backend
     cx.stream = stream
@@ -204,6 +266,10 @@ cdef inline void _init(ExecutionContext cx, stream, label, op):
     cx.sh = stream.handle_int
     last = _last_driver
     if last[0] is not be:
+        if _any_abandoned:
+            why = abandoned(be)
+            if why is not None:
+                raise BackendError(why)
         d = getattr(be, "driver", None)
         last = _last_driver = (be, d if isinstance(d, Driver) else None)
     cx.drv = last[1]
@@ -219,6 +285,7 @@ cdef inline void _init(ExecutionContext cx, stream, label, op):
     cx._waited = ()
     cx._done_cbs = None
     cx._waited_on = False
+    return 0
 
 
 cdef ExecutionContext new_context(object stream, object label, object op):

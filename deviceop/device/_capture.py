@@ -9,6 +9,8 @@ while this thread records, those calls are queued and run when the recording end
 from __future__ import annotations
 
 import threading
+
+from .._process import renew_at_fork
 from typing import Any, Callable
 
 __all__ = ["CAPTURE", "RECORDING", "begin", "end", "release", "flush", "StreamPool"]
@@ -27,6 +29,7 @@ CAPTURE = _CaptureState()
 #: terminals skip the per-thread lookup of CAPTURE.scope
 RECORDING = [0]
 _count_lock = threading.Lock()
+renew_at_fork(globals(), _count_lock=threading.Lock)  # a thread may hold it at fork()
 
 
 def begin(scope: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._core._base import Buffer, register_stream_type
+from .._core._ledger import abandon
 from .._errors import CudaError, DTypeError, SettingError
 
 __all__ = ["HostBackend", "set_host_chaos"]
@@ -80,6 +81,7 @@ class HostStream:
         self._cond = threading.Condition()
         self._pending = 0
         self._capture: list[tuple[Callable[[], Any], bool]] | None = None  # recording: items go here
+        backend._all_streams.append(self)
         t = threading.Thread(target=self._work, name=f"deviceop-host-stream-{index}", daemon=True)
         t.start()
 
@@ -98,10 +100,17 @@ class HostStream:
             self._pending += 1
         self._q.put((fn, always))
 
+    def _stop(self) -> None:
+        """End the worker once the work queued so far has run (the backend is closing)."""
+        self._q.put((None, True))  # type: ignore[arg-type]
+
     def _work(self) -> None:
         be = self.backend
         while True:
             fn, always = self._q.get()
+            if fn is None:
+                be._stream_ended()
+                return
             try:  # nothing may end this loop: a stream whose worker died would hang its waiters
                 delay = _chaos["max_delay"]
                 if delay:
@@ -210,6 +219,9 @@ class HostGraphs:
             stream.enqueue(fn, always)
 
 
+_CLOSED: list["HostBackend"] = []
+
+
 class HostBackend:
     """The emulated device (see module docstring)."""
 
@@ -237,13 +249,37 @@ class HostBackend:
         self._lock = threading.Lock()
         self._used = 0
         self.callbacks: "queue.SimpleQueue[tuple[Callable[[], Any], threading.Event]]" = queue.SimpleQueue()
+        self._all_streams: list[HostStream] = []  # the pool's and the recordings' (each has a thread)
+        self._closing = -1  # streams still running once close() was called
         threading.Thread(target=self._callback_loop, name="deviceop-host-callbacks", daemon=True).start()
         self.streams = [HostStream(self, i) for i in range(pool_size)]
         self.graphs = HostGraphs(self)
 
+    def close(self, reason: str) -> None:
+        """Run nothing more: work already queued completes, then every thread of this device
+        ends; an execution on it afterwards raises :class:`BackendError` with ``reason``."""
+        abandon(self, reason)
+        # kept (threads ended) until exit: a closed device's error can hold the frames of awaits
+        # suspended on it, and freeing them at interpreter shutdown runs their cleanup too late
+        _CLOSED.append(self)
+        with self._lock:
+            self._closing = len(self._all_streams)
+        for st in self._all_streams:
+            st._stop()
+
+    def _stream_ended(self) -> None:
+        # the callback thread ends after the last stream's: queued host functions still run
+        with self._lock:
+            self._closing -= 1
+            last = self._closing == 0
+        if last:
+            self.callbacks.put((None, None))  # type: ignore[arg-type]
+
     def _callback_loop(self) -> None:
         while True:
             fn, done = self.callbacks.get()
+            if fn is None:
+                return
             try:
                 if self.error is None:  # as on CUDA: no host function after a context error
                     fn()

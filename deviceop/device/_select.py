@@ -6,8 +6,10 @@ import itertools
 import os
 import threading
 import warnings
+import weakref
 from typing import Any
 
+from .._core._ledger import abandon
 from .._errors import BackendError
 
 __all__ = ["current", "use_backend", "backend_name", "next_stream", "DeviceOpWarning"]
@@ -17,8 +19,33 @@ class DeviceOpWarning(UserWarning):
     """Warnings from deviceop (e.g. falling back to the host backend)."""
 
 
-_state: dict[str, Any] = {"backend": None, "rr": itertools.count(), "cuda": {}}
+_state: dict[str, Any] = {"backend": None, "rr": itertools.count(), "cuda": {}, "forked_cuda": False}
 _lock = threading.Lock()
+#: every backend made in this process (abandoned in a forked child)
+_made: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+_FORKED = (
+    "this backend belongs to the parent process: a process made by fork() inherits none of its "
+    "threads or device state. Make the tensors and streams in the child after it starts"
+)
+_FORKED_CUDA = (
+    "CUDA cannot be used in a process made by fork() after its parent initialized CUDA (the "
+    "driver does not survive fork). Start worker processes with multiprocessing's 'spawn' or "
+    "'forkserver' method (multiprocessing.get_context('spawn')), or use do.use_backend('host') "
+    "in the child"
+)
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at fork()
+    for be in list(_made):
+        abandon(be, _FORKED_CUDA if be.name == "cuda" else _FORKED)
+    _made.clear()
+    _state.update(backend=None, rr=itertools.count(), forked_cuda=_state["forked_cuda"] or bool(_state["cuda"]), cuda={})
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _pool_size() -> int:
@@ -33,23 +60,34 @@ def _pool_size() -> int:
 
 def _make(name: str, streams: int) -> Any:
     if name == "cuda":
+        if _state["forked_cuda"]:
+            raise BackendError(_FORKED_CUDA)
         from ._cuda import CudaBackend
 
-        return CudaBackend(streams)
-    if name == "host":
+        be = CudaBackend(streams)
+    elif name == "host":
         from ._host import HostBackend
 
-        return HostBackend(streams)
-    raise BackendError(f"backend {name!r} is not known; use 'cuda' or 'host'")
+        be = HostBackend(streams)
+    else:
+        raise BackendError(f"backend {name!r} is not known; use 'cuda' or 'host'")
+    _made.add(be)
+    return be
 
 
 def use_backend(name: str, streams: int | None = None) -> Any:
     """Select the backend (``"cuda"`` or ``"host"``) and return it.
 
-    Selecting ``"host"`` always starts a fresh emulated device (useful after a deliberate fault);
-    selecting ``"cuda"`` again reuses the backend of that pool size. ``streams`` sets the pool size
+    Selecting ``"host"`` always starts a fresh emulated device (useful after a deliberate fault)
+    and closes the host device it replaces: its queued work completes, its threads end, and
+    work on its tensors or streams afterwards raises :class:`BackendError`. Selecting
+    ``"cuda"`` again reuses the backend of that pool size. ``streams`` sets the pool size
     (default ``$DEVICEOP_STREAMS`` or 4).
     """
+    if not isinstance(name, str):
+        raise BackendError(f"backend name must be 'cuda' or 'host', got {name!r}")
+    if streams is not None and (isinstance(streams, bool) or not isinstance(streams, int)):
+        raise BackendError(f"streams must be an int from 1 to 256, got {streams!r}")
     n = _pool_size() if streams is None else int(streams)
     if not 1 <= n <= 256:
         raise BackendError(f"streams={n} is out of range; use 1 to 256")
@@ -60,6 +98,10 @@ def use_backend(name: str, streams: int | None = None) -> Any:
                 be = _state["cuda"][n] = _make(name, n)
         else:
             be = _make(name, n)
+            old = _state["backend"]
+            if old is not None and old.name == "host":
+                old.close("this host backend was replaced by do.use_backend('host'); use tensors and "
+                          "streams of the current backend (do.next_stream())")
         _state["backend"] = be
         return be
 
@@ -73,6 +115,8 @@ def current() -> Any:
         if _state["backend"] is None:
             name = os.environ.get("DEVICEOP_BACKEND", "").strip().lower()
             n = _pool_size()
+            if _state["forked_cuda"] and name in ("", "cuda"):
+                raise BackendError(_FORKED_CUDA)  # not the silent host fallback: say what happened
             if name:
                 _state["backend"] = _make(name, n)
             else:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import queue
+import sys
 import threading
 from typing import Any, Callable, Coroutine, Generator, Generic, TypeVar
 
 from .._core._op import HOOKS as CORE_HOOKS
+from .._core._ledger import on_abandon
 from .._core._op import refuse_in_capture
 from .._errors import CudaError
 
@@ -113,6 +116,8 @@ class _Watcher:
         self.stream.backend.make_current()
         while True:
             ev, cx, fut, then = self.q.get()
+            if ev is None:
+                return
             err: BaseException | None = None
             try:
                 ev.synchronize()
@@ -153,8 +158,33 @@ def watch(
         with _wlock:
             w = _watchers.get(id(stream))
             if w is None or w.stream is not stream:
+                if sys.is_finalizing():
+                    # an await closed while the interpreter shuts down: no thread can start, and
+                    # nothing is left to wait for the work
+                    return
                 w = _watchers[id(stream)] = _Watcher(stream)
     w.q.put((event, cx, fut, then))
+
+
+def _stop_watchers(backend: Any) -> None:
+    """``backend`` runs nothing more: its watchers end once what they were given is done."""
+    with _wlock:
+        for key, w in list(_watchers.items()):
+            if w.stream.backend is backend:
+                del _watchers[key]
+                w.q.put((None, None, None, None))
+
+
+on_abandon(_stop_watchers)
+
+
+def _after_fork_in_child() -> None:
+    global _wlock
+    _wlock = threading.Lock()  # the watcher threads are the parent's: the child starts its own
+    _watchers.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 CORE_HOOKS["watch"] = watch  # the sync terminals hand interrupted executions to the watchers

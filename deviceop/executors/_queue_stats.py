@@ -13,6 +13,7 @@ import numpy as np
 from .._core._op import as_stream
 from .._errors import DeviceOpError, UsageError
 from ..ops._base import DeviceOp  # the queues load on first use, after deviceop.ops
+from .._process import renew_at_fork
 
 __all__ = ["ItemResult", "QueueStats", "QueueCancelled", "Recorder", "resolve"]
 
@@ -146,6 +147,7 @@ def lanes_of(streams: "int | Sequence[Any] | None") -> list[Any]:
 
 _EXTRA: "weakref.WeakKeyDictionary[Any, dict[int, Any]]" = weakref.WeakKeyDictionary()
 _extra_lock = threading.Lock()
+renew_at_fork(globals(), _extra_lock=threading.Lock)  # a thread may hold it at fork()
 
 
 def _extra(be: Any, i: int) -> Any:

@@ -12,6 +12,7 @@ await path itself is one anyio code path.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import threading
 from typing import Any
@@ -68,6 +69,17 @@ class Dispatcher:
 _lock = threading.Lock()
 _asyncio: dict[Any, Dispatcher] = {}
 _trio: dict[Any, Dispatcher] = {}
+
+
+def _after_fork_in_child() -> None:
+    # the parent's loops and channels are not the child's: a loop in the child installs its own
+    global _lock
+    _lock = threading.Lock()
+    _asyncio.clear()
+    _trio.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def dispatcher() -> Dispatcher:

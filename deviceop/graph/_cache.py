@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from .._errors import CaptureError, ShapeError, UsageError
-from .._core._ledger import enqueue
+from .._core._ledger import check_backend, enqueue
 from ..device._tensor import Tensor
 from ..ops._base import DeviceOp
 from ..ops._leaf import new_tensor
@@ -137,8 +137,7 @@ class GraphCache:
     def _run(self, cx: Any, x: Tensor) -> Tensor:
         if cx.capturing:
             raise CaptureError("a GraphCache call inside a graph recording: graphs do not nest; call it outside the scope")
-        if x.buffer.backend is not cx.backend:
-            raise UsageError(f"{x!r} lives on the {x.buffer.backend.name} backend, not {cx.backend.name}")
+        check_backend(cx, x.buffer.backend, "GraphCache call")
         n = x.shape[0]
         b = self.bucket_for(n)
         st = self._stats

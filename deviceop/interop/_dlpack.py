@@ -20,6 +20,7 @@ from ..device import _tensor
 from ..device._select import current, next_stream
 from ..device._tensor import Tensor
 from ..executors._future import DeviceFuture, watch
+from .._process import renew_at_fork
 
 __all__ = ["export", "from_dlpack"]
 
@@ -60,6 +61,7 @@ _api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 # exported tensors stay alive here until their consumer calls the deleter
 _live: dict[int, tuple[Any, ...]] = {}
 _live_lock = threading.Lock()
+renew_at_fork(globals(), _live_lock=threading.Lock)  # a thread may hold it at fork()
 
 
 @_DELETER

@@ -13,6 +13,7 @@ from typing import Any
 
 from .._errors import BackendError, CudaError
 from ..device._capture import CAPTURE
+from .._process import renew_at_fork
 
 __all__ = ["WORKSPACE_BYTES", "cublas", "handle_for", "workspace_of", "relaxed_capture", "call"]
 
@@ -20,6 +21,7 @@ __all__ = ["WORKSPACE_BYTES", "cublas", "handle_for", "workspace_of", "relaxed_c
 WORKSPACE_BYTES = 32 << 20
 
 _lock = threading.Lock()
+renew_at_fork(globals(), _lock=threading.Lock)  # a thread may hold it at fork()
 _handles: dict[int, int] = {}  # stream handle -> cublasHandle_t
 _workspaces: dict[int, int] = {}  # stream handle -> its workspace (kept for the process's lifetime)
 _mod: list[Any] = []

@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 
 from ._blas import WORKSPACE_BYTES, call, relaxed_capture
+from .._process import renew_at_fork
 
 __all__ = ["lt_plan", "lt_handle", "LtPlan", "matmul_address", "status_error"]
 
 _lock = threading.RLock()  # plan creation takes it, then may create the handle
+renew_at_fork(globals(), _lock=threading.RLock)  # a thread may hold it at fork()
 _plans: dict[tuple[Any, ...], "LtPlan | None"] = {}
 _MAX_PLANS = 4096
 _state: dict[str, Any] = {}

@@ -24,6 +24,7 @@ from ..device._tensor import Partition, Tensor
 from ._kernel import check_scalar, check_tensor
 from ._library import FUNCS
 from .._core._launch import BuiltinFront, KernelPlan, planned
+from .._core._ledger import check_backend
 from ._launch import (
     SRC_FIXED, SRC_SCALAR, SRC_TENSOR, T_F32, T_I32, T_I64, T_PTR, KernelCall, LaunchPlan, PlanCache, has_op,
     host_array, launch, launch_host,
@@ -221,8 +222,7 @@ class Elementwise(BuiltinFront):
         """Enqueue a call with arguments produced by ops (cuda), or on the host backend."""
         if p.empty:
             return  # empty tensor: nothing to do
-        if p.be is not cx.backend:
-            raise UsageError(f"{self.name}(): its tensors live on {p.be.device_label}, not on {cx.backend.device_label}")
+        check_backend(cx, p.be, f"{self.name}()")
         n = self.n_tensors
         if p.cuda is not None:
             launch(cx, p.cuda, (args[0].tensor, *args[1:n]), args[n:])

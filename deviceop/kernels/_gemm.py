@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._core._launch import planned
-from .._core._ledger import enqueue
+from .._core._ledger import check_backend, enqueue
 from .._core._op import DeviceOp
 from .._dtypes import DType, bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
@@ -98,8 +98,7 @@ class _Gemm:
         c, a, b = args
         if type(c) is Partition:
             c = c.tensor
-        if g.be is not cx.backend:
-            raise UsageError(f"gemm(): its tensors live on {g.be.device_label}, not on {cx.backend.device_label}")
+        check_backend(cx, g.be, "gemm()")
         accesses = ((c, True), a, b)
         if cx.backend.driver is None:
             arrays = (host_array(c), host_array(a), host_array(b), alpha, beta)

@@ -11,6 +11,7 @@ import numpy as np
 
 from .._core._launch import planned
 from .._core._op import DeviceOp
+from .._core._ledger import check_backend
 from .._dtypes import DType, as_dtype
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device._tensor import Partition, Tensor
@@ -241,8 +242,7 @@ class Kernel:
     def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, plan: _UserPlan) -> None:
         if plan.empty:
             return  # an empty grid: nothing to launch
-        if plan.be is not cx.backend:
-            raise UsageError(f"{self.name}(): its tensors live on {plan.be.device_label}, not on {cx.backend.device_label}")
+        check_backend(cx, plan.be, f"{self.name}()")
         params = self.params
         tensors = tuple(tensor_of(args[i]) for i in plan.tensor_idx)
         if plan.cuda is not None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .._errors import CompileError
+from .._process import renew_at_fork
 
 __all__ = ["compile_cubin", "cache_dir", "cache_stats", "nvrtc_version"]
 
@@ -24,6 +25,7 @@ _MAGIC = b"DEVICEOP-CUBIN-1\n"
 _stats = {"hits": 0, "misses": 0, "corrupt": 0}
 _memo: dict[str, bytes] = {}
 _lock = threading.Lock()
+renew_at_fork(globals(), _lock=threading.Lock)  # a thread may hold it at fork()
 
 
 def cache_dir() -> Path:

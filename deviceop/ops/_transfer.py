@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core._ledger import enqueue
+from .._core._ledger import check_backend, enqueue
 from .._dtypes import as_dtype
 from .._errors import CaptureError, UsageError
 from ..device import _tensor
@@ -83,8 +83,7 @@ class ToNumpy(DeviceOp[np.ndarray]):
             )
         src = self._src
         t = resolve_tensor(src._run(cx) if isinstance(src, DeviceOp) else src, "do.to_numpy()")
-        if t.buffer.backend is not cx.backend:
-            raise UsageError(f"{t!r} lives on another backend than this execution ({cx.backend.name})")
+        check_backend(cx, t.buffer.backend, "do.to_numpy()")
         lo, hi = t.span
         # ordered, registered and enqueued atomically: a write issued later on another stream
         # (any thread) is ordered after this copy
