@@ -129,3 +129,16 @@ def test_an_interrupted_sync_keeps_its_work_registered_until_it_completes(host_b
         x.numpy()
     K.fill(x.partition((128,)), 5.0).sync_on(s1)  # ordered after the slow fill
     assert np.all(x.numpy() == 5.0)
+
+
+def test_tensor_fields_are_read_only_and_partitions_need_tensors(host_backend):
+    t = do.zeros((4, 8), do.float32).sync()
+    with pytest.raises(AttributeError):
+        t.addr = 0  # the compiled paths trust these fields
+    with pytest.raises(AttributeError):
+        t.shape = (8, 4)
+    with pytest.raises(do.ShapeError, match="deviceop Tensor"):
+        do.Partition(np.zeros((4, 8), np.float32), (1, 8))
+    p = t.partition((1, 8))
+    assert (p.grid, p.tensor is t, t.span, t.T.span) == ((4, 1), True, (0, 128), (0, 128))
+    assert t[1:3, ::2].span == (32, 32 + 4 * (8 + 6) + 4)

@@ -208,6 +208,8 @@ class Partition(PartitionBase):
     def __init__(self, tensor: Tensor, tile: Any) -> None:
         if isinstance(tensor, Partition):
             raise ShapeError("cannot partition a partition; partition its .tensor instead")
+        if not isinstance(tensor, TensorBase):
+            raise ShapeError(f"a partition splits a deviceop Tensor, got {type(tensor).__name__}")
         tile = as_shape(tile, "tile shape")
         shape = tensor.shape
         if len(tile) != len(shape):
@@ -228,8 +230,6 @@ class Partition(PartitionBase):
                     f"{s} elements, not a multiple of {t}. Pick a tile that divides it, or pad the tensor."
                 )
             grid.append(s // t)
-        if not isinstance(tensor, TensorBase):
-            raise ShapeError(f"partition() needs a deviceop Tensor, got {type(tensor).__name__}")
         PartitionBase.__init__(self, tensor, tile, tuple(grid))
 
     @property
