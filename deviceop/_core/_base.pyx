@@ -7,11 +7,20 @@ Nothing here imports another deviceop module or a driver binding: backends fill 
 """
 
 from cpython.exc cimport PyErr_SetFromErrno
+
+cdef extern from *:
+    """
+    #if PY_VERSION_HEX >= 0x030D0000
+    #define dvo_is_finalizing() Py_IsFinalizing()
+    #else
+    #define dvo_is_finalizing() _Py_IsFinalizing()
+    #endif
+    """
+    int _Py_IsFinalizing "dvo_is_finalizing" ()
 from libc.errno cimport errno, EINTR, EAGAIN
 from libc.stdlib cimport malloc, realloc, free
 from libc.stdint cimport uint64_t
 import os
-import sys
 
 cdef extern from "<unistd.h>" nogil:
     ssize_t write(int, const void*, size_t)
@@ -216,8 +225,8 @@ cdef class Buffer:
         return f"<Buffer {self.describe()}>"
 
     def __del__(self):
-        if self.owner is not None or self.backend is None or sys.is_finalizing():
-            return
+        if self.owner is not None or self.backend is None or _Py_IsFinalizing():
+            return  # (at interpreter shutdown the modules a free needs may already be gone)
         if self.cache is not None:  # idle now (see BlockCache): straight back to the cache
             self.cache.give(self.ptr, block_size(self.nbytes))
             return

@@ -219,9 +219,6 @@ class HostGraphs:
             stream.enqueue(fn, always)
 
 
-_CLOSED: list["HostBackend"] = []
-
-
 class HostBackend:
     """The emulated device (see module docstring)."""
 
@@ -259,9 +256,6 @@ class HostBackend:
         """Run nothing more: work already queued completes, then every thread of this device
         ends; an execution on it afterwards raises :class:`BackendError` with ``reason``."""
         abandon(self, reason)
-        # kept (threads ended) until exit: a closed device's error can hold the frames of awaits
-        # suspended on it, and freeing them at interpreter shutdown runs their cleanup too late
-        _CLOSED.append(self)
         with self._lock:
             self._closing = len(self._all_streams)
         for st in self._all_streams:

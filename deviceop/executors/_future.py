@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import threading
 from typing import Any, Callable, Coroutine, Generator, Generic, TypeVar
 
@@ -158,10 +157,6 @@ def watch(
         with _wlock:
             w = _watchers.get(id(stream))
             if w is None or w.stream is not stream:
-                if sys.is_finalizing():
-                    # an await closed while the interpreter shuts down: no thread can start, and
-                    # nothing is left to wait for the work
-                    return
                 w = _watchers[id(stream)] = _Watcher(stream)
     w.q.put((event, cx, fut, then))
 
