@@ -237,6 +237,29 @@ async def test_bad_input(backend, anyio_backend) -> None:
         do.set_poll_budget(-1)
 
 
+async def test_await_while_another_thread_imports_trio(backend, anyio_backend, monkeypatch) -> None:
+    """A half-imported trio in sys.modules (another thread is importing it) does not break an
+    await on any loop: the loop library is asked of sniffio."""
+    import types
+
+    if "trio" in str(anyio_backend):
+        pytest.skip("under trio, trio is fully imported: this is the asyncio loops' case")
+    monkeypatch.setitem(sys.modules, "trio", types.ModuleType("trio"))  # no .lowlevel yet
+    do.set_poll_budget(0)  # park: the dispatcher is looked up too
+    try:
+        t = await do.zeros(64, do.float32)
+        assert (await do.to_numpy(t)).tolist() == [0.0] * 64
+    finally:
+        do.set_poll_budget(50e-6)
+
+
+def test_await_outside_an_event_loop_says_what_to_use(backend) -> None:
+    coro = do.value(1).wait()
+    with pytest.raises(do.UsageError, match="running event loop"):
+        coro.send(None)
+    coro.close()
+
+
 async def test_host_fault_fails_parked_await(host_backend, anyio_backend) -> None:
     """Host functions never run after a context error; a parked await still fails, promptly."""
     do.set_poll_budget(0)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import threading
 from typing import Any
+
+import sniffio
 
 from .._core._base import Channel
 from .._errors import UsageError
@@ -24,20 +25,22 @@ __all__ = ["dispatcher", "arm", "Dispatcher", "current_lib"]
 
 
 def current_lib() -> str:
-    """``"trio"`` or ``"asyncio"``: the event-loop library running the calling task."""
-    trio = sys.modules.get("trio")
-    if trio is not None and trio.lowlevel.in_trio_run():
-        return "trio"
-    import asyncio
+    """``"trio"`` or ``"asyncio"``: the event-loop library running the calling task.
 
+    Asked of sniffio, which each library tells what runs in this thread or task, rather than
+    read from ``sys.modules`` (a module another thread is still importing is half made).
+    """
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        raise UsageError(
-            "await needs a running event loop (asyncio, uvloop or trio); outside one use op.sync() "
-            "or op.submit().result()"
-        ) from None
-    return "asyncio"
+        lib = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        lib = None
+    if lib in ("trio", "asyncio"):
+        return lib
+    raise UsageError(
+        "await needs a running event loop (asyncio, uvloop or trio)"
+        + (f", not {lib}" if lib else "")
+        + "; outside one use op.sync() or op.submit().result()"
+    )
 
 
 class Dispatcher:
