@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import anyio
@@ -287,3 +288,109 @@ def test_batch_argument_is_checked(backend):
             WorkQueue(streams=1, batch=bad)
         with pytest.raises(do.UsageError, match="batch"):
             ThreadedQueue(streams=1, batch=bad)
+
+
+def _in_thread(fn, timeout: float = 20.0):
+    """fn() in a thread: ("ok", value) or ("raised", exception); a hang fails the test."""
+    import threading
+
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(("ok", fn()))
+        except BaseException as e:  # noqa: BLE001 - what the queue raised is the subject
+            out.append(("raised", e))
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(timeout)
+    assert not th.is_alive(), f"hung for {timeout} s"
+    return out[0]
+
+
+def _values(n: int):
+    return [lambda lane, i=i: do.value(i) for i in range(n)]
+
+
+@pytest.mark.parametrize("where", ["factory", "on_done"])
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
+def test_threaded_queue_base_exception_cancels_and_is_raised(backend, where, exc):
+    def bad_factory(lane):
+        raise exc("stop")
+
+    def bad_on_done(r):
+        if r.index == 3:
+            raise exc("stop")
+
+    items = _values(40)
+    if where == "factory":
+        items[3] = bad_factory
+    q = ThreadedQueue(streams=2, batch=1, on_done=bad_on_done if where == "on_done" else None)
+    kind, e = _in_thread(lambda: q.run(items))
+    assert kind == "raised" and isinstance(e, exc)
+    res = q.results()
+    assert len(res) >= 4 and all(r.value == r.index or r.error is not None for r in res)
+
+
+def test_threaded_queue_cancel_reports_every_item_of_a_list(backend):
+    q = ThreadedQueue(streams=2)
+    q.cancel()
+    kind, res = _in_thread(lambda: q.run(_values(30)))
+    assert kind == "ok" and len(res) == 30 and all(isinstance(r.error, QueueCancelled) for r in res)
+    # an open-ended iterable is not read after a cancel
+    q2 = ThreadedQueue(streams=2)
+    q2.cancel()
+    kind, res = _in_thread(lambda: q2.run(iter(_values(30))))
+    assert kind == "ok" and res == []
+
+
+def test_work_queue_put_after_cancel_says_cancelled(backend):
+    reached = []
+
+    async def main():
+        async with WorkQueue(streams=2) as q:
+            q.cancel()
+            await q.put(do.value(1))  # the cancelled queue's block ends here, as anyio's scopes do
+            reached.append(True)
+        assert q.results() == [] and not reached
+        with pytest.raises(do.UsageError, match="cancelled"):
+            await q.put(do.value(2))
+        # where the cancellation cannot reach (a shielded scope): said at once
+        async with WorkQueue(streams=2) as q2:
+            q2.cancel()
+            with anyio.CancelScope(shield=True):
+                with pytest.raises(QueueCancelled, match="cancelled"):
+                    await q2.put(do.value(3))
+
+    anyio.run(main)
+
+
+def test_work_queue_on_done_raising_cancelled_error_is_kept_per_item(backend):
+    import asyncio
+
+    async def on_done(r):
+        if r.index % 2:
+            raise asyncio.CancelledError("from on_done")
+
+    async def main():
+        return await WorkQueue(streams=2, on_done=on_done, batch=1).run(_values(10))
+
+    res = asyncio.run(main())
+    assert [r.value for r in res] == list(range(10))
+    assert [type(r.error).__name__ for r in res] == ["NoneType", "CancelledError"] * 5
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_work_queue_base_exception_in_a_factory_is_raised(backend, loop):
+    items = _values(20)
+
+    def bad(lane):
+        raise SystemExit("stop")
+
+    items[5] = bad
+    q = WorkQueue(streams=2, batch=1)
+    with pytest.raises(SystemExit):  # in this thread: the loop's leftovers are collected here
+        anyio.run(q.run, items, backend=loop[0], backend_options=loop[1])
+    gc.collect()
+    assert "cancelled" in repr(q)

@@ -28,6 +28,18 @@ __all__ = ["WorkQueue"]
 _MAX_POLL = 0.02  # seconds: the adaptive poll's ceiling (longer waits park)
 
 
+def _cancelling() -> bool:
+    """True if the running asyncio task is being cancelled (trio cancels through scopes only;
+    Python 3.10's tasks do not count their cancellations)."""
+    import asyncio
+
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # not under asyncio
+        return False
+    return task is not None and getattr(task, "cancelling", lambda: 0)() > 0
+
+
 class WorkQueue:
     """Drain ops over ``streams`` (a count or a list of pool streams) from the calling thread.
 
@@ -84,6 +96,7 @@ class WorkQueue:
             raise UsageError(f"this WorkQueue is {self._state}; a queue runs once, make a new one")
         self._state = "running"
         self._event = anyio.Event
+        self._cancelled_exc = anyio.get_cancelled_exc_class()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._rec.begin()
@@ -119,7 +132,12 @@ class WorkQueue:
 
     async def put(self, item: Any) -> None:
         """Queue an op (or ``f(lane) -> op``); waits while ``capacity`` items are pending."""
-        if self._state != "running" or self._tg.cancel_scope.cancel_called:
+        if self._state == "running" and self._tg.cancel_scope.cancel_called:
+            import anyio
+
+            await anyio.lowlevel.checkpoint()  # inside the queue's 'async with': ends the block
+            raise QueueCancelled("put() on a WorkQueue that was cancelled; it takes no more items, make a new one")
+        if self._state != "running":
             raise UsageError(f"put() on a WorkQueue that is {self._state}; use it inside 'async with'")
         if not callable(item) and not hasattr(item, "_run"):
             resolve(item, 0)  # raises the usage error now, not in a worker
@@ -205,4 +223,10 @@ class WorkQueue:
                     try:
                         await self.on_done(r)
                     except Exception as e:  # kept with the item, like the op's own errors
+                        r.error = r.error or e
+                    except self._cancelled_exc as e:
+                        if self._tg.cancel_scope.cancel_called or _cancelling():
+                            raise  # the queue, or the task running it, is being cancelled
+                        # on_done itself raised it (asyncio.CancelledError is a BaseException):
+                        # an error of this item, not the end of the queue
                         r.error = r.error or e

@@ -7,7 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, Sized
 
 from .._errors import UsageError
 from ._queue_stats import (
@@ -42,13 +42,21 @@ class ThreadedQueue:
         self._q: "queue.Queue[Any]" = queue.Queue()
         self._slots = threading.BoundedSemaphore(self.capacity)
         self._cancelled = threading.Event()
+        self._fatal: BaseException | None = None  # the first BaseException a worker met
         self._ran = False
 
     def __repr__(self) -> str:
         return f"<ThreadedQueue {len(self.streams)} streams, capacity {self.capacity}>"
 
     def run(self, items: Iterable[Any]) -> list[ItemResult]:
-        """Run every item; return one ItemResult per item, in order."""
+        """Run every item; return one ItemResult per item, in order.
+
+        After ``cancel()``, items not yet started are reported cancelled: every item of a
+        sized collection (a list, a tuple) gets a result; an open-ended iterable is not read
+        further. A BaseException (KeyboardInterrupt, SystemExit) raised in an item's factory,
+        in ``on_done`` or in the calling thread cancels the queue and is raised here once the
+        workers have stopped (work already on the GPU completes first).
+        """
         if self._ran:
             raise UsageError("this ThreadedQueue has run; a queue runs once, make a new one")
         self._ran = True
@@ -62,11 +70,17 @@ class ThreadedQueue:
         try:
             for item in items:
                 if self._cancelled.is_set():
+                    if isinstance(items, Sized):  # reported, not run: a result per item
+                        self._rec.add()
+                        continue
                     break
                 if not callable(item) and not hasattr(item, "_run"):
                     resolve(item, 0)  # the usage error now, in the caller's thread
-                self._slots.acquire()
+                self._slots.acquire()  # workers release room for cancelled items too
                 self._q.put((item, self._rec.add()))
+        except BaseException:
+            self._cancelled.set()  # the caller was interrupted: stop the workers too
+            raise
         finally:
             for _ in threads:
                 self._q.put(_STOP)
@@ -74,6 +88,8 @@ class ThreadedQueue:
                 t.join()
             self._rec.end()
             self._rec.cancel_unfinished()
+        if self._fatal is not None:
+            raise self._fatal
         return self.results()
 
     def cancel(self) -> None:
@@ -111,28 +127,37 @@ class ThreadedQueue:
             if got is _STOP:
                 return
             batch = take_batch(got, more, self.batch)
-            if self._cancelled.is_set():
-                for _ in batch:
-                    self._slots.release()
-                continue
-            t0 = clock()
-            ops, run = start_batch(batch, lane, t0, "a ThreadedQueue")
             try:
-                if run is not None:
-                    settle(ops, run_sync(run, stream, "ThreadedQueue"))
-            except Exception as e:
-                for r, _ in ops:
-                    r.error = r.error or e
-            finally:
-                t1 = clock()
+                if not self._cancelled.is_set():
+                    self._run_batch(batch, lane, stream, clock, busy)
+            except BaseException as e:  # KeyboardInterrupt, SystemExit...: stop the queue, not the thread
+                if self._fatal is None:
+                    self._fatal = e
+                self._cancelled.set()
                 for _, r in batch:
-                    r.latency_s = t1 - t0
-                busy[lane] += t1 - t0
+                    if r.error is None and r.value is None:
+                        r.error = e
+            finally:
                 for _ in batch:
                     self._slots.release()
-            if self.on_done is not None:
-                for _, r in batch:
-                    try:
-                        self.on_done(r)
-                    except Exception as e:  # kept with the item, like the op's own errors
-                        r.error = r.error or e
+
+    def _run_batch(self, batch: list[Any], lane: int, stream: Any, clock: Any, busy: list[float]) -> None:
+        t0 = clock()
+        ops, run = start_batch(batch, lane, t0, "a ThreadedQueue")
+        try:
+            if run is not None:
+                settle(ops, run_sync(run, stream, "ThreadedQueue"))
+        except Exception as e:
+            for r, _ in ops:
+                r.error = r.error or e
+        finally:
+            t1 = clock()
+            for _, r in batch:
+                r.latency_s = t1 - t0
+            busy[lane] += t1 - t0
+        if self.on_done is not None:
+            for _, r in batch:
+                try:
+                    self.on_done(r)
+                except Exception as e:  # kept with the item, like the op's own errors
+                    r.error = r.error or e
