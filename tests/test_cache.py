@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import deviceop as do
 from deviceop import CompileError, DeviceOpError
 from deviceop.kernels import _nvrtc
 
@@ -208,3 +209,96 @@ def test_compile_error_through_a_user_kernel(cache):
     k = do.kernels.Kernel(BAD_SRC, "broken", params=(do.kernels.Out(do.float32),), host=lambda y: None)
     with pytest.raises(CompileError, match="undefined_symbol_xyz"):
         k.compile(ARCH)
+
+
+# ---- authenticity: only this user's own entries are loaded ------------------------------------
+
+def _plant(path: Path, payload: bytes) -> None:
+    """An entry as another user could write it: the right format, any payload, no valid HMAC."""
+    import hashlib
+
+    path.write_bytes(_nvrtc._MAGIC + hashlib.sha256(payload).digest() + payload)
+
+
+def test_planted_entry_is_recompiled_never_loaded(cache):
+    src = _source(uuid.uuid4().hex)
+    good = _nvrtc.compile_cubin(src, "t_plant", ARCH)
+    (path,) = _entries(cache)
+    evil = b"\x7fELF" + b"\0" * (len(good) - 4)
+    _plant(path, evil)
+    _nvrtc.forget_memory_cache()
+    s0 = _nvrtc.cache_stats()
+    assert _nvrtc.compile_cubin(src, "t_plant", ARCH) == good
+    assert _delta(s0, _nvrtc.cache_stats()) == {"hits": 0, "misses": 1, "corrupt": 1}
+
+
+def test_swapped_entry_is_refused(cache):
+    a = _nvrtc.compile_cubin(_source("a" + uuid.uuid4().hex), "t_swap_a", ARCH)
+    src_b = _source("b" + uuid.uuid4().hex)
+    _nvrtc.compile_cubin(src_b, "t_swap_b", ARCH)
+    pa, pb = sorted(_entries(cache), key=lambda p: p.name)
+    pb.write_bytes(pa.read_bytes())  # a valid entry of this user's, under another kernel's name
+    assert _nvrtc._read(pa) == a and _nvrtc._read(pb) is None
+
+
+def test_entry_writable_by_others_or_a_link_is_refused(cache, tmp_path):
+    src = _source(uuid.uuid4().hex)
+    good = _nvrtc.compile_cubin(src, "t_mode", ARCH)
+    (path,) = _entries(cache)
+    os.chmod(path, 0o666)
+    assert _nvrtc._read(path) is None
+    os.chmod(path, 0o600)
+    assert _nvrtc._read(path) == good
+    elsewhere = tmp_path / "elsewhere.cubin"
+    elsewhere.write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to(elsewhere)
+    assert _nvrtc._read(path) is None
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o722])
+def test_shared_cache_folder_is_not_used(tmp_path, monkeypatch, mode):
+    d = tmp_path / "shared"
+    d.mkdir()
+    os.chmod(d, mode)
+    monkeypatch.setenv("DEVICEOP_CACHE_DIR", str(d))
+    _nvrtc.forget_memory_cache()
+    src = _source(uuid.uuid4().hex)
+    try:
+        with pytest.warns(do.DeviceOpWarning, match="not private"):
+            cubin = _nvrtc.compile_cubin(src, "t_shared", ARCH)
+        assert cubin[:4] == b"\x7fELF" and _entries(d) == []  # nothing written there
+        _plant(_nvrtc.entry_path(src, "t_shared", ARCH), b"\x7fELF planted")
+        _nvrtc.forget_memory_cache()
+        with pytest.warns(do.DeviceOpWarning):
+            assert _nvrtc.compile_cubin(src, "t_shared", ARCH) == cubin  # the planted entry is not read
+    finally:
+        _nvrtc.forget_memory_cache()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
+def test_folder_of_another_user_is_not_used(tmp_path, monkeypatch):
+    d = tmp_path / "theirs"
+    d.mkdir(mode=0o700)
+    os.chown(d, 12345, 12345)
+    monkeypatch.setenv("DEVICEOP_CACHE_DIR", str(d))
+    _nvrtc.forget_memory_cache()
+    try:
+        with pytest.warns(do.DeviceOpWarning, match="owner uid 12345"):
+            _nvrtc.compile_cubin(_source(uuid.uuid4().hex), "t_theirs", ARCH)
+    finally:
+        _nvrtc.forget_memory_cache()
+
+
+def test_cache_folder_and_key_are_made_private(cache):
+    _nvrtc.compile_cubin(_source(uuid.uuid4().hex), "t_private", ARCH)
+    assert os.stat(cache).st_mode & 0o777 == 0o700
+    key = cache / _nvrtc._KEY_FILE
+    assert os.stat(key).st_mode & 0o777 == 0o600 and len(key.read_bytes()) == 32
+    (entry,) = _entries(cache)
+    assert os.stat(entry).st_mode & 0o077 == 0
+    os.chmod(key, 0o644)  # a key others can read is no longer a secret
+    _nvrtc.forget_memory_cache()
+    with pytest.warns(do.DeviceOpWarning, match="key"):
+        assert _nvrtc._read(entry) is None
+
