@@ -101,3 +101,16 @@ def run_threads(worker: Callable[[int], None], n: int, timeout: float = 120.0) -
         t.join(timeout)
     assert not any(t.is_alive() for t in threads), "a worker thread hangs"
     return errors
+
+
+def pool_of(n: int) -> list:
+    """At least ``n`` streams of the selected backend, for a test that needs distinct streams.
+
+    Under ``DEVICEOP_STREAMS=1`` (or any smaller pool) a pool of ``n`` is selected first, so
+    call this before making the test's tensors: they must live on the device it returns.
+    """
+    st = do.streams()
+    if len(st) < n:
+        do.use_backend(do.backend_name(), streams=n)
+        st = do.streams()
+    return st

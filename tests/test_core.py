@@ -11,7 +11,7 @@ import pytest
 
 import deviceop as do
 from conftest import STUB_DRIVER, needs_gpu
-from helpers import run_threads
+from helpers import pool_of, run_threads
 
 K = do.kernels
 
@@ -20,7 +20,7 @@ def test_to_numpy_is_ordered_before_a_later_write_from_another_thread(backend, m
     # widen the window between to_numpy's registration and its copy: the copy waits 100 ms
     # before it is enqueued; a write issued meanwhile from another thread on another stream
     # must still land after the copy (the ledger's entry point holds the lock across both)
-    s0, s1 = do.streams()[0], do.streams()[-1]
+    s0, s1 = pool_of(2)[:2]
     x = do.full(4096, 1.0, do.float32).sync_on(s0)
     be = do.device.current()
     real = be.dtoh

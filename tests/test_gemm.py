@@ -17,7 +17,7 @@ def _cublas(request):
         needs_gpu(request.getfixturevalue("backend"), "cuBLAS")
 
 
-from helpers import FLOAT_DTYPES
+from helpers import FLOAT_DTYPES, pool_of
 
 K = do.kernels
 
@@ -207,12 +207,12 @@ def test_repeated_gemms_replay_correctly(backend):
     from deviceop.kernels import _gemm
 
     rng = np.random.default_rng(5)
+    s0, s1 = pool_of(2)[:2]
     a_np, b_np = _rand(rng, (64, 48), do.float16), _rand(rng, (48, 32), do.float16)
     a, b = do.from_numpy(a_np).sync(), do.from_numpy(b_np).sync()
     cs = [do.zeros((64, 32), do.float16).sync() for _ in range(2)]
     _gemm.REPLAYS.clear()  # recordings draw on a credit that earlier tests may have spent
     before = _gemm.REPLAYS.recorded
-    s0, s1 = do.streams()[0], do.streams()[1]
     for i in range(8):
         K.gemm(cs[0], a, b).sync_on(s0)
         _check(cs[0].numpy(), _ref(a_np, b_np), do.float16, 48)

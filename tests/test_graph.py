@@ -13,7 +13,7 @@ import pytest
 import deviceop as do
 from deviceop.device._capture import CAPTURE
 
-from helpers import slow_copy, slow_fill
+from helpers import pool_of, slow_copy, slow_fill
 
 K = do.kernels
 
@@ -114,10 +114,10 @@ def test_empty_scope_replays_nothing(backend) -> None:
 
 
 def test_record_on_a_given_pool_stream(backend) -> None:
+    s0, st = pool_of(2)[:2]
     x0, x, y = _data(256)
-    st = do.streams()[1]
     g = K.scale(y.partition((128,)), x, 2.0).graph(stream=st)
-    g.launch().sync_on(do.streams()[0])
+    g.launch().sync_on(s0)
     np.testing.assert_allclose(y.numpy(), x0 * 2, rtol=1e-6)
 
 
@@ -387,7 +387,7 @@ def test_sync_replay_refusals(backend) -> None:
 
 
 def test_sync_replay_in_strict_mode_raises_and_releases(backend) -> None:
-    a, b = do.streams()[0], do.streams()[1]
+    a, b = pool_of(2)[:2]
     x = do.full(4096, 1.0, do.float32).sync()
     y = do.zeros(4096, do.float32).sync()
     g = K.scale(y.partition((128,)), x, 2.0).graph()

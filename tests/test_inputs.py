@@ -13,6 +13,8 @@ import pytest
 
 import deviceop as do
 
+from helpers import pool_of
+
 K = do.kernels
 
 
@@ -110,8 +112,8 @@ def test_an_interrupted_sync_keeps_its_work_registered_until_it_completes(host_b
     # stream is ordered after it, until the work is really done
     from helpers import slow_fill
 
+    s0, s1 = pool_of(2)[:2]
     x = do.zeros(4096, do.float32).sync()
-    s0, s1 = do.streams()[0], do.streams()[1]
     real = type(s0).synchronize
     calls = []
 

@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 
 import deviceop as do
-from helpers import K, slow_copy, slow_fill
+from helpers import K, pool_of, slow_copy, slow_fill
 
 N = 1024
 
 
 def _two_streams():
-    st = do.streams()
-    assert len(st) >= 2
+    st = pool_of(2)
     return st[0], st[1]
 
 
@@ -81,9 +80,11 @@ def test_numpy_raises_borrow_error_while_in_flight(backend):
 
 
 def test_numpy_of_untouched_memory_while_other_part_in_flight(backend):
+    s0, s1 = _two_streams()  # the read must not queue behind the fill on its stream
     t = do.zeros(N, do.float32).sync()
-    fut = slow_fill(t[: N // 2], 4.0, 0.3).submit()
-    np.testing.assert_array_equal(t[N // 2 :].numpy(), np.zeros(N // 2, np.float32))
+    fut = slow_fill(t[: N // 2], 4.0, 0.3).submit(s1)
+    t[N // 2 :].check_host_access()  # untouched memory: readable
+    np.testing.assert_array_equal(do.to_numpy(t[N // 2 :]).sync_on(s0), np.zeros(N // 2, np.float32))
     with pytest.raises(do.BorrowError):
         t.numpy()
     fut.result(timeout=30)
@@ -258,7 +259,7 @@ def test_release_drops_only_the_finished_executions_entries(backend):
     from deviceop._core._base import LOCK
     from deviceop._core._ledger import ExecutionContext, enqueue
 
-    s0, s1 = do.streams()[0], do.streams()[-1]
+    s0, s1 = pool_of(2)[:2]
     b1 = do.zeros(16, do.float32).sync().buffer
     b2 = do.zeros(16, do.float32).sync().buffer
     mine, other = ExecutionContext(s0, "mine"), ExecutionContext(s1, "other")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import deviceop as do
-from helpers import K, slow_fill
+from helpers import K, pool_of, slow_fill
 
 N = 1024
 
@@ -114,7 +114,7 @@ def test_shared_tensor_is_the_same_object_for_every_consumer(backend):
 
 
 def test_shared_consumed_from_two_submits_on_different_streams(backend):
-    s0, s1 = do.streams()[:2]
+    s0, s1 = pool_of(2)[:2]
     calls = []
     # the shared source is slow: the consumer on the other stream must wait for it on the device
     src = (
@@ -200,7 +200,7 @@ def test_sync_on_runs_on_that_stream_host(host_backend):
         out[...] = 1
 
     k = K.Kernel("", "where", params=(K.Out(do.float32),), host=where)
-    st = do.streams()[2]
+    st = pool_of(3)[2]
     do.zeros(128, do.float32).then(lambda t: k(t.partition((128,)))).sync_on(st)
     assert names == ["deviceop-host-stream-2"]
 
