@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# compute-sanitizer over the cuda tests (on a GPU): memcheck and synccheck over the whole cuda
+# suite, racecheck over the built-in kernels (the ones with shared memory; the suite's spin
+# kernels take minutes each under racecheck). Logs and each tool's ERROR SUMMARY go to $OUT.
+# Tests that need work to be still in flight can fail under a sanitizer, which serialises
+# launches: those failures are listed in the logs and are not sanitizer errors.
+# Usage: bash experiments/sanitize.sh [memcheck|synccheck|racecheck ...]
+set -u -o pipefail
+OUT=${OUT:-/tmp/deviceop-out}
+mkdir -p "$OUT"
+CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+export PYTHONUNBUFFERED=1 DEVICEOP_CACHE_DIR=${DEVICEOP_CACHE_DIR:-/tmp/deviceop-cache}
+status=0
+for tool in "${@:-memcheck synccheck racecheck}"; do
+  case "$tool" in
+    racecheck) tests="tests/test_builtins.py tests/test_kernels.py" ;;
+    *) tests="tests" ;;
+  esac
+  timeout 540 "$CS" --tool "$tool" --print-limit 50 python3 -m pytest -q -p no:cacheprovider $tests -k cuda \
+    >"$OUT/sanitizer_$tool.log" 2>&1
+  echo "$tool: exit $? ($(grep -c '^FAILED' "$OUT/sanitizer_$tool.log") tests failed); $(grep 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+  grep -q 'ERROR SUMMARY: 0 errors' "$OUT/sanitizer_$tool.log" || status=1
+done
+exit $status
