@@ -11,7 +11,9 @@ mkdir -p "$OUT"
 CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 export PYTHONUNBUFFERED=1 DEVICEOP_CACHE_DIR=${DEVICEOP_CACHE_DIR:-/tmp/deviceop-cache}
 status=0
-for tool in "${@:-memcheck synccheck racecheck}"; do
+tools=("$@")
+[ ${#tools[@]} = 0 ] && tools=(memcheck synccheck racecheck)
+for tool in "${tools[@]}"; do
   case "$tool" in
     racecheck) tests="tests/test_builtins.py tests/test_kernels.py" ;;
     *) tests="tests" ;;
