@@ -18,7 +18,7 @@ for tool in "${tools[@]}"; do
     racecheck) tests="tests/test_builtins.py tests/test_kernels.py" ;;
     *) tests="tests" ;;
   esac
-  timeout 540 "$CS" --tool "$tool" --print-limit 50 python3 -m pytest -q -p no:cacheprovider $tests -k cuda \
+  timeout "${SAN_TIMEOUT:-540}" "$CS" --tool "$tool" --print-limit 50 python3 -m pytest -q -p no:cacheprovider $tests -k cuda \
     >"$OUT/sanitizer_$tool.log" 2>&1
   echo "$tool: exit $? ($(grep -c '^FAILED' "$OUT/sanitizer_$tool.log") tests failed); $(grep 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
   grep -q 'ERROR SUMMARY: 0 errors' "$OUT/sanitizer_$tool.log" || status=1
