@@ -9,7 +9,8 @@ set -u -o pipefail
 OUT=${OUT:-/tmp/deviceop-out}
 mkdir -p "$OUT"
 CS=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
-export PYTHONUNBUFFERED=1 DEVICEOP_CACHE_DIR=${DEVICEOP_CACHE_DIR:-/tmp/deviceop-cache}
+# DEVICEOP_SANITIZER=1: the test that faults on purpose skips itself
+export PYTHONUNBUFFERED=1 DEVICEOP_SANITIZER=1 DEVICEOP_CACHE_DIR=${DEVICEOP_CACHE_DIR:-/tmp/deviceop-cache}
 status=0
 tools=("$@")
 [ ${#tools[@]} = 0 ] && tools=(memcheck synccheck racecheck)

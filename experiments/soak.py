@@ -12,7 +12,8 @@ For ``--seconds`` (default 600), at once:
 
 A watchdog reports a hang when a worker makes no progress for 60 s. At the end the workers
 stop and the process's threads, file descriptors, device memory in use and resident memory
-are compared with a baseline taken after a warm-up. Prints and writes (``--out``) the counts.
+are compared with a baseline taken after a warm-up (and sampled every 30 s meanwhile, so that
+growth shows apart from a one-time start of something). Prints and writes (``--out``) the counts.
 
     python experiments/soak.py --seconds 600 --out soak.json
     DEVICEOP_BACKEND=host python experiments/soak.py --seconds 30   # the host backend
@@ -80,6 +81,7 @@ class Soak:
         self.progress: dict[str, float] = {}
         self.hangs: list[str] = []
         self.errors: list[str] = []
+        self.timeline: list[dict[str, float]] = []
 
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:
@@ -141,7 +143,7 @@ class Soak:
     # -- threads ---------------------------------------------------------------------------------
     def _thread(self, i: int) -> None:
         rng = random.Random(1000 + i)
-        who = f"thread-{i}"
+        who = threading.current_thread().name
         while self.running():
             x = np.full(N, rng.uniform(-4, 4), np.float32)
             g = rng.choice([0.5, 2.0, -1.0])
@@ -156,7 +158,7 @@ class Soak:
             self.alive(who)
 
     def _graphs(self) -> None:
-        who = "graph"
+        who = threading.current_thread().name
         x = do.zeros(N, do.float32).sync()
         y = do.zeros(N, do.float32).sync()
         g = K.scale(y.partition((N,)), x, 3.0).graph()
@@ -173,7 +175,7 @@ class Soak:
             self.alive(who)
 
     def _graph_cache(self, cache: Any, i: int) -> None:
-        who = f"graphcache-{i}"
+        who = threading.current_thread().name
         rng = random.Random(100 + i)
         while self.running():
             n = rng.randint(1, 16)
@@ -189,8 +191,12 @@ class Soak:
 
     # -- the watchdog ----------------------------------------------------------------------------
     def _watchdog(self) -> None:
+        t0 = last = time.monotonic()
         while time.monotonic() < self.deadline + HANG_S:
             now = time.monotonic()
+            if now - last >= 30:  # resources over time: growth, not a one-time start, is a leak
+                last = now
+                self.timeline.append({"t": round(now - t0), **_resources()})
             for who, t in list(self.progress.items()):
                 if now - t > HANG_S and who not in self.hangs:
                     self.hangs.append(who)
@@ -296,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "experiment": "soak", "backend": do.backend_name(), "seconds": elapsed, "tasks": a.tasks,
         "threads": a.threads, "counts": dict(sorted(s.counts.items())), "hangs": s.hangs,
         "errors": s.errors[:20], "n_errors": len(s.errors), "fault_subprocess": s.fault,
-        "baseline": base, "end": end,
+        "baseline": base, "timeline": s.timeline, "end": end,
         "back_to_baseline": {k: end[k] <= base[k] for k in ("threads", "os_threads", "fds", "device_bytes")},
         "rss_growth_mib": end["rss_mib"] - base["rss_mib"],
     }

@@ -48,9 +48,9 @@ def poll_budget() -> float:
     return _POLL[0]
 
 
-def _yielder() -> Callable[[], Awaitable[None]]:
+def _yielder(lib: str) -> Callable[[], Awaitable[None]]:
     """The cheapest yield to the running loop: a bare ``sleep(0)`` / trio checkpoint."""
-    if current_lib() == "trio":
+    if lib == "trio":
         import trio
 
         return trio.lowlevel.checkpoint  # type: ignore[no-any-return]
@@ -77,9 +77,10 @@ def _timed_out(what: str, timeout: float) -> TimeoutError:
     )
 
 
-async def _wait(done: Callable[[], bool], arm_fn: Callable[[Any, int], None], deadline: float | None, what: str,
-                timeout: float | None, budget: float | None = None) -> None:
-    """Return once ``done()``; ``done`` raises CudaError on a context error."""
+async def _wait(lib: str, done: Callable[[], bool], arm_fn: Callable[[Any, int], None], deadline: float | None,
+                what: str, timeout: float | None, budget: float | None = None) -> None:
+    """Return once ``done()``; ``done`` raises CudaError on a context error. ``lib``: the
+    running loop's library (:func:`current_lib`)."""
     clock = time.perf_counter
     if done():
         return
@@ -87,7 +88,7 @@ async def _wait(done: Callable[[], bool], arm_fn: Callable[[Any, int], None], de
     if budget is None:
         budget = _POLL[0]
     if budget:
-        y = _yielder()
+        y = _yielder(lib)
         while True:
             await y()
             if done():
@@ -99,7 +100,7 @@ async def _wait(done: Callable[[], bool], arm_fn: Callable[[Any, int], None], de
                 raise _timed_out(what, timeout)  # type: ignore[arg-type]
     import anyio  # imported here: only parked awaits need it, and it costs start-up time
 
-    d = dispatcher()
+    d = dispatcher(lib)
     waker = anyio.Event()
     tok = d.register(waker)
     try:
@@ -133,11 +134,12 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     ``poll``: seconds to poll before parking (default: the global poll budget).
     """
     timeout = _check_timeout(timeout)
+    lib = current_lib()  # before any work: outside an event loop this raises, whatever the op
     cx, out = start(op, stream, label)
     ev = cx.seal()
     deadline = None if timeout is None else time.perf_counter() + timeout
     try:
-        await _wait(ev.query, lambda d, tok: arm(d, tok, stream, ev), deadline, cx.describe(), timeout, poll)
+        await _wait(lib, ev.query, lambda d, tok: arm(d, tok, stream, ev), deadline, cx.describe(), timeout, poll)
     except BaseException:
         # cancelled, timed out or failed: the work may still run; the watcher finishes it
         watch(stream, ev, cx)
@@ -149,13 +151,14 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
 async def await_future(fut: DeviceFuture[Any], timeout: float | None = None) -> Any:
     """Resume when the submitted work behind ``fut`` is complete; return its output."""
     timeout = _check_timeout(timeout)
+    lib = current_lib()
     deadline = None if timeout is None else time.perf_counter() + timeout
 
     def arm_fut(d: Any, tok: int) -> None:
         ch = d.channel
         fut.add_done_callback(lambda _f: ch.push(tok))
 
-    await _wait(fut.done, arm_fut, deadline, f"submitted work ({fut._cx.describe()})", timeout)
+    await _wait(lib, fut.done, arm_fut, deadline, f"submitted work ({fut._cx.describe()})", timeout)
     return fut.result(0)
 
 

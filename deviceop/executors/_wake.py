@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import weakref
 from typing import Any
 
 import sniffio
@@ -70,7 +71,8 @@ class Dispatcher:
 
 
 _lock = threading.Lock()
-_asyncio: dict[Any, Dispatcher] = {}
+# weak: a loop that is gone takes its dispatcher along (its channel's eventfd closes then)
+_asyncio: "weakref.WeakKeyDictionary[Any, Dispatcher]" = weakref.WeakKeyDictionary()
 _trio: dict[Any, Dispatcher] = {}
 
 
@@ -85,9 +87,10 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def dispatcher() -> Dispatcher:
-    """The running event loop's dispatcher, installed on first use."""
-    lib = current_lib()
+def dispatcher(lib: str | None = None) -> Dispatcher:
+    """The running event loop's dispatcher, installed on first use (``lib``: see :func:`current_lib`)."""
+    if lib is None:
+        lib = current_lib()
     if lib == "asyncio":
         import asyncio
 
