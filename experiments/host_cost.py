@@ -102,6 +102,25 @@ def main(argv: list[str] | None = None) -> int:
             g.launch().sync_on(s)
 
         cases[f"graph N={n}"] = (raw_graph, dev_graph, 1, 500)
+        if n == 1:  # where deviceop's replay spends its time, step by step (each against raw)
+            from deviceop._core._op import start
+            from deviceop.device import _cuda_driver as nd
+
+            exi, si = g._exec.handle_int, s.handle_int
+
+            def drv_calls(exi=exi) -> None:  # the same two driver calls through deviceop's wrappers
+                nd.graph_launch(exi, si)
+                nd.stream_sync(si)
+
+            def start_finish(g=g) -> None:  # the terminal's steps, called one by one from Python
+                op = g.launch()
+                op._take("host_cost")
+                cx, _ = start(op, s, "host_cost")
+                nd.stream_sync(si)
+                cx.finish()
+
+            cases["graph N=1, deviceop's driver wrappers"] = (raw_graph, drv_calls, 1, 500)
+            cases["graph N=1, start + sync + finish"] = (raw_graph, start_finish, 1, 500)
     out = {}
     for name, (raw, dev, per, inner) in cases.items():
         samples: dict[str, list[float]] = {"raw": [], "deviceop": []}
@@ -115,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         med = {k: float(np.median(v)) for k, v in samples.items()}
         ratio = float(np.median([d / r for d, r in zip(samples["deviceop"], samples["raw"])]))
         out[name] = {"us_per_op_median": med, "deviceop_over_raw": ratio}
-        print(f"{name:<16} raw {med['raw']:.3f}  deviceop {med['deviceop']:.3f} us/op  -> {ratio:.3f}x "
+        print(f"{name:<40} raw {med['raw']:.3f}  deviceop {med['deviceop']:.3f} us/op  -> {ratio:.3f}x "
               f"({med['deviceop'] - med['raw']:+.3f} us)")
     inline = os.environ.get("DEVICEOP_STUB_INLINE") == "1"  # the stub's kernels compute nothing
     if not inline and not np.array_equal(y.numpy(), np.full(N_ELEMS, 0.75, np.float16)):
