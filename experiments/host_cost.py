@@ -35,7 +35,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--sched", choices=("auto", "spin", "yield", "blocking"), default="auto",
+                    help="the primary context's scheduling flag (how a synchronize waits), set before deviceop starts")
     a = ap.parse_args(argv)
+    if a.sched != "auto":
+        from cuda.bindings import driver as drv
+
+        flag = {"spin": drv.CUctx_flags.CU_CTX_SCHED_SPIN, "yield": drv.CUctx_flags.CU_CTX_SCHED_YIELD,
+                "blocking": drv.CUctx_flags.CU_CTX_SCHED_BLOCKING_SYNC}[a.sched]
+        drv.cuInit(0)
+        (err,) = drv.cuDevicePrimaryCtxSetFlags(drv.cuDeviceGet(0)[1], flag)
+        if err:
+            raise RuntimeError(f"cuDevicePrimaryCtxSetFlags: {err!r}")
     if do.backend_name() != "cuda":
         print("host_cost.py needs the cuda backend (a GPU, or the stub driver)", file=sys.stderr)
         return 2
@@ -141,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         raise AssertionError("wrong values after the runs")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"experiment": "host_cost", "inline_stub": inline,
+            json.dump({"experiment": "host_cost", "inline_stub": inline, "sched": a.sched,
                        "results": out}, f, indent=1)
     return 0
 

@@ -21,7 +21,7 @@ for tool in "${tools[@]}"; do
   esac
   timeout "${SAN_TIMEOUT:-540}" "$CS" --tool "$tool" --print-limit 50 python3 -m pytest -q -p no:cacheprovider $tests -k cuda \
     >"$OUT/sanitizer_$tool.log" 2>&1
-  echo "$tool: exit $? ($(grep -c '^FAILED' "$OUT/sanitizer_$tool.log") tests failed); $(grep 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
-  grep -q 'ERROR SUMMARY: 0 errors' "$OUT/sanitizer_$tool.log" || status=1
+  echo "$tool: exit $? ($(grep -c '^FAILED' "$OUT/sanitizer_$tool.log") tests failed); $(grep -E '(ERROR|RACECHECK) SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+  grep -qE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$OUT/sanitizer_$tool.log" || status=1
 done
 exit $status
