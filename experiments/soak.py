@@ -276,8 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     multiprocessing.set_start_method("spawn", force=True)
-    # warm-up: every path once, so that caches, pools and helper threads exist at the baseline
-    warm = Soak(2.0, 4, 1, fault=False)
+    # warm-up: the same load for a while, so that caches, pools and the helper threads (deviceop's
+    # and the driver's, some made only under load) exist when the baseline is taken
+    warm = Soak(min(10.0, a.seconds), a.tasks, a.threads, fault=False)
     warm.run()
     gc.collect()
     do.empty_cache()

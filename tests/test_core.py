@@ -207,3 +207,31 @@ print(type(g).__name__, g.launch().sync() is t, do.zip(do.value(4), do.value(5))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:4] == ["[]", "1 2", "3", "CudaGraph True (4, 5)"], r.stdout
+
+
+def test_one_op_consumed_by_many_threads_runs_once(backend):
+    # consuming an op is atomic: of the threads driving one op, exactly one runs it
+    for _ in range(20):
+        calls = []
+        op = do.value(1).map(lambda v: calls.append(v) or v)
+        errors = run_threads(lambda k: op.sync() if k % 2 else op.submit().result(10), 8)
+        assert len(errors) == 7 and all(isinstance(e, do.UsageError) for e in errors)
+        assert calls == [1]
+
+
+def test_the_ledger_lock_is_released_when_enqueued_work_raises(backend):
+    # a KeyboardInterrupt (a signal) inside work being enqueued leaves the ledger usable
+    from deviceop._core._base import LOCK
+    from deviceop._core._ledger import ExecutionContext, enqueue
+
+    cx = ExecutionContext(do.streams()[0], "test")
+    t = do.zeros(16, do.float32).sync()
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        enqueue(cx, ((t, True),), interrupted, "interrupted work")
+    cx.finish(False)
+    assert not LOCK.locked()
+    assert do.to_numpy(t).sync().tolist() == [0.0] * 16

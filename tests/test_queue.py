@@ -394,3 +394,17 @@ def test_work_queue_base_exception_in_a_factory_is_raised(backend, loop):
         anyio.run(q.run, items, backend=loop[0], backend_options=loop[1])
     gc.collect()
     assert "cancelled" in repr(q)
+
+
+def test_threaded_queue_cancel_from_another_thread(backend):
+    import threading
+
+    bufs = _lane_buffers(2)
+    q = ThreadedQueue(streams=2, capacity=2, batch=1)
+    items = [lambda lane: slow_fill(bufs[lane], 1.0, 0.01) for _ in range(60)]
+    threading.Timer(0.05, q.cancel).start()
+    kind, res = _in_thread(lambda: q.run(items))
+    assert kind == "ok" and len(res) == 60  # every item of the list reported
+    done = [r for r in res if r.error is None]
+    assert done and any(isinstance(r.error, QueueCancelled) for r in res)
+    assert all(r.error is None or isinstance(r.error, QueueCancelled) for r in res)
