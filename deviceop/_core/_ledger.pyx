@@ -204,9 +204,12 @@ cdef dict _ABANDONED = {}
 cdef bint _any_abandoned = False
 
 
-def abandon(backend, str reason):
+def abandon(backend, str reason, bint notify=True):
     """From now on, an execution on ``backend`` raises :class:`BackendError` with ``reason``
-    (what happened and what to do instead) before any work is enqueued."""
+    (what happened and what to do instead) before any work is enqueued.
+
+    ``notify``: run the :func:`on_abandon` callbacks (which end the backend's threads); not in
+    a forked child, where those threads do not exist and their locks may be held."""
     global _last_driver, _any_abandoned
     for k in [k for k, e in _ABANDONED.items() if e[0]() is None]:
         del _ABANDONED[k]  # (weak: a closed device that nothing uses any more is freed)
@@ -214,8 +217,9 @@ def abandon(backend, str reason):
     _any_abandoned = True
     _last_driver = (None, None)
     forget_layouts(backend)
-    for fn in list(_ON_ABANDON):
-        fn(backend)
+    if notify:
+        for fn in list(_ON_ABANDON):
+            fn(backend)
 
 
 #: what higher layers do when a backend is abandoned (end its threads): fn(backend)

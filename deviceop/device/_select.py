@@ -40,7 +40,7 @@ def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # another thread may have held it at fork()
     for be in list(_made):
-        abandon(be, _FORKED_CUDA if be.name == "cuda" else _FORKED)
+        abandon(be, _FORKED_CUDA if be.name == "cuda" else _FORKED, notify=False)
     _made.clear()
     _state.update(backend=None, rr=itertools.count(), forked_cuda=_state["forked_cuda"] or bool(_state["cuda"]), cuda={})
 
