@@ -18,14 +18,13 @@ Finished executions remove their entries (:meth:`ExecutionContext.finish`), so l
 from ._base cimport _LOCK as LOCK, Buffer, Driver, Lock, TensorBase
 from ._base import forget_layouts
 
-import os
 import weakref
 
 from .._errors import BackendError, BorrowError, CaptureError, SettingError, UsageError
 
 __all__ = [
-    "ExecutionContext", "Access", "enqueue", "abandon", "abandoned", "on_abandon", "check_backend", "touch", "release", "in_flight", "held", "set_borrow_policy",
-    "borrow_policy",
+    "ExecutionContext", "Access", "enqueue", "abandon", "abandoned", "on_abandon", "check_backend", "touch",
+    "release", "in_flight", "held", "set_borrow_policy", "borrow_policy",
 ]
 
 # 0: order (default), 1: raise, 2: off
@@ -252,14 +251,6 @@ cpdef int check_backend(ExecutionContext cx, object be, object what) except -1:
         f"{what}: its tensors live on another device ({be.device_label}) than this execution's "
         f"stream ({cx.backend.device_label}); run it on a stream of the tensors' device"
     )
-
-
-def _after_fork_in_child():
-    global _last_driver
-    _last_driver = (None, None)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 cdef inline int _init(ExecutionContext cx, stream, label, op) except -1:
