@@ -41,7 +41,7 @@ from .ops import DeviceOp, empty, from_numpy, full, ones, to_numpy, value, zeros
 if TYPE_CHECKING:
     from . import graph, kernels
     from .combinators import zip  # noqa: A004
-    from .executors import DeviceFuture, poll_budget, set_poll_budget
+    from .executors import DeviceFuture, poll_budget, set_poll_budget, set_wait_policy, wait_policy
 
 # The layers above the ops load on first use (start-up time): the modules that register the
 # core's hooks, and the public names they hold.
@@ -54,6 +54,7 @@ _LAZY = {
     "graph": ("deviceop.graph", None), "kernels": ("deviceop.kernels", None),
     "zip": ("deviceop.combinators", "zip"), "DeviceFuture": ("deviceop.executors", "DeviceFuture"),
     "poll_budget": ("deviceop.executors", "poll_budget"), "set_poll_budget": ("deviceop.executors", "set_poll_budget"),
+    "set_wait_policy": ("deviceop.executors", "set_wait_policy"), "wait_policy": ("deviceop.executors", "wait_policy"),
 }
 
 
@@ -116,7 +117,8 @@ __all__ = [
     "float16", "bfloat16", "float32", "int32", "int64", "uint8",
     "value", "zeros", "ones", "full", "empty", "from_numpy", "to_numpy", "from_dlpack", "zip",
     "backend_name", "use_backend", "next_stream", "streams", "used_bytes", "empty_cache",
-    "set_borrow_policy", "borrow_policy", "set_host_chaos", "set_poll_budget", "poll_budget", "kernels", "graph",
+    "set_borrow_policy", "borrow_policy", "set_host_chaos", "set_poll_budget", "poll_budget",
+    "set_wait_policy", "wait_policy", "kernels", "graph",
     "DeviceOpError", "BackendError", "BorrowError", "CaptureError", "CompileError", "CudaError",
     "ShapeError", "TensorIndexError", "DTypeError", "UsageError", "SettingError", "DeviceOpWarning",
 ]

@@ -1,11 +1,12 @@
-"""The cost of ``await``: against ``sync_on`` of the same op, per poll budget, and in CPU time.
+"""The cost of ``await``: against ``sync_on`` of the same op, for every op length, and in CPU time.
 
-1. Paired, one-kernel op (``scale`` over 2048 f16): ``sync_on`` and ``await op.wait(stream=s)``
-   alternate rep by rep inside one running loop (uvloop, asyncio, trio); the per-rep ratio's
-   median is the figure (DESIGN target: at most 2.0x, goal 1.2x).
-2. Poll budget sweep (uvloop): a one-kernel op and a ~200 µs spin kernel, awaited with budgets
-   from 0 (park at once) to 200 µs, beside their sync_on times. Chooses the default.
-3. CPU while awaiting one ~200 ms GPU op: process CPU time over wall time (target <= 10%).
+1. Paired, per op length: a one-kernel op (``scale`` over 2048 f16) and a spin kernel of about
+   20 µs, 100 µs, 500 µs, 2 ms and 20 ms; ``op.sync_on(s)`` and ``await op.wait(stream=s)``
+   alternate rep by rep inside one running loop (uvloop, asyncio, trio). The figure is the
+   median over reps of (await time - sync_on time) in µs (DESIGN target: <= 15 µs at every
+   length, goal <= 5 µs), with the await's process CPU time per op beside it.
+2. The same under each reactor CPU policy (uvloop): adaptive (default), spin, block.
+3. CPU while awaiting one ~200 ms GPU op: process CPU time over wall time (target <= 2 %).
 
     python experiments/await_cost.py --reps 200 --out await_cost.json
 """
@@ -25,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import deviceop as do  # noqa: E402
+from deviceop._core import _reactor  # noqa: E402
 from exec_modes import machine_info  # noqa: E402
 
 K = do.kernels
@@ -58,72 +60,57 @@ def _setup() -> tuple:
     return s, x, y.partition((128,))
 
 
-def paired(lib: str, reps: int, inner: int, warmup: int) -> dict:
-    s, x, yp = _setup()
-    clock = time.perf_counter_ns
-
-    async def main() -> dict:
-        sync_t, await_t = [], []
-        for r in range(warmup + reps):
-            t0 = clock()
-            for _ in range(inner):
-                K.scale(yp, x, 0.5).sync_on(s)
-            t1 = clock()
-            for _ in range(inner):
-                await K.scale(yp, x, 0.5).wait(stream=s)
-            t2 = clock()
-            if r >= warmup:
-                sync_t.append((t1 - t0) / inner / 1e3)
-                await_t.append((t2 - t1) / inner / 1e3)
-        ratios = [a / b for a, b in zip(await_t, sync_t)]
-        return {
-            "loop": lib, "reps": reps, "inner": inner,
-            "sync_on_us": float(np.median(sync_t)), "await_us": float(np.median(await_t)),
-            "await_over_sync_median_of_ratios": float(np.median(ratios)),
-            "await_over_sync_p25": float(np.percentile(ratios, 25)),
-            "await_over_sync_p75": float(np.percentile(ratios, 75)),
-        }
-
-    return _run(lib, main)
+#: (name, seconds of GPU work; 0: the one-kernel op)
+LENGTHS = [("1_kernel", 0.0), ("20us", 20e-6), ("100us", 100e-6), ("500us", 500e-6), ("2ms", 2e-3), ("20ms", 20e-3)]
 
 
-def budget_sweep(reps: int, budgets: list[float]) -> list[dict]:
+def lengths(lib: str, reps: int, warmup: int, names: list[str]) -> list[dict]:
     s, x, yp = _setup()
     out_t = do.zeros(1024, do.float32).sync_on(s)
-    spin_cycles = int(200e-6 * 1.98e9)
     clock = time.perf_counter_ns
-    old = do.poll_budget()
+    cpu = time.process_time_ns
 
     async def main() -> list[dict]:
         res = []
-        spin_k(out_t, spin_cycles, grid=(1,), block=(32,)).sync_on(s)  # compile
-        for b in budgets:
-            do.set_poll_budget(b)
-            for name, make in (("scale_2048", lambda: K.scale(yp, x, 0.5)),
-                               ("spin_200us", lambda: spin_k(out_t, spin_cycles, grid=(1,), block=(32,)))):
-                sy, aw, cpu = [], [], []
-                for r in range(reps + 5):
-                    t0 = clock()
-                    make().sync_on(s)
-                    t1 = clock()
-                    c0 = time.process_time_ns()
-                    t2 = clock()
-                    await make().wait(stream=s)
-                    t3 = clock()
-                    c1 = time.process_time_ns()
-                    if r >= 5:
-                        sy.append((t1 - t0) / 1e3)
-                        aw.append((t3 - t2) / 1e3)
-                        cpu.append((c1 - c0) / 1e3)
-                res.append({"budget_us": b * 1e6, "op": name, "sync_on_us": float(np.median(sy)),
-                            "await_us": float(np.median(aw)), "await_cpu_us": float(np.median(cpu)),
-                            "ratio": float(np.median([a / b_ for a, b_ in zip(aw, sy)]))})
+        spin_k(out_t, 1000, grid=(1,), block=(32,)).sync_on(s)  # compiled and loaded
+        for name, secs in LENGTHS:
+            if name not in names:
+                continue
+            if secs:
+                cyc = int(secs * 1.98e9)
+                make = lambda cyc=cyc: spin_k(out_t, cyc, grid=(1,), block=(32,))  # noqa: E731
+            else:
+                make = lambda: K.scale(yp, x, 0.5)  # noqa: E731
+            n = reps if secs < 1e-3 else max(20, reps // (4 if secs < 10e-3 else 8))
+            sy, aw, diff, acpu = [], [], [], []
+            st0 = _reactor.stats()
+            for r in range(warmup + n):
+                t0 = clock()
+                make().sync_on(s)
+                t1 = clock()
+                c0 = cpu()
+                t2 = clock()
+                await make().wait(stream=s)
+                t3 = clock()
+                c1 = cpu()
+                if r >= warmup:
+                    sy.append((t1 - t0) / 1e3)
+                    aw.append((t3 - t2) / 1e3)
+                    diff.append(((t3 - t2) - (t1 - t0)) / 1e3)
+                    acpu.append((c1 - c0) / 1e3)
+            st1 = _reactor.stats()
+            res.append({
+                "loop": lib, "policy": do.wait_policy(), "op": name, "reps": n,
+                "sync_on_us": float(np.median(sy)), "await_us": float(np.median(aw)),
+                "await_minus_sync_us": float(np.median(diff)),
+                "await_minus_sync_p25_us": float(np.percentile(diff, 25)),
+                "await_minus_sync_p75_us": float(np.percentile(diff, 75)),
+                "await_cpu_us": float(np.median(acpu)),
+                "reactor": {k: st1[k] - st0[k] for k in ("armed", "memop", "host_function", "passes", "sleeps", "parks")},
+            })
         return res
 
-    try:
-        return _run("uvloop", main)
-    finally:
-        do.set_poll_budget(old)
+    return _run(lib, main)
 
 
 def cpu_while_awaiting(lib: str, seconds: float, reps: int) -> dict:
@@ -140,10 +127,18 @@ def cpu_while_awaiting(lib: str, seconds: float, reps: int) -> dict:
             c, w = time.process_time() - c0, time.perf_counter() - w0
             fr.append(c / w)
             walls.append(w)
-        return {"loop": lib, "op_seconds_wall_median": float(np.median(walls)),
-                "cpu_fraction_median": float(np.median(fr)), "cpu_fraction_max": float(np.max(fr)), "reps": reps}
+        return {"loop": lib, "policy": do.wait_policy(), "op_seconds_wall_median": float(np.median(walls)),
+                "cpu_fraction_median": float(np.median(fr)), "cpu_fraction_max": float(np.max(fr)),
+                "cpu_fraction_first": float(fr[0]), "reps": reps}
 
     return _run(lib, main)
+
+
+def _print(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"{r['loop']:<8} {r['policy']:<8} {r['op']:<9} sync_on {r['sync_on_us']:10.1f} us  await {r['await_us']:10.1f} us  "
+              f"await-sync {r['await_minus_sync_us']:+7.1f} us (p25 {r['await_minus_sync_p25_us']:+.1f}, p75 "
+              f"{r['await_minus_sync_p75_us']:+.1f})  await cpu {r['await_cpu_us']:8.1f} us")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,18 +150,27 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     loops = [v for v in a.loops.split(",") if v]
     doc: dict = {"experiment": "await_cost", "machine": machine_info(), "poll_budget_default_us": do.poll_budget() * 1e6}
-    doc["paired_n1"] = [paired(lib, a.reps, a.inner, 20) for lib in loops]
-    for p in doc["paired_n1"]:
-        print(f"N=1 {p['loop']:<8} sync_on {p['sync_on_us']:.2f} us  await {p['await_us']:.2f} us  "
-              f"-> {p['await_over_sync_median_of_ratios']:.3f}x (p25 {p['await_over_sync_p25']:.3f}, p75 {p['await_over_sync_p75']:.3f})")
-    doc["budget_sweep"] = budget_sweep(max(a.reps // 4, 20), [0.0, 10e-6, 20e-6, 50e-6, 100e-6, 200e-6])
-    for r in doc["budget_sweep"]:
-        print(f"budget {r['budget_us']:6.0f} us  {r['op']:<11} sync_on {r['sync_on_us']:8.1f}  await {r['await_us']:8.1f} us "
-              f"({r['ratio']:.2f}x)  await cpu {r['await_cpu_us']:8.1f} us")
+    names = [n for n, _ in LENGTHS]
+    doc["lengths"] = []
+    for lib in loops:
+        rows = lengths(lib, a.reps, 20, names)
+        _print(rows)
+        doc["lengths"] += rows
+    doc["policies"] = []
+    for pol in ("spin", "block"):
+        do.set_wait_policy(pol)
+        try:
+            rows = lengths("uvloop", max(a.reps // 4, 30), 10, names)
+            _print(rows)
+            doc["policies"] += rows
+            doc.setdefault("cpu_200ms_by_policy", []).append(cpu_while_awaiting("uvloop", 0.2, 5))
+        finally:
+            do.set_wait_policy("adaptive")
     doc["cpu_200ms"] = [cpu_while_awaiting(lib, 0.2, 10) for lib in loops]
-    for r in doc["cpu_200ms"]:
-        print(f"CPU while awaiting a {r['op_seconds_wall_median'] * 1e3:.0f} ms op ({r['loop']}): "
-              f"{r['cpu_fraction_median']:.2%} of a core (max {r['cpu_fraction_max']:.2%})")
+    for r in doc["cpu_200ms"] + doc.get("cpu_200ms_by_policy", []):
+        print(f"CPU while awaiting a {r['op_seconds_wall_median'] * 1e3:.0f} ms op ({r['loop']}, {r['policy']}): "
+              f"{r['cpu_fraction_median']:.2%} of a core (max {r['cpu_fraction_max']:.2%}, first {r['cpu_fraction_first']:.2%})")
+    doc["reactor"] = _reactor.stats()
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (for the lent H100): tests on cuda and host, the demo, and the
 # benchmarks; JSON, logs and PNG figures go to $OUT.
-# Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|work|queue]
+# Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|work|queue|reactor]
 # (core: build, tests, exec_modes, the user-program pipeline, plan reuse, start-up and kernels;
 # work: build, tests, kernels (GEMM included) and the bimodal queues; queue: build, tests and the
-# bimodal queues; full and quick: everything, quick with fewer repeats; SKIP_TESTS=1 leaves the
+# bimodal queues; reactor: build, tests, the await cost, overlap and the bimodal queues; full and quick: everything, quick with fewer repeats; SKIP_TESTS=1 leaves the
 # tests out, for a second call of one session)
 set -u -o pipefail
 # every step has a time limit (timeout): a hang fails its step instead of the whole call
@@ -43,7 +43,7 @@ done
 fi
 
 bimodal() {
-  timeout 240 python3 experiments/bimodal.py --out "$OUT/bimodal.json" 2>&1 | tee "$OUT/bimodal.log" | tail -n 12
+  timeout 420 python3 experiments/bimodal.py --out "$OUT/bimodal.json" 2>&1 | tee "$OUT/bimodal.log" | tail -n 12
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   timeout 180 python3 experiments/bimodal_hostwork.py --out "$OUT/bimodal_hostwork.json" 2>&1 | tee "$OUT/bimodal_hostwork.log" | tail -n 10
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
@@ -53,6 +53,14 @@ kernels() {
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 plots() { python3 experiments/plots.py "$OUT" || status=1; }
+if [ "$MODE" = reactor ]; then  # the await path: its cost at every length, overlap, the queues
+  timeout 300 python3 experiments/await_cost.py --reps 200 --out "$OUT/await_cost.json" 2>&1 | tee "$OUT/await_cost.log" | tail -n 30
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  timeout 200 python3 experiments/async_overlap.py --reps 10 --out "$OUT/async_overlap.json" --png "$OUT/async_overlap.png" 2>&1 | tee "$OUT/async_overlap.log" | tail -n 14
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  bimodal; plots
+  echo "gpu_suite status: $status"; exit $status
+fi
 if [ "$MODE" = queue ]; then
   bimodal; plots
   echo "gpu_suite status: $status"; exit $status

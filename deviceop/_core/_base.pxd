@@ -28,6 +28,11 @@ ctypedef int (*event_record_t)(void* ev, void* stream) noexcept nogil
 ctypedef int (*event_query_t)(void* ev) noexcept nogil
 ctypedef int (*ctx_set_t)(void* ctx) noexcept nogil
 ctypedef int (*mem_alloc_t)(uintptr_t* ptr, size_t nbytes, void* stream) noexcept nogil
+# completion flags (the reactor): a 32-bit write in stream order, a host function, and making
+# host memory writable by the device (its device address)
+ctypedef int (*write_value32_t)(void* stream, uintptr_t addr, unsigned int value) noexcept nogil
+ctypedef int (*host_func_t)(void* stream, void (*fn)(void*) noexcept nogil, void* data) noexcept nogil
+ctypedef int (*host_register_t)(void* ptr, size_t nbytes, uintptr_t* device_addr) noexcept nogil
 
 
 cdef class Lock:
@@ -108,6 +113,9 @@ cdef class Driver:
     cdef event_query_t event_query
     cdef ctx_set_t ctx_set
     cdef mem_alloc_t mem_alloc
+    cdef write_value32_t write_value32
+    cdef host_func_t host_func
+    cdef host_register_t host_register
     cdef void* context
     cdef public BlockCache blocks
     cdef public object error   # error(code, call) -> CudaError: the backend's error maker

@@ -55,6 +55,26 @@ cdef int _mem_alloc(uintptr_t* ptr, size_t nbytes, void* stream) noexcept nogil:
     return err
 
 
+cdef int _write_value32(void* stream, uintptr_t addr, unsigned int value) noexcept nogil:
+    return <int>cydriver.cuStreamWriteValue32(<CUstream>stream, <cydriver.CUdeviceptr>addr, value, 0)
+
+
+cdef int _host_func(void* stream, void (*fn)(void*) noexcept nogil, void* data) noexcept nogil:
+    return <int>cydriver.cuLaunchHostFunc(<CUstream>stream, <cydriver.CUhostFn>fn, data)
+
+
+cdef int _host_register(void* ptr, size_t nbytes, uintptr_t* device_addr) noexcept nogil:
+    # PORTABLE: one registration serves every context of the process (every device)
+    cdef cydriver.CUdeviceptr d = 0
+    cdef int err = <int>cydriver.cuMemHostRegister(
+        ptr, nbytes, cydriver.CU_MEMHOSTREGISTER_PORTABLE | cydriver.CU_MEMHOSTREGISTER_DEVICEMAP)
+    if err:
+        return err
+    err = <int>cydriver.cuMemHostGetDevicePointer(&d, ptr, 0)
+    device_addr[0] = <uintptr_t>d
+    return err
+
+
 def make_driver(uintptr_t context, error, BlockCache blocks):
     """The core's entry-point table for the primary context ``context``; ``error(code, call)``
     makes the backend's CudaError; ``blocks`` is the backend's cache of idle memory blocks."""
@@ -67,6 +87,9 @@ def make_driver(uintptr_t context, error, BlockCache blocks):
     d.event_record = _event_record
     d.event_query = _event_query
     d.ctx_set = _ctx_set
+    d.write_value32 = _write_value32
+    d.host_func = _host_func
+    d.host_register = _host_register
     d.context = <void*>context
     d.error = error
     return d

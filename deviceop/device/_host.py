@@ -151,6 +151,11 @@ class HostStream:
         """Push ``token`` to ``channel`` once the stream reaches this point (a host function)."""
         self.launch_host_func(lambda: channel.push(token))
 
+    def signal(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn()`` in stream order on the stream's worker, not after a context error: how
+        the completion reactor's flags are written on this backend (the device's flag write)."""
+        self.enqueue(fn)
+
     def launch_host_func(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` on the callback thread once prior work is done; the stream waits for it."""
         be = self.backend

@@ -3,12 +3,12 @@ queues (``WorkQueue``: S streams from one host thread; ``ThreadedQueue``: a thre
 
 from .._core._ledger import ExecutionContext
 from . import _terminals  # noqa: F401 - registers submit() with DeviceOp
-from ._await import poll_budget, set_poll_budget
+from ._await import poll_budget, set_poll_budget, set_wait_policy, wait_policy
 from ._future import DeviceFuture
 
 __all__ = [
     "ExecutionContext", "DeviceFuture", "set_poll_budget", "poll_budget",
-    "WorkQueue", "ThreadedQueue", "ItemResult", "QueueStats", "QueueCancelled",
+    "set_wait_policy", "wait_policy", "WorkQueue", "ThreadedQueue", "ItemResult", "QueueStats", "QueueCancelled",
 ]
 
 # the work queues load on first use: every millisecond of import is start-up time

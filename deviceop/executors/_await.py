@@ -1,11 +1,16 @@
-"""``await op`` and ``await future``: a short poll while completion is imminent, then a park.
+"""``await op`` and ``await future``: the completion reactor, with a short poll when completion is imminent.
 
-Polling: query the completion event between bare yields to the event loop, for at most the
-poll budget. A one-kernel op completes inside it, at close to the cost of a blocking sync,
-without blocking the loop. Parking: a host function wakes the loop (see ``_wake``), so long
-GPU work costs no CPU. While parked, the event is also re-checked on a backing-off timer:
-host functions never run once the context has an error, and the re-check turns that into a
-``CudaError`` instead of a hang.
+An awaited execution arms a completion slot on its stream (see ``deviceop._core._reactor``):
+the GPU writes a flag after the work, one scanner thread sees it and wakes the loop through
+its channel. Whether the await also polls in the loop first is learned: when the stream's
+recent executions say completion is due within the poll budget (default 50 µs), the task polls
+between bare yields to the loop, which beats any cross-thread wake-up for a short kernel;
+otherwise it parks at once and costs nothing until the reactor wakes it.
+
+While parked, the event is also re-checked on a backing-off timer: a faulted context never
+writes its flags, and the re-check turns that into a ``CudaError`` (and retires every slot
+armed on that device) instead of a hang. Where every slot is armed, the await falls back to
+the stream's host-function notification.
 
 Cancellation and timeouts raise in the awaiting task at once; the GPU work keeps running and
 is handed to the stream's watcher thread, which keeps its buffers alive and its ledger
@@ -18,25 +23,31 @@ import numbers
 import time
 from typing import Any, Awaitable, Callable
 
+from .._core import _reactor
 from .._core._op import HOOKS, as_stream, refuse_in_capture, start
-from .._errors import SettingError, UsageError
+from .._errors import CudaError, SettingError, UsageError
 from . import _future
 from ._future import DeviceFuture, watch
-from ._wake import arm, current_lib, dispatcher
+from ._wake import current_lib, dispatcher
 
-__all__ = ["await_op", "await_future", "set_poll_budget", "poll_budget"]
+__all__ = ["await_op", "await_future", "set_poll_budget", "poll_budget", "set_wait_policy", "wait_policy"]
 
-#: seconds of polling before parking (measured default: see README, "await")
+#: the longest an await polls in the loop (it polls only when completion is due within it)
 _POLL = [50e-6]
+#: a stream whose durations are not learned yet: poll this long, then park
+_POLL_UNKNOWN = 20e-6
+#: polling goes on this long past the predicted completion before the task parks
+_POLL_SLACK = 20e-6
 #: first and longest interval of the parked re-check
 _RECHECK = (1e-3, 50e-3)
 
 
 def set_poll_budget(seconds: float) -> None:
-    """How long an await polls before it parks (default 50 µs; 0 parks at once).
+    """The longest an await polls in its event loop (default 50 µs; 0: never, park at once).
 
-    Longer budgets shave wake-up latency off medium-length work at the price of CPU time
-    spent polling; the default covers a short kernel with margin.
+    An await polls only when its stream's recent executions say completion is due within this
+    budget (a short kernel), and parks on the completion reactor otherwise. Polling yields to
+    the loop between checks, so other tasks run meanwhile.
     """
     if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 <= float(seconds) <= 1:
         raise SettingError(f"poll budget {seconds!r} s is not accepted; use a number from 0 to 1 second (default 50e-6)")
@@ -46,6 +57,26 @@ def set_poll_budget(seconds: float) -> None:
 def poll_budget() -> float:
     """The current poll budget in seconds (see :func:`set_poll_budget`)."""
     return _POLL[0]
+
+
+def set_wait_policy(policy: str) -> None:
+    """How the completion reactor's scanner waits while awaited work runs.
+
+    ``"adaptive"`` (default): it learns each stream's execution times, sleeps until shortly
+    before the predicted completion and spins briefly around it (well under 1 % of a core while
+    a long op runs). ``"spin"``: it spins while anything is awaited (lowest latency, one core
+    busy meanwhile). ``"block"``: it never polls; each awaited execution ends with a host
+    function that wakes it (slowest wake-ups, no polling CPU). ``DEVICEOP_WAIT_POLICY`` sets it
+    at import. Anything else raises :class:`~deviceop.SettingError`.
+    """
+    if not isinstance(policy, str):
+        raise SettingError(f"wait policy must be one of {_reactor.POLICIES}, got {policy!r}")
+    _reactor.set_policy(policy)
+
+
+def wait_policy() -> str:
+    """The completion reactor's CPU policy (see :func:`set_wait_policy`)."""
+    return _reactor.policy()  # type: ignore[no-any-return]
 
 
 def _yielder(lib: str) -> Callable[[], Awaitable[None]]:
@@ -77,73 +108,91 @@ def _timed_out(what: str, timeout: float) -> TimeoutError:
     )
 
 
-async def _wait(lib: str, done: Callable[[], bool], arm_fn: Callable[[Any, int], None], deadline: float | None,
-                what: str, timeout: float | None, budget: float | None = None) -> None:
-    """Return once ``done()``; ``done`` raises CudaError on a context error. ``lib``: the
-    running loop's library (:func:`current_lib`)."""
-    clock = time.perf_counter
-    if done():
-        return
-    t0 = clock()
-    if budget is None:
-        budget = _POLL[0]
-    if budget:
-        y = _yielder(lib)
-        while True:
-            await y()
-            if done():
-                return
-            now = clock()
-            if now - t0 >= budget:
-                break
-            if deadline is not None and now >= deadline:
-                raise _timed_out(what, timeout)  # type: ignore[arg-type]
+async def _park(lib: str, d: Any, tok: int, done: Callable[[], bool], check: Callable[[], bool],
+                deadline: float | None, cx: Any, timeout: float | None) -> None:
+    """Wait for ``tok`` on ``d``'s channel until ``done()``; ``check()`` (the event) is the
+    re-check that raises CudaError on a context error."""
     import anyio  # imported here: only parked awaits need it, and it costs start-up time
 
-    d = dispatcher(lib)
+    clock = time.perf_counter
     waker = anyio.Event()
-    tok = d.register(waker)
-    try:
-        arm_fn(d, tok)
-        interval = _RECHECK[0]
-        while True:
-            limit = interval
-            if deadline is not None:
-                left = deadline - clock()
-                if left <= 0:
-                    if done():
-                        return
-                    raise _timed_out(what, timeout)  # type: ignore[arg-type]
-                limit = min(limit, left)
-            with anyio.move_on_after(limit):
-                await waker.wait()
-            if done():
-                return
-            if waker.is_set():  # woken, yet not done: the context failed; done() raised above
-                waker = anyio.Event()
-                d.unregister(tok)
-                tok = d.register(waker)
-            interval = min(interval * 2, _RECHECK[1])
-    finally:
-        d.unregister(tok)
+    d.waiters[tok] = waker
+    interval = _RECHECK[0]
+    while True:
+        if done():
+            return
+        limit = interval
+        if deadline is not None:
+            left = deadline - clock()
+            if left <= 0:
+                if check():
+                    return
+                raise _timed_out(cx.describe() if hasattr(cx, "describe") else str(cx), timeout)  # type: ignore[arg-type]
+            limit = min(limit, left)
+        with anyio.move_on_after(limit):
+            await waker.wait()
+        if done() or check():
+            return
+        if waker.is_set():  # woken, yet not done: a context fault retired the slot; check() raised
+            waker = anyio.Event()
+            d.waiters[tok] = waker
+        interval = min(interval * 2, _RECHECK[1])
+
+
+async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: float | None) -> bool:
+    """Yield to the loop and check, for at most ``budget`` seconds; True once ``done()``."""
+    clock = time.perf_counter
+    y = _yielder(lib)
+    t0 = clock()
+    while True:
+        await y()
+        if done():
+            return True
+        now = clock()
+        if now - t0 >= budget or (deadline is not None and now >= deadline):
+            return False
 
 
 async def await_op(op: Any, stream: Any, label: str, timeout: float | None = None, poll: float | None = None) -> Any:
     """Enqueue ``op`` on ``stream``; resume when its work is complete; return its output.
 
-    ``poll``: seconds to poll before parking (default: the global poll budget).
+    ``poll``: seconds to poll in the loop before parking (default: learned, at most the poll
+    budget; see :func:`set_poll_budget`).
     """
     timeout = _check_timeout(timeout)
     lib = current_lib()  # before any work: outside an event loop this raises, whatever the op
     cx, out = start(op, stream, label)
     ev = cx.seal()
     deadline = None if timeout is None else time.perf_counter() + timeout
+    d = dispatcher(lib)
+    tok = d.register(None)
+    h = -1
     try:
-        await _wait(lib, ev.query, lambda d, tok: arm(d, tok, stream, ev), deadline, cx.describe(), timeout, poll)
+        h = _reactor.arm(stream, d.channel, tok)
+        if h < 0:  # every slot is armed: the stream's host function wakes this loop
+            stream.notify(d.channel, tok)
+            done: Callable[[], bool] = ev.query
+        else:
+            done = lambda: _reactor.done(h)  # noqa: E731
+        if not done():
+            if poll is None:
+                rem = _reactor.expected(h) if h >= 0 else -1.0
+                budget = _POLL[0]
+                poll = min(budget, _POLL_UNKNOWN) if rem < 0 else (rem + _POLL_SLACK if rem <= budget else 0.0)
+            if not (poll and await _poll(lib, done, poll, deadline)):
+                await _park(lib, d, tok, done, ev.query, deadline, cx, timeout)
+    except CudaError:
+        _reactor.fail_context(stream.backend)  # wake every await on this device: they fail too
+        watch(stream, ev, cx)
+        raise
     except BaseException:
         # cancelled, timed out or failed: the work may still run; the watcher finishes it
         watch(stream, ev, cx)
         raise
+    finally:
+        d.unregister(tok)
+        if h >= 0 and not _reactor.done(h):
+            _reactor.disown(h)
     cx.finish()
     return out
 
@@ -153,12 +202,16 @@ async def await_future(fut: DeviceFuture[Any], timeout: float | None = None) -> 
     timeout = _check_timeout(timeout)
     lib = current_lib()
     deadline = None if timeout is None else time.perf_counter() + timeout
-
-    def arm_fut(d: Any, tok: int) -> None:
-        ch = d.channel
-        fut.add_done_callback(lambda _f: ch.push(tok))
-
-    await _wait(lib, fut.done, arm_fut, deadline, f"submitted work ({fut._cx.describe()})", timeout)
+    if not fut.done():
+        if not await _poll(lib, fut.done, _POLL[0], deadline):
+            d = dispatcher(lib)
+            tok = d.register(None)
+            ch = d.channel
+            fut.add_done_callback(lambda _f: ch.push(tok))
+            try:
+                await _park(lib, d, tok, fut.done, fut.done, deadline, f"submitted work ({fut._cx.describe()})", timeout)
+            finally:
+                d.unregister(tok)
     return fut.result(0)
 
 

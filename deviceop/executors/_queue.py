@@ -25,9 +25,6 @@ from ._queue_stats import (
 
 __all__ = ["WorkQueue"]
 
-_MAX_POLL = 0.02  # seconds: the adaptive poll's ceiling (longer waits park)
-
-
 def _cancelling() -> bool:
     """True if the running asyncio task is being cancelled (trio cancels through scopes only;
     Python 3.10's tasks do not count their cancellations)."""
@@ -49,12 +46,11 @@ class WorkQueue:
     the whole queue (work already on the GPU completes and keeps its buffers alive).
     ``on_done``: optional ``async f(result)`` awaited in the stream's task after each item
     (post-processing, host work), before the task takes its next item.
-    ``poll``: seconds an item's task polls for completion (yielding to the other tasks between
-    checks) before it parks on a host-function wake-up, at least: the queue polls for up to 3x
-    its recent batch latency (at most 20 ms), since with many streams a batch waits its turn
-    in a deep GPU queue. While several streams are busy, polling costs nothing extra (the loop
-    has other tasks to run between checks) and keeps host functions, and the thread hand-offs
-    they cause, off the streams; an item that runs longer parks and costs no CPU. Default 2 ms.
+    ``poll``: seconds an item's task polls for completion in the loop (yielding to the other
+    tasks between checks) before it parks on the completion reactor; default None: learned,
+    as for any await (it polls only when its stream's recent batches say completion is due
+    within the poll budget, see :func:`~deviceop.set_poll_budget`). A parked task costs no CPU,
+    and the reactor wakes it within microseconds of the GPU's completion flag.
     ``batch``: a task takes up to this many items that are already waiting (it never waits
     for more) and runs them as one execution on its stream, awaiting them together. Results
     and errors stay per item; an item's latency then includes the rest of its batch. When
@@ -63,11 +59,11 @@ class WorkQueue:
     """
 
     def __init__(self, streams: "int | Sequence[Any] | None" = None, capacity: int | None = None,
-                 on_done: Any = None, poll: float = 2e-3, batch: int = 8) -> None:
+                 on_done: Any = None, poll: float | None = None, batch: int = 8) -> None:
         self.batch = check_batch(batch)
-        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0 <= poll <= 1:
-            raise UsageError(f"poll must be 0 to 1 seconds, got {poll!r}")
-        self.poll = float(poll)
+        if poll is not None and (isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0 <= poll <= 1):
+            raise UsageError(f"poll must be None (learned) or 0 to 1 seconds, got {poll!r}")
+        self.poll = None if poll is None else float(poll)
         if on_done is not None and not callable(on_done):
             raise UsageError(f"on_done must be an async callable f(result), got {type(on_done).__name__}")
         self.on_done = on_done
@@ -82,7 +78,6 @@ class WorkQueue:
         self._idle: list[Any] = []
         self._space: list[Any] = []
         self._pending = 0
-        self._lat = 0.0  # moving average of a batch's start-to-completion time (seconds)
         self._closed = False
         self._state = "new"
 
@@ -195,11 +190,7 @@ class WorkQueue:
             ops, run = start_batch(batch, lane, t0, "a WorkQueue")
             try:
                 if run is not None:
-                    # poll for about as long as recent batches took: with many streams the GPU's
-                    # queue is deep and a batch waits its turn; parking then would put host
-                    # functions into every stream and slow them all
-                    budget = min(max(self.poll, 3.0 * self._lat), _MAX_POLL)
-                    settle(ops, await await_op(run, stream, "WorkQueue", None, budget))
+                    settle(ops, await await_op(run, stream, "WorkQueue", None, self.poll))
             except Exception as e:  # the execution failed as a whole (a CUDA error)
                 for r, _ in ops:
                     r.error = r.error or e
@@ -209,7 +200,6 @@ class WorkQueue:
                 raise
             finally:
                 t1 = clock()
-                self._lat += 0.1 * (t1 - t0 - self._lat)
                 for _, r in batch:
                     r.latency_s = t1 - t0
                 busy[lane] += t1 - t0

@@ -1,10 +1,10 @@
-"""Wake-ups for parked awaits: one channel per event loop, woken by host functions.
+"""Wake-ups for parked awaits: one channel per event loop.
 
-A parked await registers a token with its loop's dispatcher and arms a notification through
-its stream (``stream.notify``): on cuda a compiled host function (``cuLaunchHostFunc``; no GIL,
-no CUDA call on the driver's thread) that pushes the token and writes the channel's eventfd; on
-the host backend a host function on its callback thread. The loop watches the
-fd (asyncio/uvloop: ``add_reader``; trio: a system task in ``wait_readable``) and sets the
+An await registers a token with its loop's dispatcher and arms a completion slot with the
+channel (``deviceop._core._reactor``): the reactor's scanner thread pushes the token once the
+GPU has written the slot's flag, writing the channel's eventfd once per batch. (Where no slot
+is free, the stream's host function pushes it: ``stream.notify``.) The loop watches the fd
+(asyncio/uvloop: ``add_reader``; trio: a system task in ``wait_readable``) and sets the
 awaiting task's event. Only this installation differs between event-loop libraries; the
 await path itself is one anyio code path.
 """
@@ -22,7 +22,7 @@ import sniffio
 from .._core._base import Channel
 from .._errors import UsageError
 
-__all__ = ["dispatcher", "arm", "Dispatcher", "current_lib"]
+__all__ = ["dispatcher", "Dispatcher", "current_lib"]
 
 
 def current_lib() -> str:
@@ -127,12 +127,6 @@ async def _trio_pump(d: Dispatcher, token: Any) -> None:
     finally:
         with _lock:
             _trio.pop(token, None)
-
-
-def arm(d: Dispatcher, tok: int, stream: Any, event: Any) -> None:
-    """Push ``tok`` to ``d`` once ``stream`` passes ``event`` (recorded on it)."""
-    # a failure to arm means the context is failing: the parked re-check reports it
-    stream.notify(d.channel, tok)
 
 
 def stats() -> dict[str, int]:

@@ -69,7 +69,7 @@ static void unref_record(record_t *r) {  // with ev_mu held
     if (r && --r->refs == 0) free(r);
 }
 
-enum { W_KERNEL, W_MEMSET, W_COPY, W_FREE, W_RECORD, W_WAIT, W_HOSTFN };
+enum { W_KERNEL, W_MEMSET, W_COPY, W_FREE, W_RECORD, W_WAIT, W_HOSTFN, W_WRITE32 };
 typedef struct work {
     int kind;
     func_t *fn;
@@ -157,6 +157,9 @@ static void run_work(const work_t *w) {
     case W_HOSTFN:
         if (!sticky) w->hostfn(w->data);  // as on CUDA: none after a context error
         return;
+    case W_WRITE32:  // a stream memory operation: the device writes, nobody is woken
+        if (!sticky) __atomic_store_n((uint32_t *)w->dst, w->value, __ATOMIC_RELEASE);
+        return;
     }
 }
 
@@ -164,6 +167,7 @@ static void run_work(const work_t *w) {
 // missing cross-stream dependency shows up as a wrong result
 static unsigned chaos_us;
 static int inline_mode;  // DEVICEOP_STUB_INLINE=1
+static int no_memops;    // DEVICEOP_STUB_NO_MEMOPS=1: stream memory operations are unsupported
 
 static void *worker(void *arg) {
     stream_t *s = arg;
@@ -193,7 +197,7 @@ static CUresult submit(void *hstream, const work_t *w) {
     stream_t *s = hstream;
     if (!s) return E_INVALID_VALUE;  // deviceop never uses the legacy stream
     if (s->capturing) {
-        if (w->kind == W_RECORD || w->kind == W_WAIT || w->kind == W_HOSTFN || w->kind == W_FREE)
+        if (w->kind == W_RECORD || w->kind == W_WAIT || w->kind == W_HOSTFN || w->kind == W_FREE || w->kind == W_WRITE32)
             return E_CAPTURE_INVALIDATED;  // not recorded by deviceop's graphs
         return push_work(s->capture, w);
     }
@@ -221,6 +225,8 @@ CUresult cuInit(unsigned flags) {
     chaos_us = c ? (unsigned)strtoul(c, NULL, 10) : 0;
     const char *i = getenv("DEVICEOP_STUB_INLINE");
     inline_mode = i && strcmp(i, "1") == 0;
+    const char *m = getenv("DEVICEOP_STUB_NO_MEMOPS");
+    no_memops = m && strcmp(m, "1") == 0;
     return OK;
 }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
@@ -394,6 +400,21 @@ CUresult cuEventSynchronize(void *hev) {
     }
     pthread_mutex_unlock(&ev_mu);
     return sticky;
+}
+// host memory the device may write: device memory is host memory here, so the address is the same
+CUresult cuMemHostRegister(void *p, size_t n, unsigned flags) { return p ? OK : E_INVALID_VALUE; }
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) { return cuMemHostRegister(p, n, flags); }
+CUresult cuMemHostUnregister(void *p) { return OK; }
+CUresult cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned flags) { *d = (CUdeviceptr)p; return OK; }
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) { return cuMemHostGetDevicePointer(d, p, flags); }
+CUresult cuStreamWriteValue32(void *s, CUdeviceptr addr, uint32_t value, unsigned flags) {
+    if (sticky) return sticky;
+    if (no_memops) return 801;  // CUDA_ERROR_NOT_SUPPORTED
+    work_t w = {.kind = W_WRITE32, .dst = addr, .value = value};
+    return submit(s, &w);
+}
+CUresult cuStreamWriteValue32_v2(void *s, CUdeviceptr addr, uint32_t value, unsigned flags) {
+    return cuStreamWriteValue32(s, addr, value, flags);
 }
 CUresult cuLaunchHostFunc(void *s, void (*fn)(void *), void *data) {
     work_t w = {.kind = W_HOSTFN, .hostfn = fn, .data = data};

@@ -1,0 +1,641 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The completion reactor: the GPU writes a flag, one scanner thread wakes the event loops.
+
+An awaited execution arms a *slot*: the stream writes the slot's sequence number into a table
+of host memory the device can write (``cuStreamWriteValue32``), in stream order, after the
+execution's work. One scanner thread per process watches the armed slots with plain memory
+loads (no GIL, no driver call), and pushes each completed slot's token to its event loop's
+channel; a channel's eventfd is written once per batch of completions (the channel coalesces).
+
+When to look is learned: per stream, the reactor keeps an estimate of how long an armed
+execution takes from the moment it can start (armed, or the previous armed execution on that
+stream predicted done), sleeps until shortly before the predicted completion, spins briefly
+around it, and backs off (intervals of an eighth of the time waited, at most 1 ms) once it is
+late. With nothing armed the scanner parks. The CPU policy (:func:`set_policy`):
+
+- ``"adaptive"`` (default): as above; a 200 ms op costs well under 1 % of a core.
+- ``"spin"``: the scanner spins while anything is armed (lowest latency; a core while busy).
+- ``"block"``: no polling at all: the stream runs a host function that writes the flag and
+  wakes the scanner (the driver's thread wakes on the GPU's interrupt; slower wake-ups).
+
+Host functions are also the fallback where the device cannot write the table (stream memory
+operations unsupported, or the table cannot be registered), and the host backend's streams
+write the flag from their worker thread. When every slot is armed, :func:`arm` returns -1 and
+the caller uses the stream's own host-function notification instead.
+
+A context fault stops the device's writes: :func:`fail_context` retires every slot armed on
+that device and wakes its waiters (who then see the ``CudaError``); its slots are not reused.
+"""
+
+from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
+from libc.stdlib cimport malloc, calloc, free
+from libc.string cimport memset
+from cpython.exc cimport PyErr_SetFromErrno
+
+from ._base cimport (
+    Channel, Driver, chan_push, chan_t, chan_unref, make_current, pthread_mutex_t, pthread_mutex_init,
+    pthread_mutex_lock, pthread_mutex_unlock,
+)
+
+import os
+
+__all__ = [
+    "arm", "done", "expected", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
+    "Signal", "POLICIES",
+]
+
+cdef extern from *:
+    """
+    #include <time.h>
+    #include <pthread.h>
+    #include <sys/prctl.h>
+    #include <stdint.h>
+    static inline uint32_t dvo_load32(uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void dvo_store32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline int64_t dvo_now_ns(void) {
+        struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    }
+    static inline void dvo_relax(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+    #elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+    #endif
+    }
+    static pthread_cond_t dvo_cv;
+    static int dvo_cv_init(void) {
+        pthread_condattr_t a;
+        if (pthread_condattr_init(&a)) return -1;
+        if (pthread_condattr_setclock(&a, CLOCK_MONOTONIC)) return -1;
+        return pthread_cond_init(&dvo_cv, &a);
+    }
+    static int dvo_cv_wait(pthread_mutex_t *mu, int64_t until_ns) {
+        if (until_ns <= 0) return pthread_cond_wait(&dvo_cv, mu);
+        struct timespec ts = {until_ns / 1000000000LL, until_ns % 1000000000LL};
+        return pthread_cond_timedwait(&dvo_cv, mu, &ts);
+    }
+    static void dvo_cv_signal(void) { pthread_cond_signal(&dvo_cv); }
+    static void dvo_timer_slack(void) { prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); }
+    typedef void *(*dvo_thread_fn)(void *);
+    static int dvo_start_thread(dvo_thread_fn fn) {
+        pthread_t t; pthread_attr_t a;
+        if (pthread_attr_init(&a)) return -1;
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        int r = pthread_create(&t, &a, fn, NULL);
+        pthread_attr_destroy(&a);
+        return r;
+    }
+    static void (*dvo_child_hook)(void);
+    static void dvo_atfork_child(void) { if (dvo_child_hook) dvo_child_hook(); }
+    static int dvo_register_atfork(void (*fn)(void)) {
+        dvo_child_hook = fn;
+        return pthread_atfork(NULL, NULL, dvo_atfork_child);
+    }
+    """
+    uint32_t dvo_load32(uint32_t* p) nogil
+    void dvo_store32(uint32_t* p, uint32_t v) nogil
+    int64_t dvo_now_ns() nogil
+    void dvo_relax() nogil
+    int dvo_cv_init() nogil
+    int dvo_cv_wait(pthread_mutex_t* mu, int64_t until_ns) nogil
+    void dvo_cv_signal() nogil
+    void dvo_timer_slack() nogil
+    ctypedef void* (*dvo_thread_fn)(void*) noexcept nogil
+    int dvo_start_thread(dvo_thread_fn fn) nogil
+    int dvo_register_atfork(void (*fn)() noexcept nogil) nogil
+
+cdef extern from "<stdlib.h>" nogil:
+    int posix_memalign(void** p, size_t align, size_t n)
+
+cdef enum:
+    ADAPTIVE = 0
+    SPIN = 1
+    BLOCK = 2
+POLICIES = ("adaptive", "spin", "block")
+
+cdef enum:
+    # nanoseconds
+    SPIN_UNKNOWN = 20000      # an execution of a stream not yet measured: spin this long first
+    LEAD_BASE = 10000         # wake this much before the predicted completion (+ est/256)
+    LATE_BASE = 20000         # keep spinning this long after it (+ est/128), then back off
+    BACKOFF_MIN = 20000
+    BACKOFF_MAX = 1000000
+    NPRED = 256               # streams whose durations are learned (a small hash table)
+    NOT_SUPPORTED = 801       # CUDA_ERROR_NOT_SUPPORTED
+
+cdef struct entry_t:
+    uint32_t slot
+    uint32_t seq
+    chan_t* chan       # NULL once nobody waits (cancelled, timed out)
+    uint64_t token
+    uint64_t key       # the stream's handle: what durations are learned by
+    uint64_t ctx       # the device: what a context fault retires
+    int64_t start      # when the work is expected to start (armed, or the stream's previous due)
+    int64_t due        # predicted completion (0: unknown)
+    int64_t wake       # when the scanner looks next
+    int64_t hot_until  # spin (look continuously) until then once wake has passed
+
+cdef struct pred_t:
+    uint64_t key
+    int64_t est        # learned duration (0: unknown)
+    int64_t tail       # predicted completion of the last armed entry on this stream
+    int64_t pending
+
+cdef struct hostfn_t:
+    uint32_t slot
+    uint32_t seq
+
+# the table (allocated once per process; never freed: the device may hold its address)
+cdef uint32_t* FLAGS = NULL
+cdef uint32_t* SEQ = NULL
+cdef uint32_t* FREE = NULL
+cdef int NFREE = 0
+cdef int NSLOTS = 0
+cdef entry_t* E = NULL
+cdef int N = 0
+cdef pred_t PRED[NPRED]
+cdef pthread_mutex_t MU
+cdef bint READY = False
+cdef bint STARTED = False
+cdef int64_t SLEEPING = 0      # the scanner sleeps until then (-1: parked); 0: awake
+cdef int POLICY = ADAPTIVE
+# device registration of the table (one, PORTABLE, serves every context)
+cdef bint REGISTERED = False
+cdef bint MEMOPS = True        # False once the device refused the write or the registration
+cdef uintptr_t DADDR = 0
+# counters
+cdef uint64_t C_ARMED = 0, C_DONE = 0, C_MEMOP = 0, C_HOSTFN = 0, C_HOST = 0, C_EXHAUSTED = 0
+cdef uint64_t C_PASSES = 0, C_SLEEPS = 0, C_PARKS = 0, C_FAILED = 0, C_QUARANTINED = 0
+
+
+cdef int _slots_wanted() except -1:
+    v = os.environ.get("DEVICEOP_REACTOR_SLOTS", "").strip()
+    if not v:
+        return 4096
+    try:
+        n = int(v)
+    except ValueError:
+        n = -1
+    if not 1 <= n <= 1 << 20:
+        from .._errors import SettingError
+        raise SettingError(f"DEVICEOP_REACTOR_SLOTS={v!r} is not accepted; use a whole number of slots from 1 to 1048576 (default 4096)")
+    return n
+
+
+cdef int _init() except -1:
+    global FLAGS, SEQ, FREE, NFREE, NSLOTS, E, READY
+    cdef int n = _slots_wanted()
+    cdef void* p = NULL
+    cdef size_t nbytes = ((<size_t>n * 4 + 4095) // 4096) * 4096
+    if posix_memalign(&p, 4096, nbytes) != 0:
+        raise MemoryError("deviceop's completion table: out of memory")
+    memset(p, 0, nbytes)
+    FLAGS = <uint32_t*>p
+    SEQ = <uint32_t*>calloc(n, 4)
+    FREE = <uint32_t*>malloc(n * 4)
+    E = <entry_t*>calloc(n, sizeof(entry_t))
+    if SEQ == NULL or FREE == NULL or E == NULL:
+        raise MemoryError("deviceop's completion table: out of memory")
+    for i in range(n):
+        FREE[i] = n - 1 - i
+    NFREE = n
+    NSLOTS = n
+    memset(PRED, 0, sizeof(PRED))
+    pthread_mutex_init(&MU, NULL)
+    if dvo_cv_init() != 0:
+        PyErr_SetFromErrno(OSError)
+    if dvo_register_atfork(_after_fork_child) != 0:
+        PyErr_SetFromErrno(OSError)
+    READY = True
+    return 0
+
+
+cdef void _after_fork_child() noexcept nogil:
+    # the scanner thread is the parent's; the parent's armed work never completes here
+    global N, NFREE, STARTED, SLEEPING, REGISTERED, MEMOPS, DADDR
+    cdef int i
+    pthread_mutex_init(&MU, NULL)
+    dvo_cv_init()
+    N = 0
+    for i in range(NSLOTS):
+        FREE[i] = NSLOTS - 1 - i
+    NFREE = NSLOTS
+    memset(PRED, 0, sizeof(PRED))
+    STARTED = False
+    SLEEPING = 0
+    REGISTERED = False
+    MEMOPS = True
+    DADDR = 0
+
+
+cdef pred_t* _pred(uint64_t key) noexcept nogil:
+    cdef uint64_t h = (key * <uint64_t>0x9E3779B97F4A7C15) >> 56
+    cdef int i, j
+    for i in range(8):
+        j = <int>((h + i) & (NPRED - 1))
+        if PRED[j].key == key:
+            return &PRED[j]
+        if PRED[j].key == 0:
+            PRED[j].key = key
+            return &PRED[j]
+    j = <int>(h & (NPRED - 1))  # full neighbourhood: take over the first (an estimate is lost)
+    memset(&PRED[j], 0, sizeof(pred_t))
+    PRED[j].key = key
+    return &PRED[j]
+
+
+cdef void _learn(entry_t* e, int64_t now) noexcept nogil:
+    cdef pred_t* p = _pred(e.key)
+    cdef int64_t d = now - e.start
+    if p.pending > 0:
+        p.pending -= 1
+    if p.pending == 0:
+        p.tail = 0
+    if d <= 0:
+        return
+    # an observation is an upper bound (the scanner may have looked late): follow it down
+    # quickly and up slowly
+    if p.est == 0:
+        p.est = d
+    elif d < p.est:
+        p.est = (p.est + d) // 2
+    else:
+        p.est += (d - p.est) // 8
+
+
+cdef void _kick() noexcept nogil:
+    pthread_mutex_lock(&MU)
+    if SLEEPING != 0:
+        dvo_cv_signal()
+    pthread_mutex_unlock(&MU)
+
+
+cdef void _hostfn_cb(void* ud) noexcept nogil:
+    # on the driver's thread: no GIL, no CUDA call
+    cdef hostfn_t* h = <hostfn_t*>ud
+    dvo_store32(&FLAGS[h.slot], h.seq)
+    free(h)
+    _kick()
+
+
+cdef void* _scan_main(void* arg) noexcept nogil:
+    global N, NFREE, SLEEPING, C_DONE, C_PASSES, C_SLEEPS, C_PARKS
+    cdef chan_t** bc = <chan_t**>malloc(NSLOTS * sizeof(chan_t*))
+    cdef uint64_t* bt = <uint64_t*>malloc(NSLOTS * sizeof(uint64_t))
+    cdef int64_t now, next_wake, iv
+    cdef int i, j, nb, k
+    cdef bint hot
+    cdef entry_t* e
+    if bc == NULL or bt == NULL:
+        return NULL  # arm() sees the scanner did not start: awaits fall back to their re-check
+    dvo_timer_slack()  # timed sleeps end within a microsecond of the deadline, not 50
+    pthread_mutex_lock(&MU)
+    while True:
+        if N == 0:
+            SLEEPING = -1
+            C_PARKS += 1
+            dvo_cv_wait(&MU, 0)
+            SLEEPING = 0
+            continue
+        C_PASSES += 1
+        now = dvo_now_ns()
+        nb = 0
+        hot = False
+        next_wake = 0
+        i = 0
+        while i < N:
+            e = &E[i]
+            if dvo_load32(&FLAGS[e.slot]) == e.seq:
+                _learn(e, now)
+                if e.chan != NULL:
+                    bc[nb] = e.chan
+                    bt[nb] = e.token
+                    nb += 1
+                FREE[NFREE] = e.slot
+                NFREE += 1
+                N -= 1
+                E[i] = E[N]
+                continue
+            if POLICY == SPIN:
+                hot = True
+            elif POLICY == ADAPTIVE:
+                if now >= e.wake:
+                    if now < e.hot_until:
+                        hot = True
+                    else:  # late: look again after an eighth of the time waited so far
+                        iv = (now - e.start) // 8
+                        if iv < BACKOFF_MIN:
+                            iv = BACKOFF_MIN
+                        elif iv > BACKOFF_MAX:
+                            iv = BACKOFF_MAX
+                        e.wake = now + iv
+                if not hot and (next_wake == 0 or e.wake < next_wake):
+                    next_wake = e.wake
+            i += 1
+        C_DONE += nb
+        if nb:
+            pthread_mutex_unlock(&MU)
+            for j in range(nb):
+                chan_push(bc[j], bt[j])  # writes the eventfd only when the channel was empty
+                chan_unref(bc[j])
+            pthread_mutex_lock(&MU)
+            continue
+        if hot:
+            pthread_mutex_unlock(&MU)
+            for k in range(32):
+                dvo_relax()
+            pthread_mutex_lock(&MU)
+            continue
+        # BLOCK: only a host function's kick wakes the scanner
+        SLEEPING = next_wake if POLICY == ADAPTIVE and next_wake > 0 else -1
+        C_SLEEPS += 1
+        dvo_cv_wait(&MU, SLEEPING if SLEEPING > 0 else 0)
+        SLEEPING = 0
+    return NULL
+
+
+cdef class Signal:
+    """Completes one armed slot when called: what a host backend's stream runs in stream order."""
+
+    cdef uint32_t slot
+    cdef uint32_t seq
+
+    def __call__(self):
+        dvo_store32(&FLAGS[self.slot], self.seq)
+        _kick()
+
+
+cdef int _claim(uint32_t* slot, uint32_t* seq) except -1:
+    """A free slot and its next sequence number; 0 if every slot is armed."""
+    global NFREE, STARTED
+    if not READY:
+        _init()
+    pthread_mutex_lock(&MU)
+    if not STARTED:
+        if dvo_start_thread(_scan_main) != 0:
+            pthread_mutex_unlock(&MU)
+            PyErr_SetFromErrno(OSError)
+        STARTED = True
+    if NFREE == 0:
+        pthread_mutex_unlock(&MU)
+        return 0
+    NFREE -= 1
+    slot[0] = FREE[NFREE]
+    SEQ[slot[0]] += 1
+    if SEQ[slot[0]] == 0:  # 0 is what an unused slot holds
+        SEQ[slot[0]] = 1
+    seq[0] = SEQ[slot[0]]
+    pthread_mutex_unlock(&MU)
+    return 1
+
+
+cdef void _unclaim(uint32_t slot) noexcept nogil:
+    global NFREE
+    pthread_mutex_lock(&MU)
+    FREE[NFREE] = slot
+    NFREE += 1
+    pthread_mutex_unlock(&MU)
+
+
+cdef int _write(Driver d, uintptr_t stream, uint32_t slot, uint32_t seq) except -1:
+    """Enqueue the flag write on a driver's stream: a memory operation, else a host function."""
+    global REGISTERED, MEMOPS, DADDR, C_MEMOP, C_HOSTFN
+    cdef int err
+    cdef hostfn_t* h
+    make_current(d)
+    if MEMOPS and POLICY != BLOCK and d.write_value32 != NULL:
+        if not REGISTERED:
+            err = d.host_register(FLAGS, ((<size_t>NSLOTS * 4 + 4095) // 4096) * 4096, &DADDR)
+            if err:
+                MEMOPS = False  # the table cannot be mapped: host functions from now on
+            REGISTERED = True
+        if MEMOPS:
+            err = d.write_value32(<void*>stream, DADDR + 4 * slot, seq)
+            if not err:
+                C_MEMOP += 1
+                return 0
+            if err != NOT_SUPPORTED:
+                raise d.error(err, "cuStreamWriteValue32")
+            MEMOPS = False
+    h = <hostfn_t*>malloc(sizeof(hostfn_t))
+    if h == NULL:
+        raise MemoryError()
+    h.slot = slot
+    h.seq = seq
+    err = d.host_func(<void*>stream, _hostfn_cb, h)
+    if err:
+        free(h)
+        raise d.error(err, "cuLaunchHostFunc")
+    C_HOSTFN += 1
+    return 0
+
+
+def arm(stream, Channel ch, uint64_t token):
+    """Arm a slot after the work enqueued on ``stream`` so far: once the stream passes this
+    point, ``token`` is pushed to ``ch``. Returns the slot's handle, or -1 if every slot is
+    armed (use the stream's own notification then)."""
+    global N, C_ARMED, C_HOST, C_EXHAUSTED
+    cdef uint32_t slot = 0, seq = 0
+    cdef Signal sig
+    cdef object be = stream.backend
+    cdef object drv = be.driver
+    cdef uint64_t key = <uint64_t>stream.handle_int
+    cdef int64_t now, start, est
+    cdef pred_t* p
+    cdef entry_t* e
+    if not _claim(&slot, &seq):
+        C_EXHAUSTED += 1
+        return -1
+    try:
+        if drv is not None:
+            _write(<Driver>drv, <uintptr_t>stream.handle_int, slot, seq)
+        else:
+            sig = Signal.__new__(Signal)
+            sig.slot = slot
+            sig.seq = seq
+            stream.signal(sig)
+            C_HOST += 1
+    except BaseException:
+        _unclaim(slot)
+        raise
+    cdef chan_t* c = ch.ref()
+    pthread_mutex_lock(&MU)
+    now = dvo_now_ns()
+    p = _pred(key)
+    start = p.tail if p.pending > 0 and p.tail > now else now
+    est = p.est
+    e = &E[N]
+    N += 1
+    e.slot = slot
+    e.seq = seq
+    e.chan = c
+    e.token = token
+    e.key = key
+    e.ctx = <uint64_t>id(be)
+    e.start = start
+    if est > 0:
+        e.due = start + est
+        e.wake = e.due - LEAD_BASE - est // 256
+        e.hot_until = e.due + LATE_BASE + est // 128
+        p.tail = e.due
+    else:
+        e.due = 0
+        e.wake = now
+        e.hot_until = now + SPIN_UNKNOWN
+        p.tail = now
+    p.pending += 1
+    C_ARMED += 1
+    if SLEEPING == -1 or (SLEEPING > 0 and e.wake < SLEEPING):
+        dvo_cv_signal()
+    pthread_mutex_unlock(&MU)
+    return (<uint64_t>slot << 32) | seq
+
+
+def done(uint64_t handle):
+    """True once the slot's flag was written (the work before it completed)."""
+    cdef uint32_t slot = <uint32_t>(handle >> 32)
+    if slot >= <uint32_t>NSLOTS:
+        raise ValueError(f"not a reactor handle: {handle}")
+    return dvo_load32(&FLAGS[slot]) == <uint32_t>(handle & 0xFFFFFFFF)
+
+
+def expected(uint64_t handle):
+    """Seconds until the armed work is predicted to complete (0 if overdue); -1.0 if this
+    stream's durations are not known yet or the slot is no longer armed."""
+    cdef uint32_t slot = <uint32_t>(handle >> 32)
+    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
+    cdef int i
+    cdef double r = -1.0
+    cdef int64_t now
+    pthread_mutex_lock(&MU)
+    for i in range(N):
+        if E[i].slot == slot and E[i].seq == seq:
+            if E[i].due:
+                now = dvo_now_ns()
+                r = (E[i].due - now) * 1e-9 if E[i].due > now else 0.0
+            break
+    pthread_mutex_unlock(&MU)
+    return r
+
+
+def disown(uint64_t handle):
+    """Nobody waits for this slot any more (cancelled, timed out): its token is not pushed.
+    The slot stays armed until the device writes it, so it is never reused early."""
+    cdef uint32_t slot = <uint32_t>(handle >> 32)
+    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
+    cdef chan_t* c = NULL
+    cdef int i
+    if not READY:
+        return
+    pthread_mutex_lock(&MU)
+    for i in range(N):
+        if E[i].slot == slot and E[i].seq == seq:
+            c = E[i].chan
+            E[i].chan = NULL
+            break
+    pthread_mutex_unlock(&MU)
+    if c != NULL:
+        chan_unref(c)
+
+
+def fail_context(backend):
+    """``backend``'s context failed: retire every slot armed on it and wake their waiters (who
+    then see the error). Those slots are not reused: the device never wrote them."""
+    global N, C_FAILED, C_QUARANTINED
+    cdef uint64_t ctx = <uint64_t>id(backend)
+    cdef int i = 0, nb = 0, j
+    cdef chan_t** bc
+    cdef uint64_t* bt
+    if not READY:
+        return 0
+    bc = <chan_t**>malloc(NSLOTS * sizeof(chan_t*))
+    bt = <uint64_t*>malloc(NSLOTS * sizeof(uint64_t))
+    if bc == NULL or bt == NULL:
+        free(bc)
+        free(bt)
+        raise MemoryError()
+    pthread_mutex_lock(&MU)
+    while i < N:
+        if E[i].ctx == ctx:
+            if E[i].chan != NULL:
+                bc[nb] = E[i].chan
+                bt[nb] = E[i].token
+                nb += 1
+            _learn(&E[i], 0)
+            C_QUARANTINED += 1
+            N -= 1
+            E[i] = E[N]
+            continue
+        i += 1
+    C_FAILED += nb
+    pthread_mutex_unlock(&MU)
+    for j in range(nb):
+        chan_push(bc[j], bt[j])
+        chan_unref(bc[j])
+    free(bc)
+    free(bt)
+    return nb
+
+
+def set_policy(str name):
+    """How the scanner waits while work is armed: ``"adaptive"`` (default), ``"spin"`` or
+    ``"block"`` (see the module docstring). Slots armed already keep their mode of writing."""
+    global POLICY
+    if name not in POLICIES:
+        from .._errors import SettingError
+        raise SettingError(f"wait policy {name!r} is not one of {POLICIES}; the default is 'adaptive'")
+    if not READY:
+        _init()
+    pthread_mutex_lock(&MU)
+    POLICY = POLICIES.index(name)
+    dvo_cv_signal()
+    pthread_mutex_unlock(&MU)
+
+
+def policy():
+    """The scanner's CPU policy (see :func:`set_policy`)."""
+    return POLICIES[POLICY]
+
+
+def capacity():
+    """The number of slots (``DEVICEOP_REACTOR_SLOTS``, default 4096)."""
+    if not READY:
+        _init()
+    return NSLOTS
+
+
+def stats():
+    """Counters: slots armed and completed, by how the flag was written, fallbacks, the
+    scanner's passes, sleeps and parks, and what is armed now."""
+    if not READY:
+        _init()
+    pthread_mutex_lock(&MU)
+    out = {
+        "armed": C_ARMED, "completed": C_DONE, "memop": C_MEMOP, "host_function": C_HOSTFN,
+        "host_stream": C_HOST, "exhausted": C_EXHAUSTED, "failed": C_FAILED, "quarantined": C_QUARANTINED,
+        "passes": C_PASSES, "sleeps": C_SLEEPS, "parks": C_PARKS, "pending": N, "free": NFREE,
+        "slots": NSLOTS, "policy": POLICIES[POLICY], "memops": bool(MEMOPS), "scanner": bool(STARTED),
+    }
+    pthread_mutex_unlock(&MU)
+    return out
+
+
+def _estimates():
+    """Learned durations in seconds, by stream handle (diagnostics and tests)."""
+    cdef int i
+    out = {}
+    pthread_mutex_lock(&MU)
+    for i in range(NPRED):
+        if PRED[i].key and PRED[i].est:
+            out[PRED[i].key] = PRED[i].est * 1e-9
+    pthread_mutex_unlock(&MU)
+    return out
+
+
+_env = os.environ.get("DEVICEOP_WAIT_POLICY", "").strip()
+if _env:
+    if _env not in POLICIES:
+        from .._errors import SettingError
+        raise SettingError(f"DEVICEOP_WAIT_POLICY={_env!r} is not accepted; use one of {POLICIES} (default 'adaptive')")
+    set_policy(_env)

@@ -1,0 +1,367 @@
+"""The completion reactor behind ``await``: flags written in stream order, one scanner thread.
+
+On the host backend the stream's worker writes the flag; on cuda (the stub driver in CI) the
+stream writes it with ``cuStreamWriteValue32`` and nobody wakes the scanner, so its polling,
+learning and back-off are what these tests exercise there. Host functions are the fallback
+(no stream memory operations, the ``block`` policy), and the stream's own notification is the
+fallback when every slot is armed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+import deviceop as do
+from deviceop._core import _reactor
+
+from conftest import STUB_DRIVER
+from helpers import pool_of, slow_fill
+
+K = do.kernels
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def policy():
+    """Restore the default policy after a test that changes it."""
+    yield
+    do.set_wait_policy("adaptive")
+
+
+def _run(script: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    e.update(env or {})
+    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=e, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _backend_env(backend: str) -> dict[str, str]:
+    return {"DEVICEOP_BACKEND": backend}
+
+
+_PRELUDE = """
+import asyncio, os, sys, time
+import numpy as np
+sys.path.insert(0, os.path.join(%r, "tests"))
+import deviceop as do
+if os.environ.get("DEVICEOP_STUB_DRIVER") == "1":
+    from stub_driver import emulate
+    emulate.install()
+from deviceop._core import _reactor
+from helpers import slow_fill
+K = do.kernels
+""" % ROOT
+
+
+async def _many(n: int, seconds: float = 0.0) -> list[float]:
+    """``n`` concurrent awaits over the pool's streams, each filling its own tensor; their values."""
+    streams = do.streams()
+    ts = [await do.zeros(256, do.float32).wait(stream=streams[i % len(streams)]) for i in range(n)]
+
+    async def one(i: int) -> None:
+        s = streams[i % len(streams)]
+        if seconds:
+            await slow_fill(ts[i], float(i), seconds).wait(stream=s)
+        else:
+            await K.fill(ts[i].partition((128,)), float(i)).wait(stream=s)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(one, i)
+    return [float(t.numpy()[-1]) for t in ts]
+
+
+# -- behaviour -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["adaptive", "spin", "block"])
+def test_every_policy_completes_concurrent_awaits(backend, name, policy) -> None:
+    do.set_wait_policy(name)
+    assert do.wait_policy() == name
+    before = _reactor.stats()
+    libs = ["asyncio", "trio"]
+    try:
+        import trio  # noqa: F401
+    except ImportError:
+        libs = ["asyncio", "asyncio"]
+    for lib in libs:
+        assert anyio.run(_many, 40, backend=lib) == [float(i) for i in range(40)]
+    after = _reactor.stats()
+    assert after["armed"] - before["armed"] >= 80
+    assert after["pending"] == 0
+    if backend == "cuda" and name == "block":
+        assert after["host_function"] - before["host_function"] >= 80  # block: a host function wakes it
+    if backend == "cuda" and name != "block":
+        assert after["memop"] - before["memop"] >= 80  # the stream writes the flag itself
+    if backend == "host":
+        assert after["host_stream"] - before["host_stream"] >= 80
+
+
+def test_slots_come_back(backend) -> None:
+    free = _reactor.stats()["free"]
+    asyncio.run(_many(64))
+    deadline = time.monotonic() + 10
+    while _reactor.stats()["free"] != free and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _reactor.stats()["free"] == free
+
+
+def test_durations_are_learned_and_long_waits_sleep(backend) -> None:
+    """Awaits of ~30 ms ops on one stream: the estimate converges, the scanner sleeps (it does
+    not spin for the whole wait), and the process spends a small share of a core."""
+    s = do.streams()[0]
+
+    async def main() -> float:
+        t = await do.zeros(128, do.float32).wait(stream=s)
+        for _ in range(3):
+            await slow_fill(t, 1.0, 0.03).wait(stream=s)
+        c0, w0 = time.process_time(), time.perf_counter()
+        for _ in range(5):
+            await slow_fill(t, 2.0, 0.03).wait(stream=s)
+        return (time.process_time() - c0) / (time.perf_counter() - w0)
+
+    sleeps = _reactor.stats()["sleeps"]
+    cpu = asyncio.run(main())
+    est = _reactor._estimates().get(s.handle_int)
+    assert est is not None and 0.015 < est < 0.1, est
+    assert _reactor.stats()["sleeps"] > sleeps
+    assert cpu < 0.25, f"{cpu:.0%} of a core while awaiting 30 ms ops"
+
+
+def test_spin_policy_burns_what_adaptive_saves(backend, policy) -> None:
+    """The CPU figure above can fail: the spin policy keeps the scanner busy for the whole wait."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs two cores: the spinning scanner and the loop")
+    s = do.streams()[0]
+
+    async def main() -> float:
+        t = await do.zeros(128, do.float32).wait(stream=s)
+        c0, w0 = time.process_time(), time.perf_counter()
+        await slow_fill(t, 1.0, 0.15).wait(stream=s)
+        return (time.process_time() - c0) / (time.perf_counter() - w0)
+
+    do.set_wait_policy("spin")
+    spin = asyncio.run(main())
+    do.set_wait_policy("adaptive")
+    adaptive = asyncio.run(main())
+    assert spin > 0.5 and adaptive < 0.25, (spin, adaptive)
+
+
+def test_awaits_from_several_loops_in_threads(backend) -> None:
+    """One reactor serves every loop: four threads, each with its own loop, share it."""
+    pool = pool_of(4)
+    out: dict[int, list[float]] = {}
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        async def main() -> list[float]:
+            t = await do.zeros(256, do.float32).wait(stream=pool[k])
+            vals = []
+            for i in range(30):
+                await K.fill(t.partition((128,)), float(k * 100 + i)).wait(stream=pool[k])
+                vals.append(float(t.numpy()[0]))
+            return vals
+
+        try:
+            out[k] = asyncio.run(main())
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert all(out[k] == [float(k * 100 + i) for i in range(30)] for k in range(4))
+
+
+def test_cancelled_await_gives_its_slot_back_once_done(backend) -> None:
+    s = do.streams()[1]
+
+    async def main() -> None:
+        t = await do.zeros(128, do.float32).wait(stream=s)
+        with anyio.move_on_after(0.02):
+            await slow_fill(t, 5.0, 0.2).wait(stream=s)
+        assert _reactor.stats()["pending"] >= 1  # still armed: the GPU has not written it
+        await do.value(t).then(lambda x: K.scale(x.partition((128,)), x, 2.0)).wait(stream=s)
+        assert float(t.numpy()[0]) == 10.0  # ordered after the cancelled fill
+
+    free = _reactor.stats()["free"]
+    asyncio.run(main())
+    deadline = time.monotonic() + 10
+    while _reactor.stats()["free"] != free and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _reactor.stats()["free"] == free
+
+
+def test_timeout_then_await_again(backend) -> None:
+    async def main() -> float:
+        t = await do.zeros(128, do.float32)
+        fut = slow_fill(t, 7.0, 0.1).submit()
+        with pytest.raises(TimeoutError):
+            await fut.wait(timeout=0.01)
+        await fut
+        return float(t.numpy()[0])
+
+    assert asyncio.run(main()) == 7.0
+
+
+# -- fallbacks -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend_name", ["host", "cuda"])
+def test_slot_exhaustion_falls_back_to_host_functions(backend_name) -> None:
+    if backend_name == "cuda" and not STUB_DRIVER:
+        pytest.skip("runs the cuda backend on the stub driver (CI); on a GPU the cuda suite covers it")
+    r = _run(_PRELUDE + """
+async def main():
+    streams = do.streams()
+    ts = [await do.zeros(128, do.float32) for _ in range(24)]
+    async def one(i):
+        await slow_fill(ts[i], float(i), 0.02).wait(stream=streams[i % len(streams)])
+    await asyncio.gather(*(one(i) for i in range(24)))
+    return [float(t.numpy()[0]) for t in ts]
+assert asyncio.run(main()) == [float(i) for i in range(24)]
+st = _reactor.stats()
+assert st["slots"] == 2 and st["exhausted"] > 0, st
+print("ok")
+""", {"DEVICEOP_REACTOR_SLOTS": "2", **_backend_env(backend_name)})
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_no_stream_memory_operations_falls_back_to_host_functions() -> None:
+    if not STUB_DRIVER:
+        pytest.skip("needs the stub driver's switch that refuses stream memory operations")
+    r = _run(_PRELUDE + """
+async def main():
+    t = await do.zeros(128, do.float32)
+    for i in range(20):
+        await K.fill(t.partition((128,)), float(i))
+    return float(t.numpy()[0])
+assert asyncio.run(main()) == 19.0
+st = _reactor.stats()
+assert not st["memops"] and st["memop"] == 0 and st["host_function"] >= 20, st
+print("ok")
+""", {"DEVICEOP_STUB_NO_MEMOPS": "1", "DEVICEOP_BACKEND": "cuda"})
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+# -- faults, shutdown, fork -----------------------------------------------------------------------
+@pytest.mark.parametrize("backend_name", ["host", "cuda"])
+def test_context_fault_fails_every_pending_await(backend_name) -> None:
+    """Eight awaits parked on slow work, then a fault: every one raises CudaError promptly and
+    no slot stays armed (a failed device never writes its flags)."""
+    if backend_name == "cuda" and not STUB_DRIVER:
+        pytest.skip("a real fault is tested on the GPU by test_await; here the stub driver's")
+    r = _run(_PRELUDE + """
+def boom(out, *rest):
+    raise FloatingPointError("planted fault")
+bad = K.Kernel('extern "C" __global__ void boom(float* out) { }', "boom", params=(K.Out(do.float32),), host=boom)
+async def main():
+    streams = do.streams()
+    ts = [await do.zeros(128, do.float32) for _ in range(9)]
+    async def parked(i):
+        try:
+            await slow_fill(ts[i], 1.0, 0.3).wait(stream=streams[i % 3])
+        except do.CudaError:
+            return "CudaError"
+        return "ok"
+    async def fault():
+        await asyncio.sleep(0.05)
+        try:
+            await bad(ts[8].partition((128,))).wait(stream=streams[3])
+        except do.CudaError:
+            return "CudaError"
+        return "ok"
+    t0 = time.perf_counter()
+    res = await asyncio.gather(*(parked(i) for i in range(8)), fault())
+    return res, time.perf_counter() - t0
+res, secs = asyncio.run(main())
+assert res[-1] == "CudaError", res
+assert res.count("CudaError") >= 6, res   # those still running when the fault struck
+assert secs < 5, secs
+deadline = time.monotonic() + 5
+while _reactor.stats()["pending"] and time.monotonic() < deadline:
+    time.sleep(0.01)
+assert _reactor.stats()["pending"] == 0, _reactor.stats()
+print("ok")
+""", _backend_env(backend_name))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("backend_name", ["host", "cuda"])
+def test_interpreter_exits_with_armed_slots(backend_name) -> None:
+    """Work still armed at exit (its await timed out): the process ends at once, no hang."""
+    if backend_name == "cuda" and not STUB_DRIVER:
+        pytest.skip("the stub driver's cuda backend (CI); the GPU suite runs the host case")
+    r = _run(_PRELUDE + """
+async def main():
+    t = await do.zeros(128, do.float32)
+    try:
+        await slow_fill(t, 1.0, 2.0).wait(timeout=0.05)
+    except TimeoutError:
+        pass
+asyncio.run(main())
+assert _reactor.stats()["pending"] == 1
+print("ok")
+""", _backend_env(backend_name), timeout=30)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_fork_after_the_scanner_started() -> None:
+    """The child has no scanner thread (fork copies one thread): it starts its own."""
+    r = _run(_PRELUDE + """
+async def main():
+    t = await do.zeros(128, do.float32)
+    await K.fill(t.partition((128,)), 3.0)
+    return float(t.numpy()[0])
+assert asyncio.run(main()) == 3.0
+assert _reactor.stats()["scanner"]
+pid = os.fork()
+if pid == 0:
+    import signal
+    signal.alarm(20)
+    try:
+        ok = asyncio.run(main()) == 3.0 and _reactor.stats()["pending"] == 0
+    except BaseException as e:
+        print("child:", repr(e), file=sys.stderr)
+        ok = False
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+print("ok")
+""", {"DEVICEOP_BACKEND": "host"})
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+# -- settings --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", ["fast", "", 3, None, "Adaptive"])
+def test_bad_policy_is_refused(bad) -> None:
+    with pytest.raises(do.SettingError, match="adaptive"):
+        do.set_wait_policy(bad)  # type: ignore[arg-type]
+    assert do.wait_policy() == "adaptive"
+
+
+@pytest.mark.parametrize("env", [{"DEVICEOP_REACTOR_SLOTS": "0"}, {"DEVICEOP_REACTOR_SLOTS": "many"},
+                                 {"DEVICEOP_WAIT_POLICY": "turbo"}])
+def test_bad_environment_settings_are_refused(env) -> None:
+    r = _run(_PRELUDE + """
+async def main():
+    await do.zeros(4, do.float32)
+asyncio.run(main())
+""", {"DEVICEOP_BACKEND": "host", **env})
+    assert r.returncode != 0 and "SettingError" in r.stderr and next(iter(env)) in r.stderr, r.stderr
+
+
+def test_policy_from_the_environment() -> None:
+    r = _run("import deviceop as do; print(do.wait_policy())", {"DEVICEOP_WAIT_POLICY": "spin"})
+    assert r.returncode == 0 and r.stdout.strip() == "spin", r.stderr
