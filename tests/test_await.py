@@ -48,7 +48,7 @@ def anyio_backend(request: pytest.FixtureRequest):
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=[50e-6, 0.0], ids=["poll", "park"])
+@pytest.fixture(params=[1e-3, 0.0], ids=["poll", "park"])
 def budget(request: pytest.FixtureRequest):
     """The default poll budget, and 0 (park at once: every await goes through a wake-up)."""
     old = do.poll_budget()
@@ -250,7 +250,7 @@ async def test_await_while_another_thread_imports_trio(backend, anyio_backend, m
         t = await do.zeros(64, do.float32)
         assert (await do.to_numpy(t)).tolist() == [0.0] * 64
     finally:
-        do.set_poll_budget(50e-6)
+        do.set_poll_budget(1e-3)
 
 
 def test_await_outside_an_event_loop_says_what_to_use(backend) -> None:
@@ -285,7 +285,7 @@ async def test_host_fault_fails_parked_await(host_backend, anyio_backend) -> Non
         with pytest.raises(do.CudaError, match="unusable"):
             await do.zeros(4, do.float32)
     finally:
-        do.set_poll_budget(50e-6)
+        do.set_poll_budget(1e-3)
         do.use_backend("host")
 
 
@@ -376,4 +376,4 @@ async def test_dispatcher_per_loop(backend, anyio_backend) -> None:
         assert not d.waiters  # woken through the channel; nothing left waiting
         assert _wake.stats()["dispatchers"] >= 1
     finally:
-        do.set_poll_budget(50e-6)
+        do.set_poll_budget(1e-3)

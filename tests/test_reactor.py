@@ -365,3 +365,23 @@ asyncio.run(main())
 def test_policy_from_the_environment() -> None:
     r = _run("import deviceop as do; print(do.wait_policy())", {"DEVICEOP_WAIT_POLICY": "spin"})
     assert r.returncode == 0 and r.stdout.strip() == "spin", r.stderr
+
+
+def test_long_waits_are_pre_woken(backend) -> None:
+    """Once a stream's durations are known, the reactor wakes the loop shortly before the
+    predicted completion (a pre-wake), and the await still returns only once the work is done."""
+    s = do.streams()[2]
+
+    async def main() -> list[float]:
+        t = await do.zeros(128, do.float32).wait(stream=s)
+        vals = []
+        for i in range(8):
+            await slow_fill(t, float(i), 0.03).wait(stream=s)
+            vals.append(float(t.numpy()[0]))
+        return vals
+
+    before = _reactor.stats()["prewakes"]
+    assert asyncio.run(main()) == [float(i) for i in range(8)]
+    st = _reactor.stats()
+    assert st["prewakes"] > before, st
+    assert 0 < st["wake_lateness_s"] < 0.01, st

@@ -9,9 +9,13 @@ channel; a channel's eventfd is written once per batch of completions (the chann
 
 When to look is learned: per stream, the reactor keeps an estimate of how long an armed
 execution takes from the moment it can start (armed, or the previous armed execution on that
-stream predicted done), sleeps until shortly before the predicted completion, spins briefly
-around it, and backs off (intervals of an eighth of the time waited, at most 1 ms) once it is
-late. With nothing armed the scanner parks. The CPU policy (:func:`set_policy`):
+stream predicted done). A thread that slept long wakes late (the core it ran on went idle:
+tens to hundreds of microseconds on a server), so the reactor also learns that lateness from
+its own timed sleeps. Shortly before the predicted completion, by twice that lateness, it
+*pre-wakes* the waiting loop (the token arrives before the flag is written); the awaiting task
+then polls the flag in its loop, awake when the GPU finishes, and parks again if the work runs
+late. After the predicted completion the scanner looks at intervals of an eighth of the time
+waited (at most 1 ms). With nothing armed the scanner parks. The CPU policy (:func:`set_policy`):
 
 - ``"adaptive"`` (default): as above; a 200 ms op costs well under 1 % of a core.
 - ``"spin"``: the scanner spins while anything is armed (lowest latency; a core while busy).
@@ -30,6 +34,7 @@ that device and wakes its waiters (who then see the ``CudaError``); its slots ar
 from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
+from libc.errno cimport ETIMEDOUT
 from cpython.exc cimport PyErr_SetFromErrno
 
 from ._base cimport (
@@ -40,7 +45,7 @@ from ._base cimport (
 import os
 
 __all__ = [
-    "arm", "done", "expected", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
+    "arm", "done", "expected", "window", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
     "Signal", "POLICIES",
 ]
 
@@ -117,8 +122,11 @@ POLICIES = ("adaptive", "spin", "block")
 cdef enum:
     # nanoseconds
     SPIN_UNKNOWN = 20000      # an execution of a stream not yet measured: spin this long first
-    LEAD_BASE = 10000         # wake this much before the predicted completion (+ est/256)
-    LATE_BASE = 20000         # keep spinning this long after it (+ est/128), then back off
+    PREWAKE_BASE = 20000      # pre-wake the loop this much + twice the wake-up lateness early
+    LATE_BASE = 20000         # first look after the predicted completion (+ est/128)
+    LAT_INIT = 100000         # wake-up lateness assumed before any is measured
+    LAT_MIN = 5000
+    LAT_MAX = 1000000
     BACKOFF_MIN = 20000
     BACKOFF_MAX = 1000000
     NPRED = 256               # streams whose durations are learned (a small hash table)
@@ -135,6 +143,7 @@ cdef struct entry_t:
     int64_t due        # predicted completion (0: unknown)
     int64_t wake       # when the scanner looks next
     int64_t hot_until  # spin (look continuously) until then once wake has passed
+    int64_t prewake    # push the token then, before completion (0: no pre-wake)
 
 cdef struct pred_t:
     uint64_t key
@@ -160,13 +169,14 @@ cdef bint READY = False
 cdef bint STARTED = False
 cdef int64_t SLEEPING = 0      # the scanner sleeps until then (-1: parked); 0: awake
 cdef int POLICY = ADAPTIVE
+cdef int64_t LAT = LAT_INIT    # learned: how late a timed sleep of the scanner ends
 # device registration of the table (one, PORTABLE, serves every context)
 cdef bint REGISTERED = False
 cdef bint MEMOPS = True        # False once the device refused the write or the registration
 cdef uintptr_t DADDR = 0
 # counters
 cdef uint64_t C_ARMED = 0, C_DONE = 0, C_MEMOP = 0, C_HOSTFN = 0, C_HOST = 0, C_EXHAUSTED = 0
-cdef uint64_t C_PASSES = 0, C_SLEEPS = 0, C_PARKS = 0, C_FAILED = 0, C_QUARANTINED = 0
+cdef uint64_t C_PASSES = 0, C_SLEEPS = 0, C_PARKS = 0, C_FAILED = 0, C_QUARANTINED = 0, C_PREWAKES = 0
 
 
 cdef int _slots_wanted() except -1:
@@ -264,6 +274,13 @@ cdef void _learn(entry_t* e, int64_t now) noexcept nogil:
         p.est += (d - p.est) // 8
 
 
+cdef chan_t* _ref(chan_t* c) noexcept nogil:
+    pthread_mutex_lock(&c.mu)
+    c.refs += 1
+    pthread_mutex_unlock(&c.mu)
+    return c
+
+
 cdef void _kick() noexcept nogil:
     pthread_mutex_lock(&MU)
     if SLEEPING != 0:
@@ -280,7 +297,8 @@ cdef void _hostfn_cb(void* ud) noexcept nogil:
 
 
 cdef void* _scan_main(void* arg) noexcept nogil:
-    global N, NFREE, SLEEPING, C_DONE, C_PASSES, C_SLEEPS, C_PARKS
+    global N, NFREE, SLEEPING, C_DONE, C_PASSES, C_SLEEPS, C_PARKS, C_PREWAKES, LAT
+    cdef int64_t target, over
     cdef chan_t** bc = <chan_t**>malloc(NSLOTS * sizeof(chan_t*))
     cdef uint64_t* bt = <uint64_t*>malloc(NSLOTS * sizeof(uint64_t))
     cdef int64_t now, next_wake, iv
@@ -320,7 +338,15 @@ cdef void* _scan_main(void* arg) noexcept nogil:
             if POLICY == SPIN:
                 hot = True
             elif POLICY == ADAPTIVE:
-                if now >= e.wake:
+                if e.prewake and now >= e.prewake - LAT and e.chan != NULL:
+                    # wake the loop now: it is awake and polling when the flag is written
+                    bc[nb] = e.chan
+                    bt[nb] = e.token
+                    e.chan = _ref(e.chan)
+                    nb += 1
+                    e.prewake = 0
+                    C_PREWAKES += 1
+                elif now >= e.wake:
                     if now < e.hot_until:
                         hot = True
                     else:  # late: look again after an eighth of the time waited so far
@@ -332,6 +358,8 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                         e.wake = now + iv
                 if not hot and (next_wake == 0 or e.wake < next_wake):
                     next_wake = e.wake
+                if e.prewake and e.prewake - LAT < next_wake:
+                    next_wake = e.prewake - LAT
             i += 1
         C_DONE += nb
         if nb:
@@ -350,7 +378,17 @@ cdef void* _scan_main(void* arg) noexcept nogil:
         # BLOCK: only a host function's kick wakes the scanner
         SLEEPING = next_wake if POLICY == ADAPTIVE and next_wake > 0 else -1
         C_SLEEPS += 1
-        dvo_cv_wait(&MU, SLEEPING if SLEEPING > 0 else 0)
+        target = SLEEPING
+        if dvo_cv_wait(&MU, target if target > 0 else 0) == ETIMEDOUT and target > 0:
+            # how late a timed sleep ends: a decaying maximum, so one quick wake does not hide
+            # the slow ones of a core that went idle
+            over = dvo_now_ns() - target
+            if over > LAT:
+                LAT = over if over < LAT_MAX else LAT_MAX
+            else:
+                LAT -= (LAT - over) // 16
+                if LAT < LAT_MIN:
+                    LAT = LAT_MIN
         SLEEPING = 0
     return NULL
 
@@ -474,10 +512,13 @@ def arm(stream, Channel ch, uint64_t token):
     e.key = key
     e.ctx = <uint64_t>id(be)
     e.start = start
+    e.prewake = 0
     if est > 0:
         e.due = start + est
-        e.wake = e.due - LEAD_BASE - est // 256
-        e.hot_until = e.due + LATE_BASE + est // 128
+        if POLICY == ADAPTIVE and e.due - _window(est) > now:
+            e.prewake = e.due - _window(est)
+        e.wake = e.due + LATE_BASE + est // 128
+        e.hot_until = e.wake  # the loop polls around the completion; the scanner backs off
         p.tail = e.due
     else:
         e.due = 0
@@ -490,6 +531,27 @@ def arm(stream, Channel ch, uint64_t token):
         dvo_cv_signal()
     pthread_mutex_unlock(&MU)
     return (<uint64_t>slot << 32) | seq
+
+
+cdef inline int64_t _window(int64_t est) noexcept nogil:
+    return 2 * LAT + PREWAKE_BASE + est // 1024
+
+
+def window(uint64_t handle):
+    """Seconds before its predicted completion that the loop waiting on ``handle`` is woken to
+    poll (-1.0 if its stream's durations are not known yet)."""
+    cdef uint32_t slot = <uint32_t>(handle >> 32)
+    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
+    cdef int i
+    cdef double r = -1.0
+    pthread_mutex_lock(&MU)
+    for i in range(N):
+        if E[i].slot == slot and E[i].seq == seq:
+            if E[i].due:
+                r = _window(_pred(E[i].key).est) * 1e-9
+            break
+    pthread_mutex_unlock(&MU)
+    return r
 
 
 def done(uint64_t handle):
@@ -614,7 +676,8 @@ def stats():
     out = {
         "armed": C_ARMED, "completed": C_DONE, "memop": C_MEMOP, "host_function": C_HOSTFN,
         "host_stream": C_HOST, "exhausted": C_EXHAUSTED, "failed": C_FAILED, "quarantined": C_QUARANTINED,
-        "passes": C_PASSES, "sleeps": C_SLEEPS, "parks": C_PARKS, "pending": N, "free": NFREE,
+        "passes": C_PASSES, "sleeps": C_SLEEPS, "parks": C_PARKS, "prewakes": C_PREWAKES,
+        "wake_lateness_s": LAT * 1e-9, "pending": N, "free": NFREE,
         "slots": NSLOTS, "policy": POLICIES[POLICY], "memops": bool(MEMOPS), "scanner": bool(STARTED),
     }
     pthread_mutex_unlock(&MU)

@@ -33,24 +33,25 @@ from ._wake import current_lib, dispatcher
 __all__ = ["await_op", "await_future", "set_poll_budget", "poll_budget", "set_wait_policy", "wait_policy"]
 
 #: the longest an await polls in the loop (it polls only when completion is due within it)
-_POLL = [50e-6]
+_POLL = [1e-3]
 #: a stream whose durations are not learned yet: poll this long, then park
 _POLL_UNKNOWN = 20e-6
 #: polling goes on this long past the predicted completion before the task parks
-_POLL_SLACK = 20e-6
+_POLL_SLACK = 50e-6
 #: first and longest interval of the parked re-check
 _RECHECK = (1e-3, 50e-3)
 
 
 def set_poll_budget(seconds: float) -> None:
-    """The longest an await polls in its event loop (default 50 µs; 0: never, park at once).
+    """The longest an await polls in its event loop (default 1 ms; 0: never, park at once).
 
-    An await polls only when its stream's recent executions say completion is due within this
-    budget (a short kernel), and parks on the completion reactor otherwise. Polling yields to
-    the loop between checks, so other tasks run meanwhile.
+    An await polls only around the predicted completion of its work: from the start for short
+    work, otherwise after the completion reactor pre-wakes it shortly before the completion its
+    stream's recent executions predict. Polling yields to the loop between checks, so other
+    tasks run meanwhile; work that runs late parks again.
     """
     if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 <= float(seconds) <= 1:
-        raise SettingError(f"poll budget {seconds!r} s is not accepted; use a number from 0 to 1 second (default 50e-6)")
+        raise SettingError(f"poll budget {seconds!r} s is not accepted; use a number from 0 to 1 second (default 1e-3)")
     _POLL[0] = float(seconds)
 
 
@@ -109,9 +110,10 @@ def _timed_out(what: str, timeout: float) -> TimeoutError:
 
 
 async def _park(lib: str, d: Any, tok: int, done: Callable[[], bool], check: Callable[[], bool],
-                deadline: float | None, cx: Any, timeout: float | None) -> None:
+                deadline: float | None, cx: Any, timeout: float | None, h: int = -1) -> None:
     """Wait for ``tok`` on ``d``'s channel until ``done()``; ``check()`` (the event) is the
-    re-check that raises CudaError on a context error."""
+    re-check that raises CudaError on a context error. ``h``: the reactor slot, whose pre-wake
+    (the token before the flag) starts a poll until the predicted completion."""
     import anyio  # imported here: only parked awaits need it, and it costs start-up time
 
     clock = time.perf_counter
@@ -133,9 +135,14 @@ async def _park(lib: str, d: Any, tok: int, done: Callable[[], bool], check: Cal
             await waker.wait()
         if done() or check():
             return
-        if waker.is_set():  # woken, yet not done: a context fault retired the slot; check() raised
+        if waker.is_set():  # woken, yet not done: a pre-wake (a context fault made check() raise)
+            if h >= 0 and _POLL[0]:
+                rem = _reactor.expected(h)
+                if rem >= 0 and await _poll(lib, done, min(_POLL[0], rem + _POLL_SLACK), deadline):
+                    return
             waker = anyio.Event()
             d.waiters[tok] = waker
+            continue
         interval = min(interval * 2, _RECHECK[1])
 
 
@@ -178,9 +185,14 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
             if poll is None:
                 rem = _reactor.expected(h) if h >= 0 else -1.0
                 budget = _POLL[0]
-                poll = min(budget, _POLL_UNKNOWN) if rem < 0 else (rem + _POLL_SLACK if rem <= budget else 0.0)
+                if rem < 0:  # not learned yet
+                    poll = min(budget, _POLL_UNKNOWN)
+                elif rem <= _reactor.window(h):  # too soon for a pre-wake: poll from the start
+                    poll = min(budget, rem + _POLL_SLACK)
+                else:  # the reactor pre-wakes this task shortly before the completion
+                    poll = 0.0
             if not (poll and await _poll(lib, done, poll, deadline)):
-                await _park(lib, d, tok, done, ev.query, deadline, cx, timeout)
+                await _park(lib, d, tok, done, ev.query, deadline, cx, timeout, h)
     except CudaError:
         _reactor.fail_context(stream.backend)  # wake every await on this device: they fail too
         watch(stream, ev, cx)
