@@ -11,8 +11,8 @@ When to look is learned: per stream, the reactor keeps an estimate of how long a
 execution takes from the moment it can start (armed, or the previous armed execution on that
 stream predicted done). A thread that slept long wakes late (the core it ran on went idle:
 tens to hundreds of microseconds on a server), so the reactor also learns that lateness from
-its own timed sleeps. Shortly before the predicted completion, by twice that lateness, it
-*pre-wakes* the waiting loop (the token arrives before the flag is written); the awaiting task
+its own timed sleeps, and how long a woken loop takes to resume its task. Shortly before the
+predicted completion, by the sum of the two, it *pre-wakes* the waiting loop (the token arrives before the flag is written); the awaiting task
 then polls the flag in its loop, awake when the GPU finishes, and parks again if the work runs
 late. After the predicted completion the scanner looks at intervals of an eighth of the time
 waited (at most 1 ms). With nothing armed the scanner parks. The CPU policy (:func:`set_policy`):
@@ -45,7 +45,7 @@ from ._base cimport (
 import os
 
 __all__ = [
-    "arm", "done", "expected", "window", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
+    "arm", "done", "expected", "window", "prewoken", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
     "Signal", "POLICIES",
 ]
 
@@ -144,6 +144,7 @@ cdef struct entry_t:
     int64_t wake       # when the scanner looks next
     int64_t hot_until  # spin (look continuously) until then once wake has passed
     int64_t prewake    # push the token then, before completion (0: no pre-wake)
+    int64_t pushed     # when the pre-wake token was pushed
 
 cdef struct pred_t:
     uint64_t key
@@ -170,6 +171,7 @@ cdef bint STARTED = False
 cdef int64_t SLEEPING = 0      # the scanner sleeps until then (-1: parked); 0: awake
 cdef int POLICY = ADAPTIVE
 cdef int64_t LAT = LAT_INIT    # learned: how late a timed sleep of the scanner ends
+cdef int64_t LLAT = LAT_INIT   # learned: how long a pre-woken loop takes to resume its task
 # device registration of the table (one, PORTABLE, serves every context)
 cdef bint REGISTERED = False
 cdef bint MEMOPS = True        # False once the device refused the write or the registration
@@ -330,6 +332,7 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                     bc[nb] = e.chan
                     bt[nb] = e.token
                     nb += 1
+                C_DONE += 1
                 FREE[NFREE] = e.slot
                 NFREE += 1
                 N -= 1
@@ -345,6 +348,7 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                     e.chan = _ref(e.chan)
                     nb += 1
                     e.prewake = 0
+                    e.pushed = now
                     C_PREWAKES += 1
                 elif now >= e.wake:
                     if now < e.hot_until:
@@ -361,7 +365,6 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                 if e.prewake and e.prewake - LAT < next_wake:
                     next_wake = e.prewake - LAT
             i += 1
-        C_DONE += nb
         if nb:
             pthread_mutex_unlock(&MU)
             for j in range(nb):
@@ -382,13 +385,7 @@ cdef void* _scan_main(void* arg) noexcept nogil:
         if dvo_cv_wait(&MU, target if target > 0 else 0) == ETIMEDOUT and target > 0:
             # how late a timed sleep ends: a decaying maximum, so one quick wake does not hide
             # the slow ones of a core that went idle
-            over = dvo_now_ns() - target
-            if over > LAT:
-                LAT = over if over < LAT_MAX else LAT_MAX
-            else:
-                LAT -= (LAT - over) // 16
-                if LAT < LAT_MIN:
-                    LAT = LAT_MIN
+            _decaying_max(&LAT, dvo_now_ns() - target)
         SLEEPING = 0
     return NULL
 
@@ -534,7 +531,40 @@ def arm(stream, Channel ch, uint64_t token):
 
 
 cdef inline int64_t _window(int64_t est) noexcept nogil:
-    return 2 * LAT + PREWAKE_BASE + est // 1024
+    return LAT + LLAT + PREWAKE_BASE + est // 1024
+
+
+cdef void _decaying_max(int64_t* v, int64_t x) noexcept nogil:
+    # one quick wake-up must not hide the slow ones of a core that went idle
+    if x > v[0]:
+        v[0] = x if x < LAT_MAX else LAT_MAX
+    else:
+        v[0] -= (v[0] - x) // 16
+        if v[0] < LAT_MIN:
+            v[0] = LAT_MIN
+
+
+def prewoken(uint64_t handle):
+    """Called by a task its pre-wake resumed: learns how long the loop took to get there, and
+    returns the seconds left until the predicted completion (negative: overdue; None: the slot
+    is no longer armed)."""
+    cdef uint32_t slot = <uint32_t>(handle >> 32)
+    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
+    cdef int i
+    cdef int64_t now
+    r = None
+    pthread_mutex_lock(&MU)
+    now = dvo_now_ns()
+    for i in range(N):
+        if E[i].slot == slot and E[i].seq == seq:
+            if E[i].pushed:
+                _decaying_max(&LLAT, now - E[i].pushed)
+                E[i].pushed = 0
+            if E[i].due:
+                r = (E[i].due - now) * 1e-9
+            break
+    pthread_mutex_unlock(&MU)
+    return r
 
 
 def window(uint64_t handle):
@@ -677,7 +707,7 @@ def stats():
         "armed": C_ARMED, "completed": C_DONE, "memop": C_MEMOP, "host_function": C_HOSTFN,
         "host_stream": C_HOST, "exhausted": C_EXHAUSTED, "failed": C_FAILED, "quarantined": C_QUARANTINED,
         "passes": C_PASSES, "sleeps": C_SLEEPS, "parks": C_PARKS, "prewakes": C_PREWAKES,
-        "wake_lateness_s": LAT * 1e-9, "pending": N, "free": NFREE,
+        "wake_lateness_s": LAT * 1e-9, "loop_lateness_s": LLAT * 1e-9, "pending": N, "free": NFREE,
         "slots": NSLOTS, "policy": POLICIES[POLICY], "memops": bool(MEMOPS), "scanner": bool(STARTED),
     }
     pthread_mutex_unlock(&MU)

@@ -136,10 +136,9 @@ async def _park(lib: str, d: Any, tok: int, done: Callable[[], bool], check: Cal
         if done() or check():
             return
         if waker.is_set():  # woken, yet not done: a pre-wake (a context fault made check() raise)
-            if h >= 0 and _POLL[0]:
-                rem = _reactor.expected(h)
-                if rem >= 0 and await _poll(lib, done, min(_POLL[0], rem + _POLL_SLACK), deadline):
-                    return
+            rem = _reactor.prewoken(h) if h >= 0 else None
+            if rem is not None and _POLL[0] and await _poll(lib, done, min(_POLL[0], max(rem, 0.0) + _POLL_SLACK), deadline):
+                return
             waker = anyio.Event()
             d.waiters[tok] = waker
             continue
