@@ -45,7 +45,7 @@ from ._base cimport (
 import os
 
 __all__ = [
-    "arm", "done", "expected", "window", "prewoken", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
+    "arm", "done", "expected", "window", "prewoken", "retire", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
     "Signal", "POLICIES",
 ]
 
@@ -609,6 +609,35 @@ def expected(uint64_t handle):
             break
     pthread_mutex_unlock(&MU)
     return r
+
+
+def retire(uint64_t handle):
+    """The awaiting task saw the flag: retire the slot now (learning the duration from that
+    moment) rather than at the scanner's next look. Returns False if the flag is not written
+    yet (then :func:`disown` it)."""
+    global N, NFREE, C_DONE
+    cdef uint32_t slot = <uint32_t>(handle >> 32)
+    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
+    cdef chan_t* c = NULL
+    cdef int i
+    cdef bint ok = False
+    if slot >= <uint32_t>NSLOTS or dvo_load32(&FLAGS[slot]) != seq:
+        return False
+    pthread_mutex_lock(&MU)
+    for i in range(N):
+        if E[i].slot == slot and E[i].seq == seq:
+            _learn(&E[i], dvo_now_ns())
+            c = E[i].chan
+            FREE[NFREE] = slot
+            NFREE += 1
+            N -= 1
+            E[i] = E[N]
+            C_DONE += 1
+            break
+    pthread_mutex_unlock(&MU)
+    if c != NULL:
+        chan_unref(c)
+    return True
 
 
 def disown(uint64_t handle):

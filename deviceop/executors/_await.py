@@ -202,7 +202,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
         raise
     finally:
         d.unregister(tok)
-        if h >= 0 and not _reactor.done(h):
+        if h >= 0 and not _reactor.retire(h):
             _reactor.disown(h)
     cx.finish()
     return out
