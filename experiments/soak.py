@@ -44,12 +44,26 @@ N = 4096
 HANG_S = 60.0
 
 
-def _resources() -> dict[str, float]:
+def _os_thread_names() -> dict[str, int]:
+    """The process's OS threads by name (Python's, deviceop's reactor, the driver's)."""
+    names: dict[str, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n = f.read().strip()
+        except OSError:  # ended meanwhile
+            continue
+        names[n] = names.get(n, 0) + 1
+    return dict(sorted(names.items()))
+
+
+def _resources() -> dict[str, Any]:
     with open("/proc/self/status") as f:
         rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     return {
         "threads": threading.active_count(),
         "os_threads": len(os.listdir("/proc/self/task")),
+        "os_thread_names": _os_thread_names(),
         "fds": len(os.listdir("/proc/self/fd")),
         "device_bytes": do.used_bytes(),
         "rss_mib": rss / 1024,
@@ -81,7 +95,7 @@ class Soak:
         self.progress: dict[str, float] = {}
         self.hangs: list[str] = []
         self.errors: list[str] = []
-        self.timeline: list[dict[str, float]] = []
+        self.timeline: list[dict[str, Any]] = []
 
     def count(self, key: str, n: int = 1) -> None:
         with self.lock:
@@ -305,13 +319,16 @@ def main(argv: list[str] | None = None) -> int:
         "errors": s.errors[:20], "n_errors": len(s.errors), "fault_subprocess": s.fault,
         "baseline": base, "timeline": s.timeline, "end": end,
         "back_to_baseline": {k: end[k] <= base[k] for k in ("threads", "os_threads", "fds", "device_bytes")},
+        # which OS threads the run added (by name), if any
+        "os_threads_added": {n: c - base["os_thread_names"].get(n, 0) for n, c in end["os_thread_names"].items()
+                             if c > base["os_thread_names"].get(n, 0)},
         "rss_growth_mib": end["rss_mib"] - base["rss_mib"],
     }
     ok = (not s.hangs and not s.errors and s.counts.get("wrong_results", 0) == 0
           and all(doc["back_to_baseline"].values()) and s.fault["saw_cuda_error"])
     doc["ok"] = ok
     print(json.dumps({k: doc[k] for k in ("backend", "seconds", "counts", "hangs", "n_errors", "back_to_baseline",
-                                          "rss_growth_mib", "ok")}, indent=1))
+                                          "os_threads_added", "rss_growth_mib", "ok")}, indent=1))
     for e in s.errors[:5]:
         print("error:", e)
     if a.out:

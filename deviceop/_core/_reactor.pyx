@@ -81,7 +81,10 @@ cdef extern from *:
         return pthread_cond_timedwait(&dvo_cv, mu, &ts);
     }
     static void dvo_cv_signal(void) { pthread_cond_signal(&dvo_cv); }
-    static void dvo_timer_slack(void) { prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); }
+    static void dvo_timer_slack(void) {
+        prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+        prctl(PR_SET_NAME, (unsigned long)"deviceop-reactor", 0, 0, 0);
+    }
     typedef void *(*dvo_thread_fn)(void *);
     static int dvo_start_thread(dvo_thread_fn fn) {
         pthread_t t; pthread_attr_t a;
@@ -124,6 +127,7 @@ cdef enum:
     SPIN_UNKNOWN = 20000      # an execution of a stream not yet measured: spin this long first
     PREWAKE_BASE = 20000      # pre-wake the loop this much + twice the wake-up lateness early
     LATE_BASE = 20000         # first look after the predicted completion (+ est/128)
+    POLL_SLACK = 50000        # a pre-woken task polls this much (+ est/64) past the prediction
     LAT_INIT = 100000         # wake-up lateness assumed before any is measured
     LAT_MIN = 5000
     LAT_MAX = 1000000
@@ -531,7 +535,7 @@ def arm(stream, Channel ch, uint64_t token):
 
 
 cdef inline int64_t _window(int64_t est) noexcept nogil:
-    return LAT + LLAT + PREWAKE_BASE + est // 1024
+    return LAT + LLAT + PREWAKE_BASE + est // 4096
 
 
 cdef void _decaying_max(int64_t* v, int64_t x) noexcept nogil:
@@ -546,12 +550,12 @@ cdef void _decaying_max(int64_t* v, int64_t x) noexcept nogil:
 
 def prewoken(uint64_t handle):
     """Called by a task its pre-wake resumed: learns how long the loop took to get there, and
-    returns the seconds left until the predicted completion (negative: overdue; None: the slot
-    is no longer armed)."""
+    returns how long to poll: until the predicted completion plus a margin for work that runs
+    a little long (50 µs + 1/64 of its duration). None: the slot is no longer armed."""
     cdef uint32_t slot = <uint32_t>(handle >> 32)
     cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
     cdef int i
-    cdef int64_t now
+    cdef int64_t now, est
     r = None
     pthread_mutex_lock(&MU)
     now = dvo_now_ns()
@@ -561,7 +565,11 @@ def prewoken(uint64_t handle):
                 _decaying_max(&LLAT, now - E[i].pushed)
                 E[i].pushed = 0
             if E[i].due:
-                r = (E[i].due - now) * 1e-9
+                est = _pred(E[i].key).est
+                r = ((E[i].due - now if E[i].due > now else 0) + POLL_SLACK + est // 64) * 1e-9
+                # the scanner looks again once the task stops polling
+                E[i].wake = E[i].due + POLL_SLACK + est // 64
+                E[i].hot_until = E[i].wake + LATE_BASE + est // 128
             break
     pthread_mutex_unlock(&MU)
     return r

@@ -7,9 +7,10 @@ recent executions say completion is due within the poll budget (default 50 µs),
 between bare yields to the loop, which beats any cross-thread wake-up for a short kernel;
 otherwise it parks at once and costs nothing until the reactor wakes it.
 
-While parked, the event is also re-checked on a backing-off timer: a faulted context never
-writes its flags, and the re-check turns that into a ``CudaError`` (and retires every slot
-armed on that device) instead of a hang. Where every slot is armed, the await falls back to
+While parked, the event is also re-checked on a backing-off timer (20 ms, doubling to 200 ms:
+every wake-up of an idle thread costs CPU time): a faulted context never writes its flags, and
+the re-check turns that into a ``CudaError`` (and retires every slot armed on that device)
+instead of a hang. Where every slot is armed, the await falls back to
 the stream's host-function notification.
 
 Cancellation and timeouts raise in the awaiting task at once; the GPU work keeps running and
@@ -39,7 +40,7 @@ _POLL_UNKNOWN = 20e-6
 #: polling goes on this long past the predicted completion before the task parks
 _POLL_SLACK = 50e-6
 #: first and longest interval of the parked re-check
-_RECHECK = (1e-3, 50e-3)
+_RECHECK = (20e-3, 200e-3)
 
 
 def set_poll_budget(seconds: float) -> None:
@@ -109,6 +110,36 @@ def _timed_out(what: str, timeout: float) -> TimeoutError:
     )
 
 
+async def _sleep_or_wake(lib: str, waker: Any, limit: float) -> bool:
+    """Wait until ``waker`` is set or ``limit`` seconds pass; True if the time ran out.
+
+    Under asyncio a plain ``loop.call_later`` timer: a cancel scope's deadline re-arms itself
+    whenever uvloop's millisecond timers fire a little early, which spins the loop for up to a
+    millisecond at every re-check.
+    """
+    if lib == "trio":
+        import anyio
+
+        with anyio.move_on_after(limit):
+            await waker.wait()
+        return not waker.is_set()
+    import asyncio
+
+    fired = False
+
+    def fire() -> None:
+        nonlocal fired
+        fired = True
+        waker.set()
+
+    handle = asyncio.get_running_loop().call_later(limit, fire)
+    try:
+        await waker.wait()
+    finally:
+        handle.cancel()
+    return fired
+
+
 async def _park(lib: str, d: Any, tok: int, done: Callable[[], bool], check: Callable[[], bool],
                 deadline: float | None, cx: Any, timeout: float | None, h: int = -1) -> None:
     """Wait for ``tok`` on ``d``'s channel until ``done()``; ``check()`` (the event) is the
@@ -117,30 +148,27 @@ async def _park(lib: str, d: Any, tok: int, done: Callable[[], bool], check: Cal
     import anyio  # imported here: only parked awaits need it, and it costs start-up time
 
     clock = time.perf_counter
-    waker = anyio.Event()
-    d.waiters[tok] = waker
     interval = _RECHECK[0]
     while True:
+        waker = anyio.Event()
+        d.waiters[tok] = waker
         if done():
             return
         limit = interval
         if deadline is not None:
             left = deadline - clock()
-            if left <= 0:
+            if left <= 1e-3:  # loop timers are good to a millisecond
                 if check():
                     return
                 raise _timed_out(cx.describe() if hasattr(cx, "describe") else str(cx), timeout)  # type: ignore[arg-type]
             limit = min(limit, left)
-        with anyio.move_on_after(limit):
-            await waker.wait()
+        timed_out = await _sleep_or_wake(lib, waker, limit)
         if done() or check():
             return
-        if waker.is_set():  # woken, yet not done: a pre-wake (a context fault made check() raise)
-            rem = _reactor.prewoken(h) if h >= 0 else None
-            if rem is not None and _POLL[0] and await _poll(lib, done, min(_POLL[0], max(rem, 0.0) + _POLL_SLACK), deadline):
+        if not timed_out:  # woken, yet not done: a pre-wake (a context fault made check() raise)
+            span = _reactor.prewoken(h) if h >= 0 else None
+            if span is not None and _POLL[0] and await _poll(lib, done, min(_POLL[0], span), deadline):
                 return
-            waker = anyio.Event()
-            d.waiters[tok] = waker
             continue
         interval = min(interval * 2, _RECHECK[1])
 
