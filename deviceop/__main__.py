@@ -20,6 +20,7 @@ def _info() -> int:
     print(f"stream pool:        {len(be.streams)} streams")
     print(f"kernel cache:       {do.kernels.cache_dir()}")
     print(f"await poll budget:  {do.poll_budget() * 1e6:.0f} us")
+    print(f"await wait policy:  {do.wait_policy()}")
     return 0
 
 
