@@ -388,3 +388,25 @@ def test_long_waits_are_pre_woken(backend) -> None:
     st = _reactor.stats()
     assert st["prewakes"] > before, st
     assert 0 < st["wake_lateness_s"] < 0.01, st
+
+
+def test_cancelled_await_with_a_pre_wake_pending_leaves_the_scanner_idle(backend) -> None:
+    """A cancelled await whose pre-wake was still ahead: the scanner has nobody to wake and
+    sleeps (it must not spin on the pre-wake it cannot deliver)."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs two cores: a spinning scanner would share one with this thread")
+    s = do.streams()[3]
+
+    async def main() -> None:
+        t = await do.zeros(128, do.float32).wait(stream=s)
+        for _ in range(3):
+            await slow_fill(t, 1.0, 0.1).wait(stream=s)
+        with anyio.move_on_after(0.01):
+            await slow_fill(t, 2.0, 0.3).wait(stream=s)
+
+    asyncio.run(main())
+    c0, w0 = time.process_time(), time.perf_counter()
+    time.sleep(0.25)  # the cancelled fill runs; its pre-wake would have been due meanwhile
+    cpu = (time.process_time() - c0) / (time.perf_counter() - w0)
+    assert cpu < 0.3, f"{cpu:.0%} of a core while nothing is awaited"
+    assert _reactor.stats()["wake_lateness_s"] < 0.001, _reactor.stats()

@@ -271,8 +271,8 @@ cdef void _learn(entry_t* e, int64_t now) noexcept nogil:
     if d <= 0:
         return
     # an observation is an upper bound (the scanner may have looked late): follow it down
-    # quickly and up slowly
-    if p.est == 0:
+    # quickly and up slowly, unless the stream's work changed (twice as long: start over)
+    if p.est == 0 or d > 2 * p.est:
         p.est = d
     elif d < p.est:
         p.est = (p.est + d) // 2
@@ -345,7 +345,9 @@ cdef void* _scan_main(void* arg) noexcept nogil:
             if POLICY == SPIN:
                 hot = True
             elif POLICY == ADAPTIVE:
-                if e.prewake and now >= e.prewake - LAT and e.chan != NULL:
+                if e.prewake and e.chan == NULL:  # nobody waits any more: nobody to pre-wake
+                    e.prewake = 0
+                if e.prewake and now >= e.prewake - LAT:
                     # wake the loop now: it is awake and polling when the flag is written
                     bc[nb] = e.chan
                     bt[nb] = e.token
@@ -384,8 +386,11 @@ cdef void* _scan_main(void* arg) noexcept nogil:
             continue
         # BLOCK: only a host function's kick wakes the scanner
         SLEEPING = next_wake if POLICY == ADAPTIVE and next_wake > 0 else -1
-        C_SLEEPS += 1
         target = SLEEPING
+        if target > 0 and target <= dvo_now_ns():  # due already: look again at once
+            SLEEPING = 0
+            continue
+        C_SLEEPS += 1
         if dvo_cv_wait(&MU, target if target > 0 else 0) == ETIMEDOUT and target > 0:
             # how late a timed sleep ends: a decaying maximum, so one quick wake does not hide
             # the slow ones of a core that went idle
