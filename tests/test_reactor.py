@@ -410,3 +410,19 @@ def test_cancelled_await_with_a_pre_wake_pending_leaves_the_scanner_idle(backend
     cpu = (time.process_time() - c0) / (time.perf_counter() - w0)
     assert cpu < 0.3, f"{cpu:.0%} of a core while nothing is awaited"
     assert _reactor.stats()["wake_lateness_s"] < 0.001, _reactor.stats()
+
+
+def test_work_much_shorter_than_predicted_is_seen_early(backend) -> None:
+    """A stream that learned 150 ms executions, then a short one: the scanner looks on its
+    backing-off schedule from the start, so the await does not sleep until the prediction."""
+    s = do.streams()[0]
+
+    async def main() -> float:
+        t = await do.zeros(128, do.float32).wait(stream=s)
+        for _ in range(3):
+            await slow_fill(t, 1.0, 0.15).wait(stream=s)
+        t0 = time.perf_counter()
+        await K.fill(t.partition((128,)), 2.0).wait(stream=s)
+        return time.perf_counter() - t0
+
+    assert asyncio.run(main()) < 0.06

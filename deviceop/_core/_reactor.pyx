@@ -15,7 +15,9 @@ its own timed sleeps, and how long a woken loop takes to resume its task. Shortl
 predicted completion, by the sum of the two, it *pre-wakes* the waiting loop (the token arrives before the flag is written); the awaiting task
 then polls the flag in its loop, awake when the GPU finishes, and parks again if the work runs
 late. After the predicted completion the scanner looks at intervals of an eighth of the time
-waited (at most 1 ms). With nothing armed the scanner parks. The CPU policy (:func:`set_policy`):
+waited (at most 1 ms, or 1/32 of the predicted duration); it also looks on that schedule from
+the start, so work that ends well before its prediction is seen. With nothing armed the scanner
+parks. The CPU policy (:func:`set_policy`):
 
 - ``"adaptive"`` (default): as above; a 200 ms op costs well under 1 % of a core.
 - ``"spin"``: the scanner spins while anything is armed (lowest latency; a core while busy).
@@ -143,6 +145,7 @@ cdef struct entry_t:
     uint64_t token
     uint64_t key       # the stream's handle: what durations are learned by
     uint64_t ctx       # the device: what a context fault retires
+    int64_t armed      # when it was armed
     int64_t start      # when the work is expected to start (armed, or the stream's previous due)
     int64_t due        # predicted completion (0: unknown)
     int64_t wake       # when the scanner looks next
@@ -271,8 +274,9 @@ cdef void _learn(entry_t* e, int64_t now) noexcept nogil:
     if d <= 0:
         return
     # an observation is an upper bound (the scanner may have looked late): follow it down
-    # quickly and up slowly, unless the stream's work changed (twice as long: start over)
-    if p.est == 0 or d > 2 * p.est:
+    # quickly and up slowly, unless the stream's work changed (four times as long and a
+    # millisecond more, which a late look alone does not explain: start over)
+    if p.est == 0 or (d > 4 * p.est and d > p.est + 1000000):
         p.est = d
     elif d < p.est:
         p.est = (p.est + d) // 2
@@ -304,7 +308,7 @@ cdef void _hostfn_cb(void* ud) noexcept nogil:
 
 cdef void* _scan_main(void* arg) noexcept nogil:
     global N, NFREE, SLEEPING, C_DONE, C_PASSES, C_SLEEPS, C_PARKS, C_PREWAKES, LAT
-    cdef int64_t target, over
+    cdef int64_t target, over, cap
     cdef chan_t** bc = <chan_t**>malloc(NSLOTS * sizeof(chan_t*))
     cdef uint64_t* bt = <uint64_t*>malloc(NSLOTS * sizeof(uint64_t))
     cdef int64_t now, next_wake, iv
@@ -359,12 +363,15 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                 elif now >= e.wake:
                     if now < e.hot_until:
                         hot = True
-                    else:  # late: look again after an eighth of the time waited so far
-                        iv = (now - e.start) // 8
+                    else:  # look again after an eighth of the time waited so far
+                        iv = (now - e.armed) // 8
+                        cap = BACKOFF_MAX if e.due == 0 else (e.due - e.start) // 32
+                        if cap < BACKOFF_MAX:
+                            cap = BACKOFF_MAX
                         if iv < BACKOFF_MIN:
                             iv = BACKOFF_MIN
-                        elif iv > BACKOFF_MAX:
-                            iv = BACKOFF_MAX
+                        elif iv > cap:
+                            iv = cap
                         e.wake = now + iv
                 if not hot and (next_wake == 0 or e.wake < next_wake):
                     next_wake = e.wake
@@ -517,14 +524,17 @@ def arm(stream, Channel ch, uint64_t token):
     e.token = token
     e.key = key
     e.ctx = <uint64_t>id(be)
+    e.armed = now
     e.start = start
     e.prewake = 0
     if est > 0:
         e.due = start + est
         if POLICY == ADAPTIVE and e.due - _window(est) > now:
             e.prewake = e.due - _window(est)
-        e.wake = e.due + LATE_BASE + est // 128
-        e.hot_until = e.wake  # the loop polls around the completion; the scanner backs off
+        # besides the pre-wake, the scanner looks on its backing-off schedule from the start:
+        # work that ends well before its prediction (the stream's work changed) is seen too
+        e.wake = now + BACKOFF_MIN
+        e.hot_until = now  # the loop polls around the completion; the scanner never spins
         p.tail = e.due
     else:
         e.due = 0
