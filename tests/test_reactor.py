@@ -426,4 +426,4 @@ def test_work_much_shorter_than_predicted_is_seen_early(backend) -> None:
         await K.fill(t.partition((128,)), 2.0).wait(stream=s)
         return time.perf_counter() - t0
 
-    assert asyncio.run(main()) < 0.06
+    assert asyncio.run(main()) < 0.01  # the parked re-check alone would take 20 ms
