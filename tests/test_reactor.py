@@ -59,7 +59,7 @@ if os.environ.get("DEVICEOP_STUB_DRIVER") == "1":
     from stub_driver import emulate
     emulate.install()
 from deviceop._core import _reactor
-from helpers import slow_fill
+from helpers import pool_of, slow_fill
 K = do.kernels
 """ % ROOT
 
@@ -269,7 +269,7 @@ def boom(out, *rest):
     raise FloatingPointError("planted fault")
 bad = K.Kernel('extern "C" __global__ void boom(float* out) { }', "boom", params=(K.Out(do.float32),), host=boom)
 async def main():
-    streams = do.streams()
+    streams = pool_of(4)
     ts = [await do.zeros(128, do.float32) for _ in range(9)]
     async def parked(i):
         try:

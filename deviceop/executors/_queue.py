@@ -47,10 +47,11 @@ class WorkQueue:
     ``on_done``: optional ``async f(result)`` awaited in the stream's task after each item
     (post-processing, host work), before the task takes its next item.
     ``poll``: seconds an item's task polls for completion in the loop (yielding to the other
-    tasks between checks) before it parks on the completion reactor; default None: learned,
-    as for any await (it polls only when its stream's recent batches say completion is due
-    within the poll budget, see :func:`~deviceop.set_poll_budget`). A parked task costs no CPU,
-    and the reactor wakes it within microseconds of the GPU's completion flag.
+    tasks between checks) before it parks on the completion reactor. Default None: up to 3x
+    the queue's recent batch latency (at least 2 ms, at most 20 ms). A stream of the queue
+    idles from the moment its batch completes until its task notices, so the task polls: while
+    several streams are busy the loop has other tasks to run between checks, and polling costs
+    little; a batch that runs longer parks and costs no CPU.
     ``batch``: a task takes up to this many items that are already waiting (it never waits
     for more) and runs them as one execution on its stream, awaiting them together. Results
     and errors stay per item; an item's latency then includes the rest of its batch. When
@@ -64,6 +65,7 @@ class WorkQueue:
         if poll is not None and (isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0 <= poll <= 1):
             raise UsageError(f"poll must be None (learned) or 0 to 1 seconds, got {poll!r}")
         self.poll = None if poll is None else float(poll)
+        self._lat = 0.0  # moving average of a batch's start-to-completion time (seconds)
         if on_done is not None and not callable(on_done):
             raise UsageError(f"on_done must be an async callable f(result), got {type(on_done).__name__}")
         self.on_done = on_done
@@ -190,7 +192,8 @@ class WorkQueue:
             ops, run = start_batch(batch, lane, t0, "a WorkQueue")
             try:
                 if run is not None:
-                    settle(ops, await await_op(run, stream, "WorkQueue", None, self.poll))
+                    budget = self.poll if self.poll is not None else min(max(2e-3, 3.0 * self._lat), 20e-3)
+                    settle(ops, await await_op(run, stream, "WorkQueue", None, budget))
             except Exception as e:  # the execution failed as a whole (a CUDA error)
                 for r, _ in ops:
                     r.error = r.error or e
@@ -200,6 +203,7 @@ class WorkQueue:
                 raise
             finally:
                 t1 = clock()
+                self._lat += 0.1 * (t1 - t0 - self._lat)
                 for _, r in batch:
                     r.latency_s = t1 - t0
                 busy[lane] += t1 - t0
