@@ -47,7 +47,7 @@ from ._base cimport (
 import os
 
 __all__ = [
-    "arm", "done", "expected", "window", "prewoken", "retire", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
+    "arm", "done", "expected", "prewoken", "retire", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
     "Signal", "POLICIES",
 ]
 
@@ -590,23 +590,6 @@ def prewoken(uint64_t handle):
     return r
 
 
-def window(uint64_t handle):
-    """Seconds before its predicted completion that the loop waiting on ``handle`` is woken to
-    poll (-1.0 if its stream's durations are not known yet)."""
-    cdef uint32_t slot = <uint32_t>(handle >> 32)
-    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
-    cdef int i
-    cdef double r = -1.0
-    pthread_mutex_lock(&MU)
-    for i in range(N):
-        if E[i].slot == slot and E[i].seq == seq:
-            if E[i].due:
-                r = _window(_pred(E[i].key).est) * 1e-9
-            break
-    pthread_mutex_unlock(&MU)
-    return r
-
-
 def done(uint64_t handle):
     """True once the slot's flag was written (the work before it completed)."""
     cdef uint32_t slot = <uint32_t>(handle >> 32)
@@ -616,8 +599,9 @@ def done(uint64_t handle):
 
 
 def expected(uint64_t handle):
-    """Seconds until the armed work is predicted to complete (0 if overdue); -1.0 if this
-    stream's durations are not known yet or the slot is no longer armed."""
+    """How the task that armed ``handle`` should wait: -1.0 if its stream's durations are not
+    known yet (or the slot is no longer armed); 0.0 if the reactor will pre-wake it (park);
+    otherwise the seconds until the predicted completion, too soon for a pre-wake (poll)."""
     cdef uint32_t slot = <uint32_t>(handle >> 32)
     cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
     cdef int i
@@ -628,7 +612,10 @@ def expected(uint64_t handle):
         if E[i].slot == slot and E[i].seq == seq:
             if E[i].due:
                 now = dvo_now_ns()
-                r = (E[i].due - now) * 1e-9 if E[i].due > now else 0.0
+                if E[i].prewake or E[i].due - now > _window(_pred(E[i].key).est):
+                    r = 0.0
+                else:
+                    r = (E[i].due - now) * 1e-9 if E[i].due > now else 1e-9
             break
     pthread_mutex_unlock(&MU)
     return r

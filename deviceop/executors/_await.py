@@ -216,7 +216,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
                 budget = _POLL[0]
                 if rem < 0:  # not learned yet
                     poll = min(budget, _POLL_UNKNOWN)
-                elif rem <= _reactor.window(h):  # too soon for a pre-wake: poll from the start
+                elif rem > 0:  # too soon for a pre-wake: poll from the start
                     poll = min(budget, rem + _POLL_SLACK)
                 else:  # the reactor pre-wakes this task shortly before the completion
                     poll = 0.0
