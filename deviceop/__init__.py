@@ -34,12 +34,14 @@ from .device import (
     set_host_chaos,
     use_backend,
 )
+from .device._select import Stream
 from .device._select import current as _current
 from .device import _tensor as _tensor_mod
 from .ops import DeviceOp, empty, from_numpy, full, ones, to_numpy, value, zeros
 
 if TYPE_CHECKING:
-    from . import graph, kernels
+    from . import graph, interop, kernels
+    from .interop import external
     from .combinators import zip  # noqa: A004
     from .executors import DeviceFuture, poll_budget, set_poll_budget, set_wait_policy, wait_policy
 
@@ -51,7 +53,8 @@ _HOOKS.load_from.update({
     "graph": "deviceop.graph._scope", "watch": "deviceop.executors._future",
 })
 _LAZY = {
-    "graph": ("deviceop.graph", None), "kernels": ("deviceop.kernels", None),
+    "graph": ("deviceop.graph", None), "kernels": ("deviceop.kernels", None), "interop": ("deviceop.interop", None),
+    "external": ("deviceop.interop", "external"),
     "zip": ("deviceop.combinators", "zip"), "DeviceFuture": ("deviceop.executors", "DeviceFuture"),
     "poll_budget": ("deviceop.executors", "poll_budget"), "set_poll_budget": ("deviceop.executors", "set_poll_budget"),
     "set_wait_policy": ("deviceop.executors", "set_wait_policy"), "wait_policy": ("deviceop.executors", "wait_policy"),
@@ -113,12 +116,12 @@ def used_bytes() -> int:
 __version__ = "0.1.0"
 
 __all__ = [
-    "DeviceOp", "DeviceFuture", "Tensor", "Partition", "DType",
+    "DeviceOp", "DeviceFuture", "Tensor", "Partition", "DType", "Stream",
     "float16", "bfloat16", "float32", "int32", "int64", "uint8",
-    "value", "zeros", "ones", "full", "empty", "from_numpy", "to_numpy", "from_dlpack", "zip",
+    "value", "zeros", "ones", "full", "empty", "from_numpy", "to_numpy", "from_dlpack", "external", "zip",
     "backend_name", "use_backend", "next_stream", "streams", "used_bytes", "empty_cache",
     "set_borrow_policy", "borrow_policy", "set_host_chaos", "set_poll_budget", "poll_budget",
-    "set_wait_policy", "wait_policy", "kernels", "graph",
+    "set_wait_policy", "wait_policy", "kernels", "graph", "interop",
     "DeviceOpError", "BackendError", "BorrowError", "CaptureError", "CompileError", "CudaError",
     "ShapeError", "TensorIndexError", "DTypeError", "UsageError", "SettingError", "DeviceOpWarning",
 ]

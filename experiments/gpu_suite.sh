@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (for the lent H100): tests on cuda and host, the demo, and the
 # benchmarks; JSON, logs and PNG figures go to $OUT.
-# Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|work|queue|reactor]
+# Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|work|queue|reactor|interop]
 # (core: build, tests, exec_modes, the user-program pipeline, plan reuse, start-up and kernels;
 # work: build, tests, kernels (GEMM included) and the bimodal queues; queue: build, tests and the
-# bimodal queues; reactor: build, tests, the await cost, overlap and the bimodal queues; full and quick: everything, quick with fewer repeats; SKIP_TESTS=1 leaves the
+# bimodal queues; reactor: build, tests, the await cost, overlap and the bimodal queues; interop: build, tests and
+# the external-step cost with a PyTorch MLP served; full and quick: everything, quick with fewer repeats; SKIP_TESTS=1 leaves the
 # tests out, for a second call of one session)
 set -u -o pipefail
 # every step has a time limit (timeout): a hang fails its step instead of the whole call
@@ -59,6 +60,11 @@ if [ "$MODE" = reactor ]; then  # the await path: its cost at every length, over
   timeout 200 python3 experiments/async_overlap.py --reps 10 --out "$OUT/async_overlap.json" --png "$OUT/async_overlap.png" 2>&1 | tee "$OUT/async_overlap.log" | tail -n 14
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   bimodal; plots
+  echo "gpu_suite status: $status"; exit $status
+fi
+if [ "$MODE" = interop ]; then  # another library's work in pipelines: its step cost, a PyTorch MLP served
+  timeout 300 python3 experiments/external_cost.py --out "$OUT/external_cost.json" 2>&1 | tee "$OUT/external_cost.log" | tail -n 12
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
   echo "gpu_suite status: $status"; exit $status
 fi
 if [ "$MODE" = queue ]; then

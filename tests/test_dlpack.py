@@ -146,6 +146,8 @@ def test_cuda_array_interface(backend):
 def test_torch_round_trip(backend):
     _require(backend, "cuda")
     torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
     x = torch.arange(1024, dtype=torch.float32, device="cuda")
     t = do.from_dlpack(x)
     assert t.ptr == x.data_ptr() and t.shape == (1024,)

@@ -39,6 +39,7 @@ cdef class Lock:
     cdef sem_t sem
     cdef bint ready
     cdef public bint _locked
+    cdef unsigned long owner  # the thread holding it (0: none): a holder's second take raises
     cdef int take(self) except -1
     cdef void drop(self) noexcept nogil
 

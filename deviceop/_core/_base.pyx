@@ -2,11 +2,12 @@
 """The lowest layer of the compiled core: the ledger lock, device buffers, wake-up channels,
 and the table of driver entry points a backend hands to the core.
 
-Nothing here imports another deviceop module or a driver binding: backends fill a
+Nothing here imports another deviceop module (but its errors) or a driver binding: backends fill a
 :class:`Driver` with their entry points, and the layers above call through it.
 """
 
 from cpython.exc cimport PyErr_SetFromErrno
+from cpython.pythread cimport PyThread_get_thread_ident
 
 cdef extern from *:
     """
@@ -21,6 +22,8 @@ from libc.errno cimport errno, EINTR, EAGAIN
 from libc.stdlib cimport malloc, realloc, free
 from libc.stdint cimport uint64_t
 import os
+
+from .._errors import UsageError
 
 cdef extern from "<unistd.h>" nogil:
     ssize_t write(int, const void*, size_t)
@@ -72,7 +75,16 @@ cdef class Lock:
 
     cdef int take(self) except -1:
         cdef int r
+        cdef unsigned long me = PyThread_get_thread_ident()
         if sem_trywait(&self.sem) != 0:
+            if self.owner == me and self._locked:
+                # the holder asking again would wait for itself forever: say so instead
+                raise UsageError(
+                    "deviceop was called from code that runs while this thread holds deviceop's "
+                    "ledger (the fn of do.external, which runs as its work is enqueued); inside "
+                    "it, enqueue work on the given stream through your own library and call no "
+                    "deviceop op, terminal or import. Build that work as a separate op instead"
+                )
             with nogil:
                 r = sem_wait(&self.sem)
                 while r != 0 and errno == EINTR:
@@ -80,10 +92,12 @@ cdef class Lock:
             if r != 0:
                 PyErr_SetFromErrno(OSError)
         self._locked = True
+        self.owner = me
         return 0
 
     cdef void drop(self) noexcept nogil:
         self._locked = False
+        self.owner = 0
         sem_post(&self.sem)
 
     def acquire(self):

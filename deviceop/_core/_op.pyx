@@ -16,7 +16,7 @@ from ._base import STREAM_TYPES
 
 from .._errors import CaptureError, CudaError, UsageError
 from ..device._capture import CAPTURE, RECORDING
-from ..device._select import next_stream
+from ..device._select import next_stream, stream_of
 
 __all__ = [
     "DeviceOp", "Value", "Chain", "HOOKS", "SHAREABLE", "value", "chain", "start", "run_sync", "as_stream",
@@ -67,13 +67,18 @@ cpdef int refuse_in_capture(str what) except -1:
 
 
 cpdef object as_stream(object stream):
-    """A deviceop stream: ``None`` is the next pool stream; anything else must be a stream."""
+    """A deviceop stream: ``None`` is the next pool stream; a deviceop stream itself; another
+    library's stream (an object with ``__cuda_stream__``) wrapped once per handle."""
     if stream is None:
         return next_stream()
     if type(stream) in STREAM_TYPES:
         return stream
+    if hasattr(stream, "__cuda_stream__"):
+        return stream_of(stream)
     raise UsageError(
-        f"{stream!r} is not a deviceop stream; pass one from do.next_stream() or do.streams()"
+        f"{stream!r} is not a deviceop stream nor another library's; pass one from do.next_stream() "
+        "or do.streams(), a stream with __cuda_stream__ (PyTorch, CuPy, cuda.core), or "
+        "do.Stream.from_handle(handle)"
     )
 
 

@@ -81,6 +81,9 @@ class CudaEvent:
             pass
 
 
+_FOREIGN = -2  # the index of a stream wrapped from another library's handle
+
+
 @register_stream_type
 class CudaStream:
     """A non-blocking CUDA stream of the pool."""
@@ -94,7 +97,20 @@ class CudaStream:
         self.handle = check(_drv.cuStreamCreate(int(_drv.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")
         self.handle_int = int(self.handle)
 
+    @classmethod
+    def foreign(cls, backend: "CudaBackend", handle: int) -> "CudaStream":
+        """A stream made by another library (``handle``, a CUstream as an int), not owned: deviceop
+        enqueues on it and records events on it, and never destroys it."""
+        s = cls.__new__(cls)
+        s.backend = backend
+        s.index = _FOREIGN
+        s.handle = _drv.CUstream(handle)
+        s.handle_int = handle
+        return s
+
     def __repr__(self) -> str:
+        if self.index == _FOREIGN:
+            return f"<foreign stream 0x{self.handle_int:x} of {self.backend.device_label}>"
         if self.index < 0:
             return f"<capture stream of {self.backend.device_label}>"
         return f"<Stream {self.index} of {self.backend.device_label}>"
@@ -214,6 +230,7 @@ class CudaBackend:
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
         self._modules: dict[bytes, Any] = {}
         self._mod_lock = threading.Lock()
+        self._foreign_streams: dict[int, CudaStream] = {}
         self.graphs = CudaGraphs(self, lambda: CudaStream(self, -1))
         # the compiled core's entry points into the driver, for this context
         self.driver = _nd.make_driver(int(self.context), cuda_error, self.blocks)
@@ -248,6 +265,27 @@ class CudaBackend:
     # -- streams and events --------------------------------------------------------------------
     def new_stream(self, index: int) -> CudaStream:
         return CudaStream(self, index)
+
+    def stream_from_handle(self, handle: int) -> CudaStream:
+        """The stream for CUstream ``handle``: the pool's own, or one wrapper per foreign handle
+        (the ledger tells streams apart by identity). 0 is the legacy default stream."""
+        for st in self.streams:
+            if st.handle_int == handle:
+                return st
+        with self._mod_lock:
+            st = self._foreign_streams.get(handle)
+            if st is None:
+                st = self._foreign_streams[handle] = CudaStream.foreign(self, handle)
+        return st
+
+    def allocation_range(self, ptr: int) -> tuple[int, int] | None:
+        """``(base, size)`` of the device allocation holding address ``ptr``, or None if the
+        driver knows none (the ledger's region for foreign memory)."""
+        self.make_current()
+        err, base, size = _drv.cuMemGetAddressRange(ptr)
+        if err:
+            return None
+        return int(base), int(size)
 
     def new_event(self) -> CudaEvent:
         return CudaEvent(self)

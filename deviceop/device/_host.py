@@ -20,7 +20,7 @@ import numpy as np
 
 from .._core._base import Buffer, register_stream_type
 from .._core._ledger import abandon
-from .._errors import CudaError, DTypeError, SettingError
+from .._errors import CudaError, DTypeError, SettingError, UsageError
 
 __all__ = ["HostBackend", "set_host_chaos"]
 
@@ -69,6 +69,13 @@ class HostEvent:
         return ok
 
 
+class _Worker(threading.local):
+    on = False
+
+
+_worker = _Worker()  # on: this thread is a stream's worker
+
+
 @register_stream_type
 class HostStream:
     """An in-order work queue executed by one worker thread."""
@@ -105,6 +112,7 @@ class HostStream:
         self._q.put((None, True))  # type: ignore[arg-type]
 
     def _work(self) -> None:
+        _worker.on = True
         be = self.backend
         while True:
             fn, always = self._q.get()
@@ -305,7 +313,15 @@ class HostBackend:
             raise self.error
 
     def make_current(self) -> None:
-        """Nothing to do on the host; present for symmetry with the cuda backend."""
+        """Nothing to make current on the host. Refuses a stream's own worker: work running on
+        a stream (the fn of ``do.external``, a kernel's numpy twin) that starts deviceop work
+        would wait for its own stream forever."""
+        if _worker.on:
+            raise UsageError(
+                "deviceop was called from work running on a host stream's worker (the fn of "
+                "do.external or a kernel's host function); that work must not start deviceop "
+                "ops or terminals. Build the deviceop work as a separate op instead"
+            )
 
     # -- DLPack --------------------------------------------------------------------------------
     def accepts_dlpack_device(self, dev: tuple[int, int]) -> bool:
@@ -325,6 +341,21 @@ class HostBackend:
     # -- streams and events --------------------------------------------------------------------
     def new_stream(self, index: int) -> HostStream:
         return HostStream(self, index)
+
+    def stream_from_handle(self, handle: int) -> HostStream:
+        """The pool stream whose ``handle_int`` is ``handle`` (the emulated device has no others)."""
+        for st in self.streams:
+            if st.handle_int == handle:
+                return st
+        raise UsageError(
+            f"0x{handle:x} is not a stream of the host backend (its streams are "
+            f"{[hex(s.handle_int) for s in self.streams]}); foreign streams exist only on cuda"
+        )
+
+    @staticmethod
+    def allocation_range(ptr: int) -> None:
+        """None: host memory is described by the array that owns it (see ``interop``)."""
+        return None
 
     def new_event(self) -> HostEvent:
         return HostEvent(self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import itertools
 import os
 import threading
@@ -9,10 +10,11 @@ import warnings
 import weakref
 from typing import Any
 
+from .._core._base import STREAM_TYPES
 from .._core._ledger import abandon
-from .._errors import BackendError
+from .._errors import BackendError, UsageError
 
-__all__ = ["current", "use_backend", "backend_name", "next_stream", "DeviceOpWarning"]
+__all__ = ["current", "use_backend", "backend_name", "next_stream", "DeviceOpWarning", "Stream", "stream_of"]
 
 
 class DeviceOpWarning(UserWarning):
@@ -144,3 +146,61 @@ def next_stream() -> Any:
     """The next stream of the current device's pool, round-robin."""
     streams = current().streams
     return streams[next(_state["rr"]) % len(streams)]
+
+
+class _StreamMeta(abc.ABCMeta):
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return type(obj) in STREAM_TYPES
+
+
+class Stream(metaclass=_StreamMeta):
+    """A stream deviceop runs work on: one of the pool (``do.next_stream()``, ``do.streams()``)
+    or another library's, wrapped with :meth:`from_handle`.
+
+    Every backend's stream is a ``Stream`` (``isinstance`` works); it has ``handle_int`` (the
+    CUstream as an int on cuda), ``__cuda_stream__()`` (the stream protocol other libraries
+    read: PyTorch's ``torch.cuda.ExternalStream``, CuPy, cuda.core), ``synchronize()`` and
+    ``query()``. Terminals (``sync_on``, ``submit(stream=)``, ``wait(stream=)``) also take any
+    object with ``__cuda_stream__``. Streams are made by deviceop; this class is not
+    instantiated.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise UsageError("deviceop streams come from do.next_stream(), do.streams() or do.Stream.from_handle(handle)")
+
+    @staticmethod
+    def from_handle(handle: Any) -> Any:
+        """The stream for ``handle`` on the current device: a CUstream as an int, or an object
+        with ``__cuda_stream__`` (a PyTorch, CuPy or cuda.core stream).
+
+        A pool stream's handle gives that stream; another library's gives one wrapper per
+        handle, which deviceop enqueues on and records events on but never destroys: keep the
+        library's stream alive while deviceop work on it may run. Work on it is ordered by the
+        ledger like work on any other stream.
+        """
+        return stream_of(handle)
+
+
+def stream_of(obj: Any) -> Any:
+    """A deviceop stream for ``obj``: a deviceop stream itself, an object with
+    ``__cuda_stream__``, or a CUstream handle as an int."""
+    if type(obj) in STREAM_TYPES:
+        return obj
+    proto = getattr(obj, "__cuda_stream__", None)
+    if proto is not None:
+        try:
+            version, handle = proto() if callable(proto) else proto
+        except (TypeError, ValueError):
+            raise UsageError(
+                f"{type(obj).__name__}.__cuda_stream__ did not give (version, handle); it is not a CUDA stream"
+            ) from None
+        if version != 0:
+            raise UsageError(f"{type(obj).__name__}.__cuda_stream__ speaks version {version}; deviceop reads version 0")
+        obj = handle
+    if isinstance(obj, bool) or not isinstance(obj, int) or obj < 0:
+        raise UsageError(
+            f"{obj!r} is not a stream: pass a deviceop stream (do.next_stream()), an object with "
+            "__cuda_stream__ (torch.cuda.Stream, cupy.cuda.Stream, cuda.core Stream) or a CUstream "
+            "handle as an int"
+        )
+    return current().stream_from_handle(int(obj))

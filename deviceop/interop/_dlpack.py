@@ -21,42 +21,11 @@ from ..device._select import current, next_stream
 from ..device._tensor import Tensor
 from ..executors._future import DeviceFuture, watch
 from .._process import renew_at_fork
+from ._dlstructs import _USED, _DELETER, _DLDataType, _DLDevice, _DLManagedTensor, _Imported, _api
+from ._regions import buffer_for, host_root, inside, register
 
 __all__ = ["export", "from_dlpack"]
 
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    pass
-
-
-_DELETER = ctypes.PYFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
-_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
-
-_api = ctypes.pythonapi
-_api.PyCapsule_New.restype = ctypes.py_object
-_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_api.PyCapsule_IsValid.restype = ctypes.c_int
-_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_SetName.restype = ctypes.c_int
-_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 # exported tensors stay alive here until their consumer calls the deleter
 _live: dict[int, tuple[Any, ...]] = {}
@@ -87,16 +56,30 @@ def _capsule_dtor(cap: int) -> None:
 
 
 def export(t: Tensor, stream: Any) -> Any:
-    """A ``dltensor`` capsule for ``t``; orders the consumer's ``stream`` after work in flight."""
+    """A ``dltensor`` capsule for ``t``; orders the consumer's ``stream`` after work in flight.
+
+    Inside the fn of :func:`~deviceop.interop.external` the ledger has already ordered the op's
+    stream after the work in flight, so a consumer on that stream waits for nothing more (and
+    on the host backend the fn runs in stream order, so the tensor may be read).
+    """
     be = t.buffer.backend
+    register(t.buffer)  # wrapped back later, its memory is this buffer's region
+    mine = inside.stream
     if not be.cuda_memory:
-        t.check_host_access("export")  # a host consumer reads at once: nothing may be in flight
+        if mine is None:
+            t.check_host_access("export")  # a host consumer reads at once: nothing may be in flight
         return be.dlpack_host(t)  # numpy owns the capsule's lifetime
-    ex = in_flight(t.buffer, *t.span)
-    if ex is not None and stream != -1:
-        with LOCK:
-            ev = ex.completion_event()
-        be.foreign_wait(stream, ev)  # the consumer's stream waits for the work in flight
+    if mine is not None:
+        if stream not in (-1, mine.handle_int):
+            ev = be.new_event()  # another stream of the consumer: after our work so far
+            mine.record(ev)
+            be.foreign_wait(stream, ev)
+    else:
+        ex = in_flight(t.buffer, *t.span)
+        if ex is not None and stream != -1:
+            with LOCK:
+                ev = ex.completion_event()
+            be.foreign_wait(stream, ev)  # the consumer's stream waits for the work in flight
     n = t.ndim
     shape = (ctypes.c_int64 * max(n, 1))(*t.shape)
     strides = (ctypes.c_int64 * max(n, 1))(*t.strides)
@@ -114,19 +97,6 @@ def export(t: Tensor, stream: Any) -> Any:
     with _live_lock:
         _live[addr] = (mt, shape, strides, t)
     return _api.PyCapsule_New(addr, b"dltensor", ctypes.cast(_capsule_dtor, ctypes.c_void_p))
-
-
-class _Imported:
-    """Owner of imported DLPack memory: calls the producer's deleter when dropped."""
-
-    def __init__(self, addr: int, keep: Any) -> None:
-        self.addr = addr
-        self.keep = keep
-
-    def __del__(self) -> None:
-        mt = _DLManagedTensor.from_address(self.addr)
-        if mt.deleter:
-            mt.deleter(ctypes.pointer(mt))
 
 
 def from_dlpack(obj: Any) -> Tensor:
@@ -174,13 +144,13 @@ def from_dlpack(obj: Any) -> Tensor:
             _raw(ptr, t0.span[1]).view(dtype.np_dtype), shape=shape, strides=tuple(s * it for s in t0.strides)
         ) if t0.span[1] else np.empty(shape, dtype.np_dtype)
         return _wrap_host(be, arr, dtype, owner)
-    buf = Buffer(be, ptr, t0.span[1], owner=owner, stream=stream)
-    t = Tensor(buf, shape, dtype, strides)
-    _register_import(stream, buf)
+    # the allocation's region: the same memory wrapped twice is one region in the ledger
+    buf = buffer_for(be, ptr, ptr + t0.span[1], owner)
+    t = Tensor(buf, shape, dtype, strides, ptr - buf.ptr)
+    _register_import(stream, buf, t)
     return t
 
 
-_USED = b"used_dltensor"  # the capsule keeps this pointer: it must live as long as the module
 
 
 def _raw(ptr: int, nbytes: int) -> np.ndarray:
@@ -193,14 +163,15 @@ def _wrap_host(be: Any, arr: np.ndarray, dt: Any, owner: Any) -> Tensor:
         raise ShapeError("arrays with negative or unaligned strides are not supported; make a contiguous copy first")
     strides = tuple(s // it for s in arr.strides)
     span = 0 if arr.size == 0 else (sum((n - 1) * s for n, s in zip(arr.shape, strides)) + 1) * it
-    buf = Buffer(be, arr.ctypes.data, span, host=_raw(arr.ctypes.data, span), owner=(owner, arr))
-    return Tensor(buf, tuple(arr.shape), dt, strides)
+    ptr = arr.ctypes.data
+    buf = buffer_for(be, ptr, ptr + span, (owner, arr), host_root(arr))
+    return Tensor(buf, tuple(arr.shape), dt, strides, ptr - buf.ptr)
 
 
-def _register_import(stream: Any, buf: Buffer) -> None:
+def _register_import(stream: Any, buf: Buffer, t: Tensor) -> None:
     """Record the producer's pending work as a write on ``stream`` in the ledger."""
     cx = ExecutionContext(stream, "from_dlpack")
-    enqueue(cx, ((buf, 0, buf.nbytes, True),), None, "from_dlpack")
+    enqueue(cx, ((t, True),), None, "from_dlpack")
     watch(stream, cx.seal(), cx, DeviceFuture(cx, None))
 
 

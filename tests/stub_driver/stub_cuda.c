@@ -261,6 +261,12 @@ CUresult cuMemPoolGetAttribute(void *pool, int attr, void *value) {
     return OK;
 }
 
+// live allocations (start, size), for cuMemGetAddressRange: a small open list under a mutex
+typedef struct range { CUdeviceptr start; size_t size; } range_t;
+static range_t *ranges;
+static size_t n_ranges, cap_ranges;
+static pthread_mutex_t ranges_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static CUresult alloc(CUdeviceptr *p, size_t n) {
     // a size header keeps the pool's "used" figure honest; 256-byte aligned like the driver's
     void *raw = NULL;
@@ -269,10 +275,22 @@ static CUresult alloc(CUdeviceptr *p, size_t n) {
     *p = (CUdeviceptr)((char *)raw + 256);
     __sync_fetch_and_add(&used, (long long)n);
     __sync_fetch_and_add(&live_allocs, 1);
+    pthread_mutex_lock(&ranges_mu);
+    if (n_ranges == cap_ranges) {
+        size_t cap = cap_ranges ? cap_ranges * 2 : 256;
+        range_t *r = realloc(ranges, cap * sizeof(range_t));
+        if (r) { ranges = r; cap_ranges = cap; }
+    }
+    if (n_ranges < cap_ranges) ranges[n_ranges++] = (range_t){*p, n};
+    pthread_mutex_unlock(&ranges_mu);
     return OK;
 }
 static CUresult release(CUdeviceptr p) {
     if (!p) return OK;
+    pthread_mutex_lock(&ranges_mu);
+    for (size_t i = 0; i < n_ranges; i++)
+        if (ranges[i].start == p) { ranges[i] = ranges[--n_ranges]; break; }
+    pthread_mutex_unlock(&ranges_mu);
     char *raw = (char *)p - 256;
     __sync_fetch_and_sub(&used, (long long)*(size_t *)raw);
     __sync_fetch_and_sub(&live_allocs, 1);
@@ -285,6 +303,22 @@ CUresult cuMemFreeAsync(CUdeviceptr p, void *s) {
     return s ? submit(s, &w) : release(p);
 }
 CUresult cuMemAlloc(CUdeviceptr *p, size_t n) { return alloc(p, n); }
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return alloc(p, n); }
+CUresult cuMemFree_v2(CUdeviceptr p) { return release(p); }
+CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+    CUresult r = E_NOT_FOUND;
+    pthread_mutex_lock(&ranges_mu);
+    for (size_t i = 0; i < n_ranges; i++)
+        if (ranges[i].start <= p && p < ranges[i].start + (ranges[i].size ? ranges[i].size : 1)) {
+            if (base) *base = ranges[i].start;
+            if (size) *size = ranges[i].size;
+            r = OK;
+            break;
+        }
+    pthread_mutex_unlock(&ranges_mu);
+    return r;
+}
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) { return cuMemGetAddressRange(base, size, p); }
 CUresult cuMemFree(CUdeviceptr p) { return release(p); }
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) { *p = malloc(n); return *p ? OK : E_OUT_OF_MEMORY; }
 CUresult cuMemFreeHost(void *p) { free(p); return OK; }

@@ -1,0 +1,272 @@
+"""Foreign memory in the ledger: one region per allocation, whichever wrapper reaches it.
+
+The ledger keeps in-flight accesses per :class:`Buffer`. Memory deviceop did not allocate (a
+PyTorch or CuPy tensor; a numpy array on the host backend) is reached through wrappers, and the
+same memory may be reached through several: a tensor wrapped twice, a deviceop tensor exported
+and wrapped back. Each wrapper gets its own Buffer, which keeps its library's object alive for
+as long as the wrapper or work using it lives; all Buffers of one allocation share one access
+list, their addresses counted from the allocation's start, so the ledger sees one region.
+
+An allocation is found by address: deviceop buffers that leave through DLPack or ``external``
+are registered here; other memory is looked up in the driver (``cuMemGetAddressRange``) on cuda
+and by the numpy array that owns it on the host backend.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from .._core._base import Buffer
+from .._errors import ShapeError, UsageError
+from .._process import renew_at_fork
+from ..device._tensor import Partition, Tensor
+from ._dlstructs import describe_dlpack
+
+__all__ = ["buffer_for", "register", "access_of", "inside", "host_root"]
+
+
+class _Region:
+    """One allocation [start, end) of a device: its access list and the buffers that share it."""
+
+    __slots__ = ("start", "end", "accesses", "users", "host")
+
+    def __init__(self, start: int, end: int, accesses: list[Any], host: Any) -> None:
+        self.start = start
+        self.end = end
+        self.accesses = accesses
+        self.users: weakref.WeakSet[Buffer] = weakref.WeakSet()
+        self.host = host
+
+
+# per device: sorted region starts and the regions by start
+_tables: dict[int, tuple[list[int], dict[int, _Region]]] = {}
+_lock = threading.Lock()
+_inserts = [0]
+renew_at_fork(globals(), _lock=threading.Lock)  # a thread may hold it at fork()
+
+
+def _table(be: Any) -> tuple[list[int], dict[int, _Region]]:
+    t = _tables.get(id(be))
+    if t is None:
+        t = _tables[id(be)] = ([], {})
+        weakref.finalize(be, _tables.pop, id(be), None)
+    return t
+
+
+def _find(table: tuple[list[int], dict[int, _Region]], lo: int, hi: int) -> _Region | None:
+    starts, regions = table
+    i = bisect.bisect_right(starts, lo) - 1
+    if i < 0:
+        return None
+    r = regions[starts[i]]
+    if r.end >= hi and len(r.users):
+        return r
+    return None
+
+
+def _drop(table: tuple[list[int], dict[int, _Region]], r: _Region) -> None:
+    starts, regions = table
+    if regions.get(r.start) is r:
+        del regions[r.start]
+        starts.pop(bisect.bisect_left(starts, r.start))
+
+
+def _insert(table: tuple[list[int], dict[int, _Region]], r: _Region) -> bool:
+    """Add ``r`` unless a live region overlaps it; dead ones in the way are dropped."""
+    starts, regions = table
+    _inserts[0] += 1
+    if _inserts[0] % 256 == 0:  # regions of freed memory: forget them now and then
+        for dead in [x for x in regions.values() if not len(x.users)]:
+            _drop(table, dead)
+    i = bisect.bisect_right(starts, r.start) - 1
+    j = i if i >= 0 else 0
+    while j < len(starts) and starts[j] < r.end:
+        x = regions[starts[j]]
+        if x.end > r.start:
+            if len(x.users):
+                return False
+            _drop(table, x)
+            continue
+        j += 1
+    pos = bisect.bisect_left(starts, r.start)
+    starts.insert(pos, r.start)
+    regions[r.start] = r
+    return True
+
+
+def register(buf: Buffer) -> None:
+    """Make deviceop-owned ``buf`` findable by address (it is leaving through DLPack or
+    ``external``): wrappers of its memory share its access list."""
+    if buf.owner is not None:
+        return  # already a wrapper of some region
+    end = buf.ptr + max(buf.nbytes, 1)
+    with _lock:
+        table = _table(buf.backend)
+        r = _find(table, buf.ptr, end)
+        if r is not None and r.accesses is buf.accesses:
+            return
+        r = _Region(buf.ptr, end, buf.accesses, buf.host)
+        r.users.add(buf)
+        _insert(table, r)
+
+
+def buffer_for(be: Any, lo: int, hi: int, owner: Any, root: tuple[int, int] | None = None) -> Buffer:
+    """A Buffer for memory [lo, hi) of device ``be`` that keeps ``owner`` alive: its allocation's
+    region (``root``: the allocation's (start, size) where the caller knows it)."""
+    with _lock:
+        table = _table(be)
+        r = _find(table, lo, max(hi, lo + 1))
+        if r is None:
+            rng = root if root is not None else be.allocation_range(lo)
+            if rng is None or not (rng[0] <= lo and hi <= rng[0] + rng[1]):
+                rng = (lo, max(hi - lo, 1))
+            start, end = int(rng[0]), int(rng[0]) + int(rng[1])
+            host = _raw(start, end - start) if not be.cuda_memory else None
+            r = _Region(start, end, [], host)
+            _insert(table, r)  # (refused where a live region overlaps: then this one stands alone)
+        buf = Buffer(be, r.start, r.end - r.start, host=r.host, owner=owner)
+        buf.accesses = r.accesses
+        r.users.add(buf)
+    return buf
+
+
+def _raw(ptr: int, nbytes: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr))
+
+
+def host_root(arr: np.ndarray) -> tuple[int, int]:
+    """(start, size) of the memory owning numpy array ``arr`` (its base chain's last array)."""
+    root = arr
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return int(root.__array_interface__["data"][0]), int(root.nbytes)
+
+
+def _span(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> tuple[int, int]:
+    """Byte range [lo, hi) touched by an array at ``ptr`` (strides in bytes; None: row-major)."""
+    n = 1
+    for s in shape:
+        n *= s
+    if n == 0:
+        return ptr, ptr
+    if strides is None:
+        return ptr, ptr + n * itemsize
+    lo = hi = 0
+    for s, st in zip(shape, strides):
+        if st < 0:
+            lo += (s - 1) * st
+        else:
+            hi += (s - 1) * st
+    return ptr + lo, ptr + hi + itemsize
+
+
+# PyTorch tensors named again and again (a model's inputs and outputs): by id, the tensor (weak),
+# its data address and shape when described, its region and byte range there
+_torch_seen: dict[tuple[int, int], tuple[Any, int, Any, _Region, int, int]] = {}
+
+
+def _forget(k: tuple[int, int], ref: Any) -> None:
+    e = _torch_seen.get(k)
+    if e is not None and e[0] is ref:
+        del _torch_seen[k]
+
+
+def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
+    """What the ledger registers for ``obj`` named in ``reads``/``writes``: ``(tensor, write)``
+    for deviceop tensors and partitions, ``(buffer, lo, hi, write)`` for another library's
+    array (wrapped without a copy, kept alive by the buffer). ``what`` (a string, or a
+    function giving one) names ``obj`` in error messages."""
+    tp = type(obj)
+    if tp is Partition:
+        obj = obj.tensor
+        tp = Tensor
+    if tp is Tensor:
+        return (obj, write)
+    is_torch = tp.__module__ == "torch" and hasattr(obj, "data_ptr")
+    if is_torch:
+        e = _torch_seen.get((id(be), id(obj)))
+        if e is not None and e[0]() is obj and e[1] == obj.data_ptr() and e[2] == obj.shape:
+            r = e[3]  # alive: the tensor is one of its users
+            buf = Buffer(be, r.start, r.end - r.start, host=r.host, owner=obj)
+            buf.accesses = r.accesses
+            return (buf, e[4], e[5], write)
+    ptr, shape, strides, itemsize, device = _describe(obj, be, what)
+    lo, hi = _span(ptr, shape, strides, itemsize)
+    root = None
+    if isinstance(obj, np.ndarray):
+        root = host_root(obj)
+    elif is_torch:  # a PyTorch tensor: its storage
+        st = obj.untyped_storage()
+        root = (int(st.data_ptr()), int(st.nbytes()))
+    buf = buffer_for(be, lo, hi, obj, root)
+    if is_torch:
+        with _lock:
+            r = _find(_table(be), buf.ptr, buf.ptr + buf.nbytes)
+            if r is not None and r.accesses is buf.accesses:
+                r.users.add(obj)  # the region lives as long as the tensor does
+                k = (id(be), id(obj))
+                ref = weakref.ref(obj, lambda ref, k=k: _forget(k, ref))
+                _torch_seen[k] = (ref, ptr, obj.shape, r, lo - buf.ptr, hi - buf.ptr)
+    return (buf, lo - buf.ptr, hi - buf.ptr, write)
+
+
+_ITEMSIZE: dict[str, int] = {}
+
+
+def _describe(obj: Any, be: Any, what: Any) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, int, str]:
+    """(address, shape, byte strides or None, itemsize, 'cuda'|'cpu') of a foreign array."""
+    mod = type(obj).__module__
+    if mod.startswith("torch") and hasattr(obj, "data_ptr"):
+        dev = obj.device.type
+        _check_device(dev, be, what, obj)
+        it = obj.element_size()
+        return int(obj.data_ptr()), tuple(obj.shape), tuple(s * it for s in obj.stride()), it, dev
+    if be.cuda_memory:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+        if cai is not None:
+            ts = cai["typestr"]
+            it = _ITEMSIZE.get(ts)
+            if it is None:
+                it = _ITEMSIZE[ts] = np.dtype(ts).itemsize
+            st = cai.get("strides")
+            return int(cai["data"][0]), tuple(cai["shape"]), tuple(st) if st else None, it, "cuda"
+        if isinstance(obj, np.ndarray):
+            _check_device("cpu", be, what, obj)
+    else:
+        if isinstance(obj, np.ndarray):
+            return int(obj.__array_interface__["data"][0]), obj.shape, obj.strides, obj.itemsize, "cpu"
+        if hasattr(obj, "__cuda_array_interface__"):
+            _check_device("cuda", be, what, obj)
+    what = what() if callable(what) else what
+    if hasattr(obj, "__dlpack__"):
+        return describe_dlpack(obj, be, what)
+    raise UsageError(
+        f"{what}: {type(obj).__name__} is not an array deviceop can name; pass a deviceop Tensor or "
+        "Partition, or an array with __dlpack__ or __cuda_array_interface__ (PyTorch, CuPy; numpy "
+        "on the host backend)"
+    )
+
+
+def _check_device(dev: str, be: Any, what: Any, obj: Any) -> None:
+    want = "cuda" if be.cuda_memory else "cpu"
+    if dev != want:
+        what = what() if callable(what) else what
+        raise UsageError(
+            f"{what}: this {type(obj).__name__} lives on {dev!r} memory, but the {be.name} backend's "
+            f"work touches {want!r} memory; move it there first"
+        )
+
+
+class _Inside(threading.local):
+    stream: Any = None
+
+
+#: the stream whose ``external`` fn this thread is running (exports inside it need no wait)
+inside = _Inside()
+

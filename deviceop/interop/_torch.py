@@ -1,0 +1,114 @@
+"""PyTorch code as an op: the stream, the tensor conversions and the outputs done for the user.
+
+PyTorch is imported when an adapter op first runs, never by ``import deviceop``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .._dtypes import as_dtype
+from .._errors import DTypeError, UsageError
+from ..device._tensor import Partition, Tensor
+from ._external import External
+from ._regions import buffer_for
+
+__all__ = ["torch"]
+
+_streams: dict[int, Any] = {}  # torch.cuda.ExternalStream per CUstream handle
+
+
+def _torch() -> Any:
+    try:
+        import torch as th
+    except ImportError:
+        raise UsageError("do.interop.torch needs PyTorch; install it (pip install torch)") from None
+    return th
+
+
+def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ()) -> External[Any]:
+    """An op that calls PyTorch code ``fn(*args)`` (a function or an ``nn.Module``) on the op's
+    stream, with deviceop tensors among ``args`` given to it as PyTorch tensors (no copy).
+
+    On cuda, PyTorch's current stream is the op's stream while ``fn`` runs
+    (``torch.cuda.ExternalStream``), so the memory PyTorch allocates there is its caching
+    allocator's for that stream. On the host backend ``fn`` gets CPU tensors sharing the host
+    device's memory. The op's output is ``fn``'s, with every PyTorch tensor in it (itself, or
+    the items of a tuple or list) turned into a deviceop Tensor on the same memory, written by
+    this op and kept alive by it. deviceop tensors in ``args`` are read unless ``writes`` names
+    them; ``reads``/``writes`` name more memory, as for :func:`~deviceop.interop.external`,
+    whose rules hold here too (``fn`` only enqueues work; it calls no deviceop op).
+    """
+    if not callable(fn):
+        raise UsageError(f"do.interop.torch(fn, ...) needs a callable or an nn.Module, got {type(fn).__name__}")
+    named_w = {id(x.tensor if type(x) is Partition else x) for x in (writes or ())}
+    extra_r = tuple(
+        a for a in args if type(a) in (Tensor, Partition) and id(a.tensor if type(a) is Partition else a) not in named_w
+    )
+    reads = tuple(reads or ()) + extra_r
+
+    def call(stream: Any, *a: Any) -> Any:
+        th = _torch()
+        if stream.backend.cuda_memory:
+            ts = _streams.get(stream.handle_int)
+            if ts is None:
+                ts = _streams[stream.handle_int] = th.cuda.ExternalStream(stream.handle_int)
+            with th.cuda.stream(ts):
+                conv = tuple(th.from_dlpack(x.tensor if type(x) is Partition else x)
+                             if type(x) in (Tensor, Partition) else x for x in a)
+                return fn(*conv)
+        conv = tuple(_from_numpy(th, x) if type(x).__module__ == "numpy" and hasattr(x, "__array_interface__") else x
+                     for x in a)
+        return fn(*conv)
+
+    label = f"do.interop.torch({getattr(fn, '__qualname__', type(fn).__name__)})"
+    return External(call, args, reads, writes, post=_outputs, label=label)
+
+
+def _from_numpy(th: Any, arr: Any) -> Any:
+    try:
+        return th.from_numpy(arr)
+    except TypeError as e:
+        raise DTypeError(f"PyTorch cannot share a numpy array of dtype {arr.dtype} ({e}); use another dtype") from None
+
+
+def _outputs(cx: Any, out: Any) -> tuple[Any, list[Any]]:
+    """fn's output with PyTorch tensors as deviceop Tensors, and their write accesses."""
+    acc: list[Any] = []
+    if type(out).__module__.startswith("torch") and hasattr(out, "data_ptr"):
+        return _wrap(cx, out, acc), acc
+    if isinstance(out, (tuple, list)):
+        conv = [
+            _wrap(cx, x, acc) if type(x).__module__.startswith("torch") and hasattr(x, "data_ptr") else x for x in out
+        ]
+        return (tuple(conv) if isinstance(out, tuple) else conv), acc
+    return out, acc
+
+
+def _wrap(cx: Any, t: Any, acc: list[Any]) -> Tensor:
+    be = cx.backend
+    if (t.device.type == "cuda") != bool(be.cuda_memory):
+        raise UsageError(
+            f"the PyTorch code returned a tensor on {t.device}, but this op runs on the {be.name} backend; "
+            "return tensors on the op's device"
+        )
+    try:
+        dt = as_dtype(str(t.dtype).removeprefix("torch."), "PyTorch output dtype")
+    except DTypeError:
+        raise DTypeError(
+            f"the PyTorch code returned a {t.dtype} tensor, which deviceop has no dtype for; convert it "
+            "(float32, float16, bfloat16, int32, int64, uint8) before returning"
+        ) from None
+    it = t.element_size()
+    ptr = int(t.data_ptr())
+    shape = tuple(t.shape)
+    strides = tuple(t.stride())
+    n = t.numel()
+    lo = ptr + sum((s - 1) * st for s, st in zip(shape, strides) if st < 0) * it
+    hi = ptr + (sum((s - 1) * st for s, st in zip(shape, strides) if st > 0) + 1) * it if n else ptr
+    st = t.untyped_storage()
+    buf = buffer_for(be, lo, hi, t, (int(st.data_ptr()), int(st.nbytes())))
+    out = Tensor(buf, shape, dt, strides, ptr - buf.ptr)
+    acc.append((buf, lo - buf.ptr, hi - buf.ptr, True))
+    return out
+

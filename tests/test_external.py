@@ -1,0 +1,432 @@
+"""Foreign GPU work as ops (do.external, do.interop.torch), foreign memory and foreign streams.
+
+The "foreign library" here is the CUDA driver called directly through cuda.bindings on cuda
+(the stub driver in CI), and numpy on the host backend, where fn runs on the stream's worker.
+Ordering tests make the earlier work slow (0.2 s) so a missing dependency shows as a wrong value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import deviceop as do
+from helpers import K, pool_of, run_threads, slow_fill
+
+# -- a foreign library: raw driver calls on cuda, numpy on the host ---------------------------
+
+
+def _cuda() -> bool:
+    return do.backend_name() == "cuda"
+
+
+def _ptr(x) -> int:
+    if isinstance(x, do.Tensor):
+        return x.ptr
+    return int(x.__cuda_array_interface__["data"][0])
+
+
+def lib_fill(stream, dst, value: float, n: int):
+    """Write ``value`` to ``n`` float32 elements of ``dst`` on ``stream``."""
+    if n == 0:
+        return "filled"
+    if not _cuda():
+        np.asarray(dst).reshape(-1)[:n] = value
+        return "filled"
+    from cuda.bindings import driver as drv
+
+    (err,) = drv.cuMemsetD32Async(_ptr(dst), int(np.float32(value).view(np.uint32)), n, stream.handle_int)
+    assert int(err) == 0, err
+    return "filled"
+
+
+def lib_copy(stream, dst, src, nbytes: int):
+    """Copy ``nbytes`` from ``src`` to ``dst`` on ``stream``."""
+    if not _cuda():
+        np.asarray(dst).reshape(-1).view(np.uint8)[:nbytes] = np.asarray(src).reshape(-1).view(np.uint8)[:nbytes]
+        return None
+    from cuda.bindings import driver as drv
+
+    (err,) = drv.cuMemcpyDtoDAsync(_ptr(dst), _ptr(src), nbytes, stream.handle_int)
+    assert int(err) == 0, err
+    return None
+
+
+class DevArray:
+    """A foreign float32 array: device memory from cuMemAlloc on cuda (freed when dropped), a
+    numpy array on the host. Speaks __cuda_array_interface__ / is an ndarray."""
+
+    def __init__(self, n: int):
+        self.n = n
+        if _cuda():
+            from cuda.bindings import driver as drv
+
+            err, p = drv.cuMemAlloc(4 * n)
+            assert int(err) == 0
+            self.p = int(p)
+            self.__cuda_array_interface__ = {"data": (self.p, False), "shape": (n,), "typestr": "<f4", "version": 3,
+                                             "strides": None}
+        else:
+            self.arr = np.zeros(n, np.float32)
+
+    @property
+    def obj(self):
+        return self if _cuda() else self.arr
+
+    def __del__(self):
+        if getattr(self, "p", None):
+            from cuda.bindings import driver as drv
+
+            drv.cuMemFree(self.p)
+
+
+def _numpy_of(x: DevArray) -> np.ndarray:
+    return do.to_numpy(do.from_dlpack(x.arr) if not _cuda() else _as_tensor(x)).sync()
+
+
+def _as_tensor(x: DevArray) -> do.Tensor:
+    """A deviceop view of a DevArray through the external path's wrapper (cuda)."""
+    from deviceop.interop._regions import access_of
+    from deviceop.device import current
+
+    buf, lo, hi, _ = access_of(x.obj, current(), False, "test")
+    return do.Tensor(buf, (x.n,), do.float32, None, lo)
+
+
+# -- ordering in both directions ----------------------------------------------------------------
+
+
+def test_external_runs_after_deviceop_write_on_another_stream(backend):
+    s = pool_of(2)
+    x = do.zeros(1024, do.float32).sync()
+    y = do.zeros(1024, do.float32).sync()
+    slow_fill(x, 4.0, 0.2).submit(stream=s[0])
+    out = do.external(lib_copy, y, x, x.nbytes, reads=(x,), writes=(y,)).sync_on(s[1])
+    assert out is None
+    np.testing.assert_array_equal(y.numpy(), np.full(1024, 4.0, np.float32))
+
+
+def test_deviceop_runs_after_external_write_on_another_stream(backend):
+    s = pool_of(2)
+    x = do.zeros(1024, do.float32).sync()
+    z = do.zeros(128, do.float32).sync()
+    y = do.zeros(1024, do.float32).sync()
+    # the external fill comes after 0.2 s of other work on stream 0
+    op = slow_fill(z, 1.0, 0.2).then(lambda _: do.external(lib_fill, x, 9.0, 1024, writes=(x,)))
+    fut = op.submit(stream=s[0])
+    K.copy(y.partition((128,)), x).sync_on(s[1])
+    np.testing.assert_array_equal(y.numpy(), np.full(1024, 9.0, np.float32))
+    assert fut.result() == "filled"
+
+
+def test_external_read_then_deviceop_write_waits_for_the_read(backend):
+    s = pool_of(2)
+    x = do.full(1024, 2.0, do.float32).sync()
+    z = do.zeros(128, do.float32).sync()
+    y = do.zeros(1024, do.float32).sync()
+    op = slow_fill(z, 1.0, 0.2).then(lambda _: do.external(lib_copy, y, x, x.nbytes, reads=(x,), writes=(y,)))
+    fut = op.submit(stream=s[0])
+    K.fill(x.partition((128,)), 5.0).sync_on(s[1])  # a later write must not land before the read
+    fut.result()
+    np.testing.assert_array_equal(y.numpy(), np.full(1024, 2.0, np.float32))
+    np.testing.assert_array_equal(x.numpy(), np.full(1024, 5.0, np.float32))
+
+
+def test_undeclared_tensor_arguments_count_as_written(backend):
+    s = pool_of(2)
+    x = do.zeros(1024, do.float32).sync()
+    z = do.zeros(128, do.float32).sync()
+    y = do.zeros(1024, do.float32).sync()
+    fut = slow_fill(z, 1.0, 0.2).then(lambda _: do.external(lib_fill, x, 3.0, 1024)).submit(stream=s[0])
+    K.copy(y.partition((128,)), x).sync_on(s[1])
+    fut.result()
+    np.testing.assert_array_equal(y.numpy(), np.full(1024, 3.0, np.float32))
+
+
+# -- foreign memory ---------------------------------------------------------------------------
+
+
+def test_foreign_memory_is_ordered_like_deviceop_memory(backend):
+    s = pool_of(2)
+    a = DevArray(1024)
+    z = do.zeros(128, do.float32).sync()
+    y = do.zeros(1024, do.float32).sync()
+    fut = slow_fill(z, 1.0, 0.2).then(
+        lambda _: do.external(lib_fill, a.obj, 6.0, 1024, writes=(a.obj,))).submit(stream=s[0])
+    # another wrapper of the same memory, read on another stream
+    src = _as_tensor(a) if _cuda() else do.from_dlpack(a.arr)
+    K.copy(y.partition((128,)), src).sync_on(s[1])
+    fut.result()
+    np.testing.assert_array_equal(y.numpy(), np.full(1024, 6.0, np.float32))
+
+
+def test_same_memory_through_two_wrappers_is_one_region(backend):
+    from deviceop.device import current
+    from deviceop.interop._regions import access_of
+
+    a = DevArray(256)
+    b1 = access_of(a.obj, current(), False, "t")[0]
+    b2 = access_of(a.obj, current(), True, "t")[0]
+    assert b1 is not b2 and b1.accesses is b2.accesses and b1.ptr == b2.ptr
+    # a deviceop tensor exported and wrapped back shares the tensor's own access list
+    t = do.zeros(256, do.float32).sync()
+
+    class Producer:  # a library that hands the tensor on through DLPack
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, stream=None):
+            return self.t.__dlpack__(stream=stream)
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    back = do.from_dlpack(Producer(t))
+    assert back.buffer.accesses is t.buffer.accesses
+    assert back.ptr == t.ptr
+    view = do.from_dlpack(Producer(t[128:]))
+    assert view.buffer.accesses is t.buffer.accesses and view.ptr == t.ptr + 512
+
+
+def test_foreign_array_lives_until_the_work_completes(backend):
+    a = DevArray(1024)
+    ref = weakref.ref(a.obj)
+    z = do.zeros(128, do.float32).sync()
+    # the execution stays in flight for 0.2 s after the external step (on the host backend the
+    # enqueuing thread waits for fn itself, so the slow work comes after it)
+    fut = do.external(lib_fill, None, 0.0, 0, writes=(a.obj,)).then(lambda _: slow_fill(z, 1.0, 0.2)).submit()
+    del a
+    gc.collect()
+    assert ref() is not None, "the foreign array was dropped while work naming it was in flight"
+    fut.result()
+    del fut
+    gc.collect()
+    assert ref() is None, "the foreign array is kept after its work completed"
+
+
+# -- errors and bad input ----------------------------------------------------------------------
+
+
+def test_fn_raising_is_raised_by_the_terminal_and_the_device_stays_usable(backend):
+    def bad(stream, x):
+        lib_fill(stream, x, 1.0, x.size)
+        raise KeyError("from the library")
+
+    x = do.zeros(256, do.float32).sync()
+    with pytest.raises(KeyError, match="from the library"):
+        do.external(bad, x).sync()
+    np.testing.assert_array_equal(x.numpy(), np.ones(256, np.float32))  # its work completed
+    assert do.full(4, 2.0, do.float32).sync().numpy().tolist() == [2.0] * 4
+
+
+def test_deviceop_called_inside_fn_raises_instead_of_hanging(backend):
+    def calls_deviceop(stream):
+        return do.zeros(4, do.float32).sync()
+
+    with pytest.raises(do.UsageError, match="deviceop op"):
+        do.external(calls_deviceop).sync()
+    assert do.full(4, 1.0, do.float32).sync().numpy().tolist() == [1.0] * 4
+
+
+def test_bad_input_fails_when_the_op_is_built(backend):
+    x = do.zeros(8, do.float32).sync()
+    with pytest.raises(do.UsageError, match="callable"):
+        do.external(42)
+    with pytest.raises(do.UsageError, match="tuple or list"):
+        do.external(lib_fill, reads=x)
+    with pytest.raises(do.UsageError, match="not an array deviceop can name"):
+        do.external(lib_fill, reads=("not an array",))
+    with pytest.raises(do.UsageError, match="reads and writes name arrays"):
+        do.external(lib_fill, writes=(do.zeros(4, do.float32),))
+    if _cuda():
+        with pytest.raises(do.UsageError, match="'cpu' memory"):
+            do.external(lib_fill, reads=(np.zeros(4, np.float32),))
+
+
+def test_output_is_what_fn_returns_and_args_may_be_ops(backend):
+    out = do.external(lambda stream, t, k: (t.shape, k), do.zeros((4, 8), do.float32), 7).sync()
+    assert out == ((4, 8), 7)
+    x = do.zeros(64, do.float32).sync()
+    y = do.external(lib_fill, x, 2.5, 64, writes=(x,)).map(lambda _: x).then(do.to_numpy).sync()
+    np.testing.assert_array_equal(y, np.full(64, 2.5, np.float32))
+
+
+def test_fn_gets_numpy_arrays_on_host(host_backend):
+    seen = []
+    do.external(lambda stream, t: seen.append((type(t), threading.current_thread().name, stream)),
+                do.zeros(4, do.float32)).sync()
+    kind, thread, stream = seen[0]
+    assert kind is np.ndarray and thread.startswith("deviceop-host-stream")
+    assert isinstance(stream, do.Stream)
+
+
+def test_tensors_export_inside_fn_without_borrow_error(backend):
+    x = do.full(16, 3.0, do.float32).sync()
+
+    def export(stream, t):
+        if _cuda():
+            cap = x.__dlpack__(stream=stream.handle_int)  # x is in flight in this execution
+            return type(cap).__name__
+        return float(np.from_dlpack(x)[0])
+
+    assert do.external(export, x).sync() in ("PyCapsule", 3.0)
+
+
+# -- await, threads, capture -------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_await_external(backend, anyio_backend):
+    x = do.zeros(512, do.float32).sync()
+    assert await do.external(lib_fill, x, 8.0, 512, writes=(x,)) == "filled"
+    np.testing.assert_array_equal(x.numpy(), np.full(512, 8.0, np.float32))
+
+
+def test_threads_run_externals_on_their_own_tensors(backend):
+    def worker(k: int) -> None:
+        for i in range(10):
+            x = do.zeros(256, do.float32).sync()
+            y = do.zeros(256, do.float32).sync()
+            v = float(k * 100 + i)
+            op = K.fill(x.partition((128,)), v).then(
+                lambda _: do.external(lib_copy, y, x, x.nbytes, reads=(x,), writes=(y,))).map(lambda _: y)
+            np.testing.assert_array_equal(op.then(do.to_numpy).sync(), np.full(256, v, np.float32))
+
+    assert run_threads(worker, 4) == []
+
+
+def test_recorded_in_a_graph_and_replayed(backend):
+    x = do.zeros(256, do.float32).sync()
+    calls = []
+
+    def fill(stream, t, v):
+        calls.append(1)
+        return lib_fill(stream, t, v, 256)
+
+    with do.graph.scope() as s:
+        s.record(do.external(fill, x, 4.0, writes=(x,)))
+    g = s.graph
+    K.fill(x.partition((128,)), 0.0).sync()
+    g.launch().sync()
+    np.testing.assert_array_equal(x.numpy(), np.full(256, 4.0, np.float32))
+    assert len(calls) == (1 if _cuda() else 1)  # cuda: called while recording; host: by the replay
+
+
+# -- foreign streams ---------------------------------------------------------------------------
+
+
+class _StreamLike:
+    def __init__(self, handle: int):
+        self.h = handle
+
+    def __cuda_stream__(self):
+        return (0, self.h)
+
+
+def test_pool_streams_from_handle_and_protocol(backend):
+    s = do.streams()[0]
+    assert do.Stream.from_handle(s.handle_int) is s
+    assert do.Stream.from_handle(_StreamLike(s.handle_int)) is s
+    assert do.zeros(4, do.float32).sync_on(_StreamLike(s.handle_int)).numpy().tolist() == [0.0] * 4
+    assert isinstance(s, do.Stream) and not isinstance(object(), do.Stream)
+    if _cuda():
+        assert s.__cuda_stream__() == (0, s.handle_int)
+    with pytest.raises(do.UsageError, match="not a stream"):
+        do.Stream.from_handle("s0")
+    with pytest.raises(do.UsageError):
+        do.Stream()
+    if not _cuda():
+        with pytest.raises(do.UsageError, match="not a stream of the host backend"):
+            do.Stream.from_handle(12345)
+
+
+def test_foreign_stream_is_ordered_by_the_ledger(backend):
+    if not _cuda():
+        pytest.skip("foreign streams exist on cuda only")
+    from cuda.bindings import driver as drv
+
+    err, hs = drv.cuStreamCreate(1)
+    assert int(err) == 0
+    fs = _StreamLike(int(hs))
+    wrapped = do.Stream.from_handle(fs)
+    assert do.Stream.from_handle(int(hs)) is wrapped and "foreign" in repr(wrapped)
+    x = do.zeros(1024, do.float32).sync()
+    y = do.zeros(1024, do.float32).sync()
+    slow_fill(x, 7.0, 0.2).submit()
+    K.copy(y.partition((128,)), x).sync_on(fs)
+    np.testing.assert_array_equal(y.numpy(), np.full(1024, 7.0, np.float32))
+    fut = K.fill(x.partition((128,)), 1.0).submit(stream=fs)
+    fut.result()
+    np.testing.assert_array_equal(x.numpy(), np.full(1024, 1.0, np.float32))
+
+
+# -- PyTorch --------------------------------------------------------------------------------------
+
+
+def test_torch_module_through_the_adapter(backend):
+    torch = pytest.importorskip("torch")
+    if _cuda() and not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 8)
+    if _cuda():
+        lin = lin.cuda()
+    x0 = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    x = do.from_numpy(x0).sync()
+
+    def fwd(t):
+        with torch.no_grad():
+            return torch.relu(lin(t))
+
+    out = do.interop.torch(fwd, x).sync()
+    assert type(out) is do.Tensor and out.shape == (4, 8) and out.dtype is do.float32
+    w = lin.weight.detach().cpu().numpy()
+    b = lin.bias.detach().cpu().numpy()
+    np.testing.assert_allclose(out.numpy(), np.maximum(x0 @ w.T + b, 0), rtol=1e-5, atol=1e-5)
+    # the output is deviceop memory written by the op: another stream's reader waits for it
+    s = pool_of(2)
+    y = do.zeros((4, 8), do.float32).sync()
+    op = do.interop.torch(fwd, x).then(lambda o: K.copy(y.view(32).partition((32,)), o.view(32)))
+    op.sync_on(s[1])
+    np.testing.assert_allclose(y.numpy(), out.numpy(), rtol=1e-6)
+
+
+@pytest.mark.anyio
+async def test_torch_awaited(backend, anyio_backend):
+    torch = pytest.importorskip("torch")
+    if _cuda() and not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    x = do.full((2, 3), 2.0, do.float32).sync()
+    out = await do.interop.torch(lambda t: t * 3, x)
+    np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 6.0, np.float32))
+
+
+def test_torch_tensors_as_reads_and_writes(host_backend):
+    torch = pytest.importorskip("torch")
+    src = torch.arange(64, dtype=torch.float32)
+    dst = torch.zeros(64)
+    do.external(lambda stream: dst.copy_(src), reads=(src,), writes=(dst,)).sync()
+    assert torch.equal(dst, src)
+    from deviceop.device import current
+    from deviceop.interop._regions import access_of
+
+    a = access_of(dst, current(), False, "t")[0]
+    b = access_of(dst[8:], current(), False, "t")[0]
+    assert a.accesses is b.accesses  # one storage, one region
+
+
+def test_asyncio_gather_of_externals(backend):
+    async def main():
+        xs = [do.zeros(128, do.float32).sync() for _ in range(8)]
+        outs = await asyncio.gather(*(do.external(lib_fill, x, float(i), 128, writes=(x,)) for i, x in enumerate(xs)))
+        return xs, outs
+
+    xs, outs = asyncio.run(main())
+    assert outs == ["filled"] * 8
+    for i, x in enumerate(xs):
+        np.testing.assert_array_equal(x.numpy(), np.full(128, float(i), np.float32))
