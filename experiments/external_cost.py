@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import deviceop as do  # noqa: E402
 
 
-def step_cost(n: int, reps: int) -> dict:
+def step_cost(n: int, reps: int, profile: bool = False) -> dict:
     import torch
 
     s = do.streams()[0]
@@ -88,6 +88,19 @@ def step_cost(n: int, reps: int) -> dict:
     def one_external():
         with torch.cuda.stream(ts):
             do.external(lib, reads=(a, b), writes=(c,)).sync_on(s)
+
+    if profile:  # where an external step's host time goes (cProfile, deterministic)
+        import cProfile
+        import pstats
+
+        for name, f in (("external", chained), ("one_external", one_external), ("adapter", adapter)):
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(20):
+                f()
+            pr.disable()
+            print(f"--- profile: {name} (20 runs)")
+            pstats.Stats(pr).sort_stats("tottime").print_stats(14)
 
     out: dict = {"n": n, "reps": reps}
     fns = {"direct": direct, "external": chained, "adapter": adapter, "one_direct": one_direct,
@@ -190,12 +203,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of the external steps")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if do.backend_name() != "cuda":
         print("needs the cuda backend (a GPU)")
         return 1
-    doc = {"experiment": "external_cost", "steps": step_cost(a.steps, a.reps)}
+    doc = {"experiment": "external_cost", "steps": step_cost(a.steps, a.reps, a.profile)}
     st = doc["steps"]
     print(f"per step, host CPU: direct {st['direct_us']:.2f} us, external {st['external_us']:.2f} us "
           f"(+{st['external_over_direct_us']:.2f}), adapter {st['adapter_us']:.2f} us "

@@ -312,6 +312,7 @@ cdef int order(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bi
         if not cx.buffers or cx.buffers[len(cx.buffers) - 1] is not buf:
             cx.buffers.append(buf)  # lifetimes hold even with the ledger off
         return 0
+    cdef bint covered = False
     acc = buf.accesses
     if acc:
         last = acc[len(acc) - 1]
@@ -320,7 +321,13 @@ cdef int order(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bi
         stream = cx.stream
         for e in acc:
             ex = e.cx
-            if ex is cx or ex.done or ex.stream is stream:
+            if ex is cx:
+                # an earlier access of this execution covers it (views of one allocation named
+                # in turn): order it, but register nothing more, so the list stays short
+                if e.lo <= lo and e.hi >= hi and (e.write or not write):
+                    covered = True
+                continue
+            if ex.done or ex.stream is stream:
                 continue
             if not (write or e.write) or e.hi <= lo or hi <= e.lo:
                 continue
@@ -334,6 +341,8 @@ cdef int order(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bi
                     "(then/sync_on), or use set_borrow_policy('order') to have deviceop order them."
                 )
             cx.wait_for_c(ex)
+        if covered:
+            return 0
     e = Access.__new__(Access)
     e.cx = cx
     e.lo = lo

@@ -51,20 +51,10 @@ class External(DeviceOp[T], Generic[T]):
         # foreign arrays are wrapped now: bad input fails before any work, and the wrapper keeps
         # the array alive until the work that uses it has completed
         acc: list[Any] = []
-        be = None
-        for write, items in ((False, reads), (True, writes)):
-            for i, x in enumerate(_named(items, "writes" if write else "reads")):
-                tp = type(x)
-                if tp is Tensor:
-                    acc.append((x, write))
-                elif tp is Partition:
-                    acc.append((x.tensor, write))
-                elif isinstance(x, DeviceOp):
-                    raise UsageError(f"{self!r}: reads and writes name arrays, not ops; pass the op as an argument")
-                else:
-                    if be is None:
-                        be = current()
-                    acc.append(access_of(x, be, write, lambda w=write, i=i: f"{'writes' if w else 'reads'}[{i}] of {self!r}"))
+        if reads:
+            self._name(acc, reads, False)
+        if writes:
+            self._name(acc, writes, True)
         lazy = False
         for i, a in enumerate(args):
             if isinstance(a, DeviceOp):
@@ -74,6 +64,21 @@ class External(DeviceOp[T], Generic[T]):
         self._acc = acc
         self._lazy = lazy
         self._post = post
+
+    def _name(self, acc: list[Any], items: Any, write: bool) -> None:
+        be = None
+        for i, x in enumerate(_named(items, "writes" if write else "reads")):
+            tp = type(x)
+            if tp is Tensor:
+                acc.append((x, write))
+            elif tp is Partition:
+                acc.append((x.tensor, write))
+            elif isinstance(x, DeviceOp):
+                raise UsageError(f"{self!r}: reads and writes name arrays, not ops; pass the op as an argument")
+            else:
+                if be is None:
+                    be = current()
+                acc.append(access_of(x, be, write, (self, write, i)))
 
     def __repr__(self) -> str:
         label = self._label

@@ -180,8 +180,8 @@ def _forget(k: tuple[int, int], ref: Any) -> None:
 def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
     """What the ledger registers for ``obj`` named in ``reads``/``writes``: ``(tensor, write)``
     for deviceop tensors and partitions, ``(buffer, lo, hi, write)`` for another library's
-    array (wrapped without a copy, kept alive by the buffer). ``what`` (a string, or a
-    function giving one) names ``obj`` in error messages."""
+    array (wrapped without a copy, kept alive by the buffer). ``what`` names ``obj`` in error
+    messages: a string, or ``(op, write, index)`` (made into one only for a message)."""
     tp = type(obj)
     if tp is Partition:
         obj = obj.tensor
@@ -243,7 +243,7 @@ def _describe(obj: Any, be: Any, what: Any) -> tuple[int, tuple[int, ...], tuple
             return int(obj.__array_interface__["data"][0]), obj.shape, obj.strides, obj.itemsize, "cpu"
         if hasattr(obj, "__cuda_array_interface__"):
             _check_device("cuda", be, what, obj)
-    what = what() if callable(what) else what
+    what = _what(what)
     if hasattr(obj, "__dlpack__"):
         return describe_dlpack(obj, be, what)
     raise UsageError(
@@ -253,10 +253,17 @@ def _describe(obj: Any, be: Any, what: Any) -> tuple[int, tuple[int, ...], tuple
     )
 
 
+def _what(what: Any) -> str:
+    if type(what) is tuple:
+        op, write, i = what
+        return f"{'writes' if write else 'reads'}[{i}] of {op!r}"
+    return str(what)
+
+
 def _check_device(dev: str, be: Any, what: Any, obj: Any) -> None:
     want = "cuda" if be.cuda_memory else "cpu"
     if dev != want:
-        what = what() if callable(what) else what
+        what = _what(what)
         raise UsageError(
             f"{what}: this {type(obj).__name__} lives on {dev!r} memory, but the {be.name} backend's "
             f"work touches {want!r} memory; move it there first"
