@@ -272,3 +272,19 @@ def test_release_drops_only_the_finished_executions_entries(backend):
     assert mine.buffers == [] and mine.done
     other.finish()
     assert b1.accesses == [] and not LOCK.locked()
+
+
+def test_views_named_in_turn_keep_the_access_list_short(backend):
+    """One execution writing two halves of a buffer in turn: each half is registered once, and
+    the buffer's in-flight list stays short (it grew with every step before)."""
+    t = do.zeros(512, do.float32).sync()
+    lo, hi = t[:256], t[256:]
+    z = do.zeros(128, do.float32).sync()
+    op = do.value(None)
+    for i in range(40):
+        op = op.then(lambda _, v=i: K.fill((lo if v % 2 else hi).partition((128,)), float(v)))
+    fut = op.then(lambda _: slow_fill(z, 1.0, 0.2)).submit()
+    assert len(t.buffer.accesses) <= 2, len(t.buffer.accesses)
+    fut.result()
+    np.testing.assert_array_equal(t.numpy()[:256], np.full(256, 39.0, np.float32))
+    np.testing.assert_array_equal(t.numpy()[256:], np.full(256, 38.0, np.float32))
