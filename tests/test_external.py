@@ -430,3 +430,38 @@ def test_asyncio_gather_of_externals(backend):
     assert outs == ["filled"] * 8
     for i, x in enumerate(xs):
         np.testing.assert_array_equal(x.numpy(), np.full(128, float(i), np.float32))
+
+
+def test_deviceop_streams_out_to_torch_and_cupy(backend):
+    """PyTorch and CuPy run on a deviceop stream through its handle; the ledger orders deviceop
+    work after theirs once named (an external step with no work of its own)."""
+    if not _cuda():
+        pytest.skip("CUDA streams")
+    s = do.streams()[0]
+    assert s.__cuda_stream__() == (0, s.handle_int) and int(s.handle) == s.handle_int
+    ran = 0
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        ts = torch.cuda.ExternalStream(s.handle_int)
+        assert ts.cuda_stream == s.handle_int
+        x = torch.zeros(1024, device="cuda")
+        with torch.cuda.stream(ts):
+            x.fill_(3.0)
+        t = do.from_dlpack(x)
+        np.testing.assert_array_equal(do.to_numpy(t).sync_on(s), np.full(1024, 3.0, np.float32))
+        ran += 1
+    try:
+        import cupy
+    except ImportError:
+        cupy = None
+    if cupy is not None:
+        cs = cupy.cuda.ExternalStream(s.handle_int)
+        with cs:
+            y = cupy.full(512, 5.0, dtype=cupy.float32)
+        np.testing.assert_array_equal(do.to_numpy(do.from_dlpack(y)).sync_on(s), np.full(512, 5.0, np.float32))
+        ran += 1
+    if not ran:
+        pytest.skip("neither PyTorch with CUDA nor CuPy is installed")

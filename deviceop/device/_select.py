@@ -158,8 +158,10 @@ class Stream(metaclass=_StreamMeta):
     or another library's, wrapped with :meth:`from_handle`.
 
     Every backend's stream is a ``Stream`` (``isinstance`` works); it has ``handle_int`` (the
-    CUstream as an int on cuda), ``__cuda_stream__()`` (the stream protocol other libraries
-    read: PyTorch's ``torch.cuda.ExternalStream``, CuPy, cuda.core), ``synchronize()`` and
+    CUstream as an int), on cuda ``handle`` (the ``cuda.bindings`` CUstream) and
+    ``__cuda_stream__()`` (the stream protocol other libraries read: give
+    ``torch.cuda.ExternalStream(s.handle_int)`` or ``cupy.cuda.ExternalStream(s.handle_int)`` to
+    PyTorch or CuPy, ``cuda.core``'s ``Device().create_stream(s)``), ``synchronize()`` and
     ``query()``. Terminals (``sync_on``, ``submit(stream=)``, ``wait(stream=)``) also take any
     object with ``__cuda_stream__``. Streams are made by deviceop; this class is not
     instantiated.
