@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # compute-sanitizer over the cuda tests (on a GPU): memcheck and synccheck over the whole cuda
-# suite, racecheck over the built-in kernels (the ones with shared memory; the suite's spin
-# kernels take minutes each under racecheck). Logs and each tool's ERROR SUMMARY go to $OUT.
+# suite, racecheck over the built-in and kernel tests. racecheck detects hazards on shared
+# memory only (its documentation: "a run time shared memory data access hazard detector"), and
+# deviceop's only kernels with __shared__ are the row-wise built-ins (kernels/_rowwise.py,
+# exercised by tests/test_builtins.py; tests/test_builtins.py::test_racecheck_scope checks that
+# no other source declares shared memory). The rest of the suite launches kernels without shared
+# memory (elementwise built-ins, the tests' spin kernels, which take minutes each under
+# racecheck) and cuBLAS's. Logs and each tool's ERROR SUMMARY go to $OUT.
 # Tests that need work to be still in flight can fail under a sanitizer, which serialises
 # launches: those failures are listed in the logs and are not sanitizer errors.
 # Usage: bash experiments/sanitize.sh [memcheck|synccheck|racecheck ...]

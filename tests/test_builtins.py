@@ -186,3 +186,20 @@ def test_warmup(backend) -> None:
     assert got["builtins"] == 14 * 3
     with pytest.raises(TypeError):
         K.warmup([42])  # type: ignore[list-item]
+
+
+def test_racecheck_scope() -> None:
+    """compute-sanitizer's racecheck sees shared-memory hazards only, so experiments/sanitize.sh
+    runs it over the tests of the kernels that declare shared memory: the row-wise built-ins.
+    A new kernel source with __shared__ must join that scope."""
+    import pathlib
+
+    root = pathlib.Path(do.__file__).parent
+    with_shared = sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.suffix in (".py", ".pyx", ".cu", ".cuh")
+        and "__shared__" in p.read_text(errors="ignore")
+    )
+    assert with_shared == ["kernels/_rowwise.py"], (
+        f"kernels with shared memory in {with_shared}: add their tests to racecheck's scope in "
+        "experiments/sanitize.sh, then update this list"
+    )
