@@ -239,6 +239,8 @@ def test_bad_input_fails_when_the_op_is_built(backend):
         do.external(42)
     with pytest.raises(do.UsageError, match="tuple or list"):
         do.external(lib_fill, reads=x)
+    with pytest.raises(do.UsageError, match="tuple or list"):
+        do.external(lib_fill, writes=np.zeros(4, np.float32))
     with pytest.raises(do.UsageError, match="not an array deviceop can name"):
         do.external(lib_fill, reads=("not an array",))
     with pytest.raises(do.UsageError, match="reads and writes name arrays"):

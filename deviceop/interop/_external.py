@@ -51,9 +51,9 @@ class External(DeviceOp[T], Generic[T]):
         # foreign arrays are wrapped now: bad input fails before any work, and the wrapper keeps
         # the array alive until the work that uses it has completed
         acc: list[Any] = []
-        if reads:
+        if reads is not None and not (type(reads) is tuple and not reads):  # (an array has no truth value)
             self._name(acc, reads, False)
-        if writes:
+        if writes is not None and not (type(writes) is tuple and not writes):
             self._name(acc, writes, True)
         lazy = False
         for i, a in enumerate(args):
