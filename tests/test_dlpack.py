@@ -189,3 +189,36 @@ def test_cupy_round_trip(backend):
     del u
     gc.collect()
     assert bool((y2 == 3.0).all())
+
+
+def test_export_capsule_lifetimes(backend):
+    """The exporting tensor lives while a capsule of it is unconsumed or consumed and not yet
+    released, and not a moment longer; many exports leak nothing."""
+    _require(backend, "cuda")
+    import sys
+    import weakref
+
+    from deviceop.interop._dlstructs import _DLManagedTensor, _Imported, _api
+
+    t = do.full(64, 2.0, do.float32).sync()
+    base = sys.getrefcount(t)
+    for _ in range(2000):
+        cap = t.__dlpack__(stream=-1)
+        del cap  # dropped unconsumed: the capsule's destructor releases the tensor
+    assert sys.getrefcount(t) == base
+    cap = t.__dlpack__(stream=-1)
+    assert sys.getrefcount(t) == base + 1
+    mt = _DLManagedTensor.from_address(_api.PyCapsule_GetPointer(cap, b"dltensor"))
+    dl = mt.dl_tensor
+    assert (dl.data, dl.ndim, dl.shape[0], dl.strides[0], dl.dtype.code, dl.dtype.bits) == (t.ptr, 1, 64, 1, 2, 32)
+    assert (dl.device.device_type, dl.device.device_id) == tuple(t.__dlpack_device__())
+    del dl, mt
+    ref = weakref.ref(t.buffer)
+    _api.PyCapsule_SetName(cap, b"used_dltensor")  # consumed, as a consumer does
+    owner = _Imported(_api.PyCapsule_GetPointer(cap, b"used_dltensor"), cap)
+    del t, cap
+    gc.collect()
+    assert ref() is not None, "the exported memory went while the consumer still held it"
+    del owner  # the consumer releases it: its deleter drops the tensor
+    gc.collect()
+    assert ref() is None

@@ -1,18 +1,19 @@
 """DLPack both ways: Tensor.__dlpack__ (export) and from_dlpack (wrap foreign memory, no copy).
 
-The structs follow dlpack.h (unversioned ``dltensor`` capsules, which every consumer accepts).
-On the host backend export delegates to numpy; import wraps numpy memory.
+Unversioned ``dltensor`` capsules (dlpack.h), which every consumer accepts: exports are made in
+C by the core (``_core._dlpack``), imports read with ctypes (``_dlstructs``). On the host
+backend export delegates to numpy; import wraps numpy memory.
 """
 
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Any
 
 import numpy as np
 
 from .._core._base import LOCK, Buffer
+from .._core._dlpack import capsule
 from .._core._ledger import ExecutionContext, enqueue, in_flight
 from .._dtypes import from_dl
 from .._errors import ShapeError, UsageError
@@ -20,39 +21,10 @@ from ..device import _tensor
 from ..device._select import current, next_stream
 from ..device._tensor import Tensor
 from ..executors._future import DeviceFuture, watch
-from .._process import renew_at_fork
-from ._dlstructs import _USED, _DELETER, _DLDataType, _DLDevice, _DLManagedTensor, _Imported, _api
+from ._dlstructs import _USED, _DLManagedTensor, _Imported, _api
 from ._regions import buffer_for, host_root, inside, register
 
 __all__ = ["export", "from_dlpack"]
-
-
-# exported tensors stay alive here until their consumer calls the deleter
-_live: dict[int, tuple[Any, ...]] = {}
-_live_lock = threading.Lock()
-renew_at_fork(globals(), _live_lock=threading.Lock)  # a thread may hold it at fork()
-
-
-@_DELETER
-def _deleter(mt: Any) -> None:
-    with _live_lock:
-        _live.pop(ctypes.addressof(mt.contents), None)
-
-
-# The destructor gets the dying capsule as a raw pointer: wrapping it in a py_object would
-# resurrect an object whose refcount is already zero.
-_CAPSULE_DTOR = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
-_raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", _api))
-_raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
-
-
-@_CAPSULE_DTOR
-def _capsule_dtor(cap: int) -> None:
-    # a capsule nobody consumed still owns its tensor: release it
-    if _raw_is_valid(cap, b"dltensor"):
-        addr = _raw_get_pointer(cap, b"dltensor")
-        with _live_lock:
-            _live.pop(addr, None)
 
 
 def export(t: Tensor, stream: Any) -> Any:
@@ -80,23 +52,8 @@ def export(t: Tensor, stream: Any) -> Any:
             with LOCK:
                 ev = ex.completion_event()
             be.foreign_wait(stream, ev)  # the consumer's stream waits for the work in flight
-    n = t.ndim
-    shape = (ctypes.c_int64 * max(n, 1))(*t.shape)
-    strides = (ctypes.c_int64 * max(n, 1))(*t.strides)
-    mt = _DLManagedTensor()
-    dl = mt.dl_tensor
-    dl.data = t.ptr
-    dl.device = _DLDevice(*be.dlpack_device)
-    dl.ndim = n
-    dl.dtype = _DLDataType(t.dtype.dl_code, t.dtype.itemsize * 8, 1)
-    dl.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
-    dl.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
-    dl.byte_offset = 0
-    mt.deleter = _deleter
-    addr = ctypes.addressof(mt)
-    with _live_lock:
-        _live[addr] = (mt, shape, strides, t)
-    return _api.PyCapsule_New(addr, b"dltensor", ctypes.cast(_capsule_dtor, ctypes.c_void_p))
+    dev_type, dev_id = be.dlpack_device
+    return capsule(t, t.ptr, t.shape, t.strides, t.dtype.dl_code, t.dtype.itemsize * 8, dev_type, dev_id)
 
 
 def from_dlpack(obj: Any) -> Tensor:

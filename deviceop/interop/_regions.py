@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._core._base import Buffer
-from .._errors import ShapeError, UsageError
+from .._errors import UsageError
 from .._process import renew_at_fork
 from ..device._tensor import Partition, Tensor
 from ._dlstructs import describe_dlpack

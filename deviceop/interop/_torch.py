@@ -54,7 +54,9 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
             if ts is None:
                 ts = _streams[stream.handle_int] = th.cuda.ExternalStream(stream.handle_int)
             with th.cuda.stream(ts):
-                conv = tuple(th.from_dlpack(x.tensor if type(x) is Partition else x)
+                # capsules made for this stream: the ledger ordered it already, and PyTorch skips
+                # its own stream hand-shake for a capsule
+                conv = tuple(th.from_dlpack((x.tensor if type(x) is Partition else x).__dlpack__(stream=-1))
                              if type(x) in (Tensor, Partition) else x for x in a)
                 return fn(*conv)
         conv = tuple(_from_numpy(th, x) if type(x).__module__ == "numpy" and hasattr(x, "__array_interface__") else x
