@@ -408,6 +408,15 @@ async def test_torch_awaited(backend, anyio_backend):
     np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 6.0, np.float32))
 
 
+def test_torch_adapter_bad_input(host_backend):
+    pytest.importorskip("torch")
+    x = do.zeros(4, do.float32).sync()
+    with pytest.raises(do.UsageError, match="callable"):
+        do.interop.torch(3, x)
+    with pytest.raises(do.UsageError, match="tuple or list"):
+        do.interop.torch(lambda t: t, x, writes=np.zeros(4, np.float32))
+
+
 def test_torch_tensors_as_reads_and_writes(host_backend):
     torch = pytest.importorskip("torch")
     src = torch.arange(64, dtype=torch.float32)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from .._dtypes import as_dtype
 from .._errors import DTypeError, UsageError
 from ..device._tensor import Partition, Tensor
-from ._external import External
+from ._external import External, _named
 from ._regions import buffer_for
 
 __all__ = ["torch"]
@@ -41,11 +41,12 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
     """
     if not callable(fn):
         raise UsageError(f"do.interop.torch(fn, ...) needs a callable or an nn.Module, got {type(fn).__name__}")
-    named_w = {id(x.tensor if type(x) is Partition else x) for x in (writes or ())}
+    writes = _named(writes, "writes")
+    named_w = {id(x.tensor if type(x) is Partition else x) for x in writes}
     extra_r = tuple(
         a for a in args if type(a) in (Tensor, Partition) and id(a.tensor if type(a) is Partition else a) not in named_w
     )
-    reads = tuple(reads or ()) + extra_r
+    reads = _named(reads, "reads") + extra_r
 
     def call(stream: Any, *a: Any) -> Any:
         th = _torch()
