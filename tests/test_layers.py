@@ -94,3 +94,21 @@ def test_no_backend_name_branches_or_driver_imports_outside_backends() -> None:
         if not base.startswith(backends + blas) and driver.search(src):
             bad.append(f"{m}: imports the driver bindings")
     assert not bad, bad
+
+
+def test_import_from_a_folder_holding_a_deviceop_folder(tmp_path) -> None:
+    """Run from the checkout's parent (or any folder with a ``deviceop`` folder in it), ``import
+    deviceop`` is the package, not an empty namespace package (the README's install puts the
+    checkout on the path)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "deviceop").mkdir()
+    code = "import deviceop, sys; sys.exit(0 if hasattr(deviceop, 'zeros') else 3)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (
+        "import deviceop found an empty namespace package: install with "
+        f"--config-settings editable_mode=compat (as the README says) {r.stderr[-500:]}"
+    )
