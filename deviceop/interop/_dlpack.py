@@ -7,7 +7,6 @@ backend export delegates to numpy; import wraps numpy memory.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,7 @@ from ..device._select import current, next_stream
 from ..device._tensor import Tensor
 from ..executors._future import DeviceFuture, watch
 from ._dlstructs import _USED, _DLManagedTensor, _Imported, _api
-from ._regions import buffer_for, host_root, inside, register
+from ._regions import buffer_for, host_root, inside, raw_view, register
 
 __all__ = ["export", "from_dlpack"]
 
@@ -98,7 +97,7 @@ def from_dlpack(obj: Any) -> Tensor:
     if not be.cuda_memory:
         it = dtype.itemsize
         arr = np.lib.stride_tricks.as_strided(
-            _raw(ptr, t0.span[1]).view(dtype.np_dtype), shape=shape, strides=tuple(s * it for s in t0.strides)
+            raw_view(ptr, t0.span[1]).view(dtype.np_dtype), shape=shape, strides=tuple(s * it for s in t0.strides)
         ) if t0.span[1] else np.empty(shape, dtype.np_dtype)
         return _wrap_host(be, arr, dtype, owner)
     # the allocation's region: the same memory wrapped twice is one region in the ledger
@@ -108,10 +107,6 @@ def from_dlpack(obj: Any) -> Tensor:
     return t
 
 
-
-
-def _raw(ptr: int, nbytes: int) -> np.ndarray:
-    return np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr))
 
 
 def _wrap_host(be: Any, arr: np.ndarray, dt: Any, owner: Any) -> Tensor:

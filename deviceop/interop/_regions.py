@@ -28,7 +28,7 @@ from .._process import renew_at_fork
 from ..device._tensor import Partition, Tensor
 from ._dlstructs import describe_dlpack
 
-__all__ = ["buffer_for", "register", "access_of", "inside", "host_root"]
+__all__ = ["buffer_for", "register", "access_of", "inside", "host_root", "span", "raw_view"]
 
 
 class _Region:
@@ -116,27 +116,40 @@ def register(buf: Buffer) -> None:
         _insert(table, r)
 
 
+def _locate(be: Any, lo: int, hi: int, root: tuple[int, int] | None) -> _Region:
+    """The region of device ``be`` holding memory [lo, hi) (call with ``_lock`` held): a known
+    one, else its allocation's (``root`` where the caller knows it, else the driver's)."""
+    table = _table(be)
+    r = _find(table, lo, max(hi, lo + 1))
+    if r is None:
+        rng = root if root is not None else be.allocation_range(lo)
+        if rng is None or not (rng[0] <= lo and hi <= rng[0] + rng[1]):
+            rng = (lo, max(hi - lo, 1))
+        start, end = int(rng[0]), int(rng[0]) + int(rng[1])
+        r = _Region(start, end, [], raw_view(start, end - start) if not be.cuda_memory else None)
+        _insert(table, r)  # (refused where a live region overlaps: then this one stands alone)
+    return r
+
+
+def _wrapper(be: Any, r: _Region, owner: Any) -> Buffer:
+    """A Buffer of region ``r`` that keeps ``owner`` alive, sharing the region's access list."""
+    buf = Buffer(be, r.start, r.end - r.start, host=r.host, owner=owner)
+    buf.accesses = r.accesses
+    return buf
+
+
 def buffer_for(be: Any, lo: int, hi: int, owner: Any, root: tuple[int, int] | None = None) -> Buffer:
     """A Buffer for memory [lo, hi) of device ``be`` that keeps ``owner`` alive: its allocation's
     region (``root``: the allocation's (start, size) where the caller knows it)."""
     with _lock:
-        table = _table(be)
-        r = _find(table, lo, max(hi, lo + 1))
-        if r is None:
-            rng = root if root is not None else be.allocation_range(lo)
-            if rng is None or not (rng[0] <= lo and hi <= rng[0] + rng[1]):
-                rng = (lo, max(hi - lo, 1))
-            start, end = int(rng[0]), int(rng[0]) + int(rng[1])
-            host = _raw(start, end - start) if not be.cuda_memory else None
-            r = _Region(start, end, [], host)
-            _insert(table, r)  # (refused where a live region overlaps: then this one stands alone)
-        buf = Buffer(be, r.start, r.end - r.start, host=r.host, owner=owner)
-        buf.accesses = r.accesses
+        r = _locate(be, lo, hi, root)
+        buf = _wrapper(be, r, owner)
         r.users.add(buf)
     return buf
 
 
-def _raw(ptr: int, nbytes: int) -> np.ndarray:
+def raw_view(ptr: int, nbytes: int) -> np.ndarray:
+    """A uint8 numpy view of host memory [ptr, ptr + nbytes) (owned elsewhere)."""
     return np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr))
 
 
@@ -148,7 +161,7 @@ def host_root(arr: np.ndarray) -> tuple[int, int]:
     return int(root.__array_interface__["data"][0]), int(root.nbytes)
 
 
-def _span(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> tuple[int, int]:
+def span(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None, itemsize: int) -> tuple[int, int]:
     """Byte range [lo, hi) touched by an array at ``ptr`` (strides in bytes; None: row-major)."""
     n = 1
     for s in shape:
@@ -192,27 +205,24 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
     if is_torch:
         e = _torch_seen.get((id(be), id(obj)))
         if e is not None and e[0]() is obj and e[1] == obj.data_ptr() and e[2] == obj.shape:
-            r = e[3]  # alive: the tensor is one of its users
-            buf = Buffer(be, r.start, r.end - r.start, host=r.host, owner=obj)
-            buf.accesses = r.accesses
-            return (buf, e[4], e[5], write)
+            return (_wrapper(be, e[3], obj), e[4], e[5], write)  # (its region lives: the tensor is a user)
     ptr, shape, strides, itemsize, device = _describe(obj, be, what)
-    lo, hi = _span(ptr, shape, strides, itemsize)
+    lo, hi = span(ptr, shape, strides, itemsize)
     root = None
     if isinstance(obj, np.ndarray):
         root = host_root(obj)
     elif is_torch:  # a PyTorch tensor: its storage
         st = obj.untyped_storage()
         root = (int(st.data_ptr()), int(st.nbytes()))
-    buf = buffer_for(be, lo, hi, obj, root)
-    if is_torch:
-        with _lock:
-            r = _find(_table(be), buf.ptr, buf.ptr + buf.nbytes)
-            if r is not None and r.accesses is buf.accesses:
-                r.users.add(obj)  # the region lives as long as the tensor does
-                k = (id(be), id(obj))
-                ref = weakref.ref(obj, lambda ref, k=k: _forget(k, ref))
-                _torch_seen[k] = (ref, ptr, obj.shape, r, lo - buf.ptr, hi - buf.ptr)
+    with _lock:
+        r = _locate(be, lo, hi, root)
+        buf = _wrapper(be, r, obj)
+        r.users.add(buf)
+        if is_torch:
+            r.users.add(obj)  # the region lives as long as the tensor does
+            k = (id(be), id(obj))
+            ref = weakref.ref(obj, lambda ref, k=k: _forget(k, ref))
+            _torch_seen[k] = (ref, ptr, obj.shape, r, lo - r.start, hi - r.start)
     return (buf, lo - buf.ptr, hi - buf.ptr, write)
 
 

@@ -11,7 +11,7 @@ from .._dtypes import as_dtype
 from .._errors import DTypeError, UsageError
 from ..device._tensor import Partition, Tensor
 from ._external import External, _named
-from ._regions import buffer_for
+from ._regions import buffer_for, span
 
 __all__ = ["torch"]
 
@@ -106,9 +106,7 @@ def _wrap(cx: Any, t: Any, acc: list[Any]) -> Tensor:
     ptr = int(t.data_ptr())
     shape = tuple(t.shape)
     strides = tuple(t.stride())
-    n = t.numel()
-    lo = ptr + sum((s - 1) * st for s, st in zip(shape, strides) if st < 0) * it
-    hi = ptr + (sum((s - 1) * st for s, st in zip(shape, strides) if st > 0) + 1) * it if n else ptr
+    lo, hi = span(ptr, shape, tuple(s * it for s in strides), it)
     st = t.untyped_storage()
     buf = buffer_for(be, lo, hi, t, (int(st.data_ptr()), int(st.nbytes())))
     out = Tensor(buf, shape, dt, strides, ptr - buf.ptr)
