@@ -374,6 +374,7 @@ def test_torch_module_through_the_adapter(backend):
     torch = pytest.importorskip("torch")
     if _cuda() and not torch.cuda.is_available():
         pytest.skip("PyTorch without CUDA")
+    s = pool_of(2)  # first: under DEVICEOP_STREAMS=1 this selects a new device
     torch.manual_seed(0)
     lin = torch.nn.Linear(16, 8)
     if _cuda():
@@ -391,7 +392,6 @@ def test_torch_module_through_the_adapter(backend):
     b = lin.bias.detach().cpu().numpy()
     np.testing.assert_allclose(out.numpy(), np.maximum(x0 @ w.T + b, 0), rtol=1e-5, atol=1e-5)
     # the output is deviceop memory written by the op: another stream's reader waits for it
-    s = pool_of(2)
     y = do.zeros((4, 8), do.float32).sync()
     op = do.interop.torch(fwd, x).then(lambda o: K.copy(y.view(32).partition((32,)), o.view(32)))
     op.sync_on(s[1])
