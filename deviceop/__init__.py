@@ -34,30 +34,41 @@ from .device import (
     set_host_chaos,
     use_backend,
 )
+from .device import _tensor as _tensor_mod
 from .device._select import Stream
 from .device._select import current as _current
-from .device import _tensor as _tensor_mod
 from .ops import DeviceOp, empty, from_numpy, full, ones, to_numpy, value, zeros
 
 if TYPE_CHECKING:
-    from . import graph, interop, kernels
-    from .interop import external
-    from .combinators import zip  # noqa: A004
+    from . import executors, graph, interop, kernels
+    from .combinators import zip
     from .executors import DeviceFuture, poll_budget, set_poll_budget, set_wait_policy, wait_policy
+    from .interop import external
 
 # The layers above the ops load on first use (start-up time): the modules that register the
 # core's hooks, and the public names they hold.
-_HOOKS.load_from.update({
-    "shared": "deviceop.combinators", "await": "deviceop.executors._await",
-    "await_future": "deviceop.executors._await", "submit": "deviceop.executors._terminals",
-    "graph": "deviceop.graph._scope", "watch": "deviceop.executors._future",
-})
+_HOOKS.load_from.update(
+    {
+        "shared": "deviceop.combinators",
+        "await": "deviceop.executors._await",
+        "await_future": "deviceop.executors._await",
+        "submit": "deviceop.executors._terminals",
+        "graph": "deviceop.graph._scope",
+        "watch": "deviceop.executors._future",
+    }
+)
 _LAZY = {
-    "graph": ("deviceop.graph", None), "kernels": ("deviceop.kernels", None), "interop": ("deviceop.interop", None),
+    "executors": ("deviceop.executors", None),
+    "graph": ("deviceop.graph", None),
+    "kernels": ("deviceop.kernels", None),
+    "interop": ("deviceop.interop", None),
     "external": ("deviceop.interop", "external"),
-    "zip": ("deviceop.combinators", "zip"), "DeviceFuture": ("deviceop.executors", "DeviceFuture"),
-    "poll_budget": ("deviceop.executors", "poll_budget"), "set_poll_budget": ("deviceop.executors", "set_poll_budget"),
-    "set_wait_policy": ("deviceop.executors", "set_wait_policy"), "wait_policy": ("deviceop.executors", "wait_policy"),
+    "zip": ("deviceop.combinators", "zip"),
+    "DeviceFuture": ("deviceop.executors", "DeviceFuture"),
+    "poll_budget": ("deviceop.executors", "poll_budget"),
+    "set_poll_budget": ("deviceop.executors", "set_poll_budget"),
+    "set_wait_policy": ("deviceop.executors", "set_wait_policy"),
+    "wait_policy": ("deviceop.executors", "wait_policy"),
 }
 
 
@@ -72,7 +83,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    # the public surface is __all__; subpackages that implement it (device, ops, ...) are not part of it
+    return sorted({n for n in globals() if n.startswith("_")} | set(__all__))
 
 
 def streams() -> list:
@@ -116,12 +128,55 @@ def used_bytes() -> int:
 __version__ = "0.1.0"
 
 __all__ = [
-    "DeviceOp", "DeviceFuture", "Tensor", "Partition", "DType", "Stream",
-    "float16", "bfloat16", "float32", "int32", "int64", "uint8",
-    "value", "zeros", "ones", "full", "empty", "from_numpy", "to_numpy", "from_dlpack", "external", "zip",
-    "backend_name", "use_backend", "next_stream", "streams", "used_bytes", "empty_cache",
-    "set_borrow_policy", "borrow_policy", "set_host_chaos", "set_poll_budget", "poll_budget",
-    "set_wait_policy", "wait_policy", "kernels", "graph", "interop",
-    "DeviceOpError", "BackendError", "BorrowError", "CaptureError", "CompileError", "CudaError",
-    "ShapeError", "TensorIndexError", "DTypeError", "UsageError", "SettingError", "DeviceOpWarning",
+    "BackendError",
+    "BorrowError",
+    "CaptureError",
+    "CompileError",
+    "CudaError",
+    "DType",
+    "DTypeError",
+    "DeviceFuture",
+    "DeviceOp",
+    "DeviceOpError",
+    "DeviceOpWarning",
+    "Partition",
+    "SettingError",
+    "ShapeError",
+    "Stream",
+    "Tensor",
+    "TensorIndexError",
+    "UsageError",
+    "backend_name",
+    "bfloat16",
+    "borrow_policy",
+    "empty",
+    "empty_cache",
+    "executors",
+    "external",
+    "float16",
+    "float32",
+    "from_dlpack",
+    "from_numpy",
+    "full",
+    "graph",
+    "int32",
+    "int64",
+    "interop",
+    "kernels",
+    "next_stream",
+    "ones",
+    "poll_budget",
+    "set_borrow_policy",
+    "set_host_chaos",
+    "set_poll_budget",
+    "set_wait_policy",
+    "streams",
+    "to_numpy",
+    "uint8",
+    "use_backend",
+    "used_bytes",
+    "value",
+    "wait_policy",
+    "zeros",
+    "zip",
 ]

@@ -1,4 +1,4 @@
-"""``python -m deviceop demo | info | compile | bench``."""
+"""``python -m deviceop demo | info | compile``, ``python -m deviceop --version``."""
 
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ def _demo() -> int:
     (zp, _x, _y) = K.add(z, x, y).sync()
     t_add = time.perf_counter() - t1
     ok_add = np.array_equal(zp.tensor.numpy(), x_np + y_np)
-    print(f"  listing 1 (add, 1024 f32, 8 tiles):   {'ok' if ok_add else 'WRONG'}   {t_add * 1e3:8.3f} ms (first run compiles or loads kernels)")
+    print(
+        f"  listing 1 (add, 1024 f32, 8 tiles):   {'ok' if ok_add else 'WRONG'}   {t_add * 1e3:8.3f} ms (first run compiles or loads kernels)"
+    )
 
     # a then-chain: 100 dependent scale launches on one stream, one sync
     a = np.full(2048, 1.0, dtype=np.float16)
@@ -57,7 +59,9 @@ def _demo() -> int:
     for _ in range(n):
         ref = (ref * np.float32(1.01)).astype(np.float16).astype(np.float32)
     ok_chain = np.array_equal(out.numpy().astype(np.float32), ref)
-    print(f"  then-chain (100 x scale, 2048 f16):   {'ok' if ok_chain else 'WRONG'}   {t_chain * 1e3:8.3f} ms ({t_chain / n * 1e6:.1f} µs/op)")
+    print(
+        f"  then-chain (100 x scale, 2048 f16):   {'ok' if ok_chain else 'WRONG'}   {t_chain * 1e3:8.3f} ms ({t_chain / n * 1e6:.1f} µs/op)"
+    )
 
     # the same chain again, now that everything is warm
     op = do.from_numpy(a).map(lambda t: (t.partition((128,)), t, 1.01))
@@ -76,28 +80,24 @@ def _compile(arch: str) -> int:
 
     t = time.perf_counter()
     cubin = kernels.compile_builtins(arch)
-    print(f"compiled {len(kernels.builtin_names())} built-in kernels for {arch}: {len(cubin)} bytes "
-          f"in {time.perf_counter() - t:.2f} s (cache: {kernels.cache_dir()})")
+    print(
+        f"compiled {len(kernels.builtin_names())} built-in kernels for {arch}: {len(cubin)} bytes "
+        f"in {time.perf_counter() - t:.2f} s (cache: {kernels.cache_dir()})"
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     ap = argparse.ArgumentParser(prog="python -m deviceop", description="deviceop command line")
+    ap.add_argument("--version", action="version", version=f"deviceop {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("demo", help="run the paper's Listing 1 and a then-chain, checked against numpy")
     sub.add_parser("info", help="backend, device, compute capability, driver, stream pool")
     c = sub.add_parser("compile", help="compile every built-in kernel with NVRTC (no GPU needed)")
     c.add_argument("--arch", default="sm_90")
-    from ._bench import BENCHES
-
-    b = sub.add_parser("bench", help="run the experiments (GPU): JSON, logs and PNG figures into a folder")
-    b.add_argument("which", nargs="?", default="all", choices=[*BENCHES, "all"])
-    b.add_argument("--out", default=None, help="folder for the results (default: a new dated folder here)")
     a = ap.parse_args(argv)
-    if a.cmd == "bench":
-        from ._bench import run_bench
-
-        return run_bench(a.which, a.out)
     if a.cmd == "demo":
         return _demo()
     if a.cmd == "info":

@@ -11,7 +11,7 @@ import numpy as np
 
 from ._errors import DTypeError
 
-__all__ = ["DType", "float16", "bfloat16", "float32", "int32", "int64", "uint8", "as_dtype"]
+__all__ = ["DType", "as_dtype", "bfloat16", "float16", "float32", "int32", "int64", "uint8"]
 
 
 @dataclass(frozen=True, eq=False)

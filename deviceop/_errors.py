@@ -18,17 +18,17 @@ Messages say what happened and what to do instead.
 from __future__ import annotations
 
 __all__ = [
-    "DeviceOpError",
     "BackendError",
     "BorrowError",
     "CaptureError",
     "CompileError",
     "CudaError",
+    "DTypeError",
+    "DeviceOpError",
+    "SettingError",
     "ShapeError",
     "TensorIndexError",
-    "DTypeError",
     "UsageError",
-    "SettingError",
 ]
 
 

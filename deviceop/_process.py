@@ -7,7 +7,8 @@ moment would stay held forever. Modules keep their process-wide locks renewable 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["renew_at_fork"]
 

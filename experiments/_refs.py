@@ -37,7 +37,7 @@ import json
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 N_ELEMS = 2048
 THREADS = 128
@@ -161,7 +161,7 @@ class _RawState:
 
     def __init__(self) -> None:
         import numpy as np
-        from cuda.bindings import driver, nvrtc
+        from cuda.bindings import driver
 
         ck = _drv_check
         ck(driver.cuInit(0), "cuInit")
@@ -188,9 +188,7 @@ class _RawState:
         self._image = np.frombuffer(self.cubin, dtype=np.uint8).copy()
         self.module = ck(driver.cuModuleLoadData(self._image.ctypes.data), "cuModuleLoadData")
         self.func = ck(driver.cuModuleGetFunction(self.module, KERNEL_NAME.encode()), "cuModuleGetFunction")
-        self.stream = ck(
-            driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate"
-        )
+        self.stream = ck(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value), "cuStreamCreate")
 
         self.nbytes = N_ELEMS * 2
         self.d_x = ck(driver.cuMemAlloc(self.nbytes), "cuMemAlloc(x)")
@@ -219,9 +217,7 @@ class _RawState:
         from cuda.bindings import driver
 
         _drv_check(
-            driver.cuLaunchKernel(
-                self.func, BLOCKS, 1, 1, THREADS, 1, 1, 0, self.stream, self.params_ptr, 0
-            ),
+            driver.cuLaunchKernel(self.func, BLOCKS, 1, 1, THREADS, 1, 1, 0, self.stream, self.params_ptr, 0),
             "cuLaunchKernel",
         )
 
@@ -247,9 +243,7 @@ class _RawState:
             return self.graphs[n_ops][1]
         ck = _drv_check
         ck(
-            driver.cuStreamBeginCapture(
-                self.stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-            ),
+            driver.cuStreamBeginCapture(self.stream, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
             "cuStreamBeginCapture",
         )
         try:
@@ -290,7 +284,7 @@ def _nvrtc_compile_cubin(src: str, arch: str) -> bytes:
     return bytes(cubin)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _raw_state() -> _RawState:
     return _RawState()
 
@@ -383,7 +377,7 @@ class _CupyState:
         _check_host(y_host, what)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cupy_state() -> _CupyState:
     return _CupyState()
 
@@ -432,7 +426,7 @@ def measure_cupy(n_ops: int, reps: int, warmup: int) -> list[dict]:
         samples = _time_reps(graph, reps, warmup)
         st.check(f"cupy graph N={n_ops}")
         out.append(_summary("cupy", "graph", n_ops, samples, reps))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print(f"[cupy] graph mode skipped: {e!r}", file=sys.stderr)
     return out
 
@@ -470,7 +464,7 @@ class _TorchState:
         _check_host(y_host, what)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torch_state() -> _TorchState:
     return _TorchState()
 
@@ -520,7 +514,7 @@ def measure_torch(n_ops: int, reps: int, warmup: int) -> list[dict]:
             samples = _time_reps(graph, reps, warmup)
         st.check(f"torch graph N={n_ops}")
         out.append(_summary("torch", "graph", n_ops, samples, reps))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print(f"[torch] graph mode skipped: {e!r}", file=sys.stderr)
     return out
 
@@ -588,7 +582,7 @@ class _CudaCoreState:
         _check_host(y_host, what)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_core_state() -> _CudaCoreState:
     return _CudaCoreState()
 
@@ -652,9 +646,7 @@ def _print_table(results: list[dict], sizes: list[int]) -> None:
         for n in sizes:
             r = by_n.get(n)
             cells.append(
-                f"{r['us_per_op_median']:8.2f} [{r['us_per_op_p25']:5.2f},{r['us_per_op_p75']:6.2f}]"
-                if r
-                else "-"
+                f"{r['us_per_op_median']:8.2f} [{r['us_per_op_p25']:5.2f},{r['us_per_op_p75']:6.2f}]" if r else "-"
             )
         print(f"{impl:<14}{mode:<11}" + "".join(f"{c:>22}" for c in cells))
 
@@ -687,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{name}] N={n}: done in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         except ImportError as e:
             print(f"[{name}] skipped (import failed: {e})", file=sys.stderr)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             # A failed output check is a real failure: keep going with other impls but exit non-zero.
             print(f"[{name}] FAILED: {e!r}", file=sys.stderr)
             failed.append(name)
@@ -695,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.chain_bin:
         try:
             results.extend(r for r in run_chain_bin(args.chain_bin, args.reps) if r["n_ops"] in sizes)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             print(f"[cuda_cpp] FAILED: {e!r}", file=sys.stderr)
             failed.append("cuda_cpp")
 

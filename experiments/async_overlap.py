@@ -22,8 +22,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import deviceop as do  # noqa: E402
-from exec_modes import machine_info  # noqa: E402
+from exec_modes import machine_info
+
+import deviceop as do
 
 K = do.kernels
 N_OPS = 300
@@ -73,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         g.append(clock() - t0)
         e.append(t1 - t0)
     gpu_s, enqueue_s = float(np.median(g)), float(np.median(e))
-    print(f"pipeline: {N_OPS} kernels over {a.elems} f16 elements; GPU (submit to done) {gpu_s * 1e3:.2f} ms, "
-          f"enqueue {enqueue_s * 1e3:.2f} ms", file=sys.stderr)
+    print(
+        f"pipeline: {N_OPS} kernels over {a.elems} f16 elements; GPU (submit to done) {gpu_s * 1e3:.2f} ms, "
+        f"enqueue {enqueue_s * 1e3:.2f} ms",
+        file=sys.stderr,
+    )
 
     rows = []
     for f in [float(v) for v in a.factors.split(",")]:
@@ -102,14 +106,33 @@ def main(argv: list[str] | None = None) -> int:
         sync_t = sync_t[1:]
         async_t = uvloop.run(async_reps())
         sm, am = float(np.median(sync_t)), float(np.median(async_t))
-        rows.append({"w_over_gpu": f, "w_ms": w * 1e3, "sync_iter_ms": sm * 1e3, "async_iter_ms": am * 1e3,
-                     "sync_it_per_s": 1 / sm, "async_it_per_s": 1 / am, "async_over_sync": sm / am})
-        print(f"W = {f:4.2f} G ({w * 1e3:6.2f} ms): sync {sm * 1e3:7.2f} ms/it  async {am * 1e3:7.2f} ms/it  "
-              f"-> {sm / am:.2f}x", file=sys.stderr)
+        rows.append(
+            {
+                "w_over_gpu": f,
+                "w_ms": w * 1e3,
+                "sync_iter_ms": sm * 1e3,
+                "async_iter_ms": am * 1e3,
+                "sync_it_per_s": 1 / sm,
+                "async_it_per_s": 1 / am,
+                "async_over_sync": sm / am,
+            }
+        )
+        print(
+            f"W = {f:4.2f} G ({w * 1e3:6.2f} ms): sync {sm * 1e3:7.2f} ms/it  async {am * 1e3:7.2f} ms/it  "
+            f"-> {sm / am:.2f}x",
+            file=sys.stderr,
+        )
     near = min(rows, key=lambda r: abs(r["w_over_gpu"] - 1.0))
-    doc = {"experiment": "async_overlap", "machine": machine_info(), "n_ops": N_OPS, "elements": a.elems,
-           "gpu_ms": gpu_s * 1e3, "enqueue_ms": enqueue_s * 1e3, "rows": rows,
-           "async_over_sync_at_w_eq_gpu": near["async_over_sync"]}
+    doc = {
+        "experiment": "async_overlap",
+        "machine": machine_info(),
+        "n_ops": N_OPS,
+        "elements": a.elems,
+        "gpu_ms": gpu_s * 1e3,
+        "enqueue_ms": enqueue_s * 1e3,
+        "rows": rows,
+        "async_over_sync_at_w_eq_gpu": near["async_over_sync"],
+    }
     print(f"async/sync at W = G: {near['async_over_sync']:.2f}x")
     if a.out:
         with open(a.out, "w") as fh:

@@ -25,9 +25,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import deviceop as do  # noqa: E402
-from deviceop._core import _reactor  # noqa: E402
-from exec_modes import machine_info  # noqa: E402
+from exec_modes import machine_info
+
+import deviceop as do
+from deviceop._core import _reactor
 
 K = do.kernels
 SPIN_SRC = r"""
@@ -37,8 +38,9 @@ extern "C" __global__ void spin(float* out, long long cycles) {
   if (threadIdx.x == 0) out[blockIdx.x] = (float)cycles;
 }
 """
-spin_k = K.Kernel(SPIN_SRC, "spin", params=(K.Out(do.float32), do.int64),
-                  host=lambda out, cycles: time.sleep(float(cycles) / 1.98e9))
+spin_k = K.Kernel(
+    SPIN_SRC, "spin", params=(K.Out(do.float32), do.int64), host=lambda out, cycles: time.sleep(float(cycles) / 1.98e9)
+)
 
 
 def _run(lib: str, coro_fn):  # type: ignore[no-untyped-def]
@@ -99,15 +101,23 @@ def lengths(lib: str, reps: int, warmup: int, names: list[str]) -> list[dict]:
                     diff.append(((t3 - t2) - (t1 - t0)) / 1e3)
                     acpu.append((c1 - c0) / 1e3)
             st1 = _reactor.stats()
-            res.append({
-                "loop": lib, "policy": do.wait_policy(), "op": name, "reps": n,
-                "sync_on_us": float(np.median(sy)), "await_us": float(np.median(aw)),
-                "await_minus_sync_us": float(np.median(diff)),
-                "await_minus_sync_p25_us": float(np.percentile(diff, 25)),
-                "await_minus_sync_p75_us": float(np.percentile(diff, 75)),
-                "await_cpu_us": float(np.median(acpu)),
-                "reactor": {k: st1[k] - st0[k] for k in ("armed", "memop", "host_function", "passes", "sleeps", "parks")},
-            })
+            res.append(
+                {
+                    "loop": lib,
+                    "policy": do.wait_policy(),
+                    "op": name,
+                    "reps": n,
+                    "sync_on_us": float(np.median(sy)),
+                    "await_us": float(np.median(aw)),
+                    "await_minus_sync_us": float(np.median(diff)),
+                    "await_minus_sync_p25_us": float(np.percentile(diff, 25)),
+                    "await_minus_sync_p75_us": float(np.percentile(diff, 75)),
+                    "await_cpu_us": float(np.median(acpu)),
+                    "reactor": {
+                        k: st1[k] - st0[k] for k in ("armed", "memop", "host_function", "passes", "sleeps", "parks")
+                    },
+                }
+            )
         return res
 
     return _run(lib, main)
@@ -127,18 +137,26 @@ def cpu_while_awaiting(lib: str, seconds: float, reps: int) -> dict:
             c, w = time.process_time() - c0, time.perf_counter() - w0
             fr.append(c / w)
             walls.append(w)
-        return {"loop": lib, "policy": do.wait_policy(), "op_seconds_wall_median": float(np.median(walls)),
-                "cpu_fraction_median": float(np.median(fr)), "cpu_fraction_max": float(np.max(fr)),
-                "cpu_fraction_first": float(fr[0]), "reps": reps}
+        return {
+            "loop": lib,
+            "policy": do.wait_policy(),
+            "op_seconds_wall_median": float(np.median(walls)),
+            "cpu_fraction_median": float(np.median(fr)),
+            "cpu_fraction_max": float(np.max(fr)),
+            "cpu_fraction_first": float(fr[0]),
+            "reps": reps,
+        }
 
     return _run(lib, main)
 
 
 def _print(rows: list[dict]) -> None:
     for r in rows:
-        print(f"{r['loop']:<8} {r['policy']:<8} {r['op']:<9} sync_on {r['sync_on_us']:10.1f} us  await {r['await_us']:10.1f} us  "
-              f"await-sync {r['await_minus_sync_us']:+7.1f} us (p25 {r['await_minus_sync_p25_us']:+.1f}, p75 "
-              f"{r['await_minus_sync_p75_us']:+.1f})  await cpu {r['await_cpu_us']:8.1f} us")
+        print(
+            f"{r['loop']:<8} {r['policy']:<8} {r['op']:<9} sync_on {r['sync_on_us']:10.1f} us  await {r['await_us']:10.1f} us  "
+            f"await-sync {r['await_minus_sync_us']:+7.1f} us (p25 {r['await_minus_sync_p25_us']:+.1f}, p75 "
+            f"{r['await_minus_sync_p75_us']:+.1f})  await cpu {r['await_cpu_us']:8.1f} us"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     loops = [v for v in a.loops.split(",") if v]
-    doc: dict = {"experiment": "await_cost", "machine": machine_info(), "poll_budget_default_us": do.poll_budget() * 1e6}
+    doc: dict = {
+        "experiment": "await_cost",
+        "machine": machine_info(),
+        "poll_budget_default_us": do.poll_budget() * 1e6,
+    }
     names = [n for n, _ in LENGTHS]
     doc["lengths"] = []
     for lib in loops:
@@ -168,8 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             do.set_wait_policy("adaptive")
     doc["cpu_200ms"] = [cpu_while_awaiting(lib, 0.2, 10) for lib in loops]
     for r in doc["cpu_200ms"] + doc.get("cpu_200ms_by_policy", []):
-        print(f"CPU while awaiting a {r['op_seconds_wall_median'] * 1e3:.0f} ms op ({r['loop']}, {r['policy']}): "
-              f"{r['cpu_fraction_median']:.2%} of a core (max {r['cpu_fraction_max']:.2%}, first {r['cpu_fraction_first']:.2%})")
+        print(
+            f"CPU while awaiting a {r['op_seconds_wall_median'] * 1e3:.0f} ms op ({r['loop']}, {r['policy']}): "
+            f"{r['cpu_fraction_median']:.2%} of a core (max {r['cpu_fraction_max']:.2%}, first {r['cpu_fraction_first']:.2%})"
+        )
     doc["reactor"] = _reactor.stats()
     if a.out:
         with open(a.out, "w") as f:

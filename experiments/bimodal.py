@@ -32,8 +32,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import deviceop as do  # noqa: E402
-from deviceop.executors import ThreadedQueue, WorkQueue  # noqa: E402
+import deviceop as do
+from deviceop.executors import ThreadedQueue, WorkQueue
 
 K = do.kernels
 SMALL, LARGE = 512, 2048
@@ -46,8 +46,12 @@ class Workload:
         rng = np.random.default_rng(0)
         self.sizes = [LARGE if i % 5 == 4 else SMALL for i in range(n_items)]
         s0 = do.streams()[0]
-        self.a = {n: do.from_numpy((rng.standard_normal((n, n)) / 16).astype(np.float16)).sync_on(s0) for n in (SMALL, LARGE)}
-        self.b = {n: do.from_numpy((rng.standard_normal((n, n)) / 16).astype(np.float16)).sync_on(s0) for n in (SMALL, LARGE)}
+        self.a = {
+            n: do.from_numpy((rng.standard_normal((n, n)) / 16).astype(np.float16)).sync_on(s0) for n in (SMALL, LARGE)
+        }
+        self.b = {
+            n: do.from_numpy((rng.standard_normal((n, n)) / 16).astype(np.float16)).sync_on(s0) for n in (SMALL, LARGE)
+        }
         self.c = [{n: do.zeros((n, n), do.float16).sync_on(s0) for n in (SMALL, LARGE)} for _ in range(max_lanes)]
         a, b, c = self.a, self.b, self.c
         self.factory = {n: (lambda lane, n=n: K.gemm(c[lane][n], a[n], b[n])) for n in (SMALL, LARGE)}
@@ -124,7 +128,12 @@ def _check(res: list) -> None:
 
 
 def _row(items: int, secs: float, cpu: float, threads: int) -> dict:
-    return {"wu_per_ms": items / secs / 1e3, "seconds": secs, "cpu_us_per_wu": cpu / items * 1e6, "host_threads": threads}
+    return {
+        "wu_per_ms": items / secs / 1e3,
+        "seconds": secs,
+        "cpu_us_per_wu": cpu / items * 1e6,
+        "host_threads": threads,
+    }
 
 
 class TorchWorkload:
@@ -137,7 +146,10 @@ class TorchWorkload:
         self.sizes = w.sizes
         self.a = {n: torch.from_dlpack(w.a[n]) for n in w.a}
         self.b = {n: torch.from_dlpack(w.b[n]) for n in w.b}
-        self.c = [{n: torch.empty((n, n), dtype=torch.float16, device="cuda") for n in (SMALL, LARGE)} for _ in range(max_lanes)]
+        self.c = [
+            {n: torch.empty((n, n), dtype=torch.float16, device="cuda") for n in (SMALL, LARGE)}
+            for _ in range(max_lanes)
+        ]
         self.streams = [torch.cuda.Stream() for _ in range(max_lanes)]
 
     def serial(self, think=None) -> dict:
@@ -155,7 +167,7 @@ class TorchWorkload:
 
     def threaded(self, S: int, think=None) -> dict:
         torch = self.torch
-        q: "queue.Queue[int | None]" = queue.Queue()
+        q: queue.Queue[int | None] = queue.Queue()
         for n in self.sizes:
             q.put(n)
         for _ in range(S):
@@ -217,13 +229,23 @@ def main(argv: list[str] | None = None) -> int:
     def rep(fn, *args) -> dict:
         return median_row([fn(*args) for _ in range(a.reps)])
 
-    doc: dict = {"experiment": "bimodal", "machine": machine_info(), "items": a.items,
-                 "mix": "80% 512^3, 20% 2048^3 f16, every fifth large", "reps": a.reps, "rows": []}
+    doc: dict = {
+        "experiment": "bimodal",
+        "machine": machine_info(),
+        "items": a.items,
+        "mix": "80% 512^3, 20% 2048^3 f16, every fifth large",
+        "reps": a.reps,
+        "rows": [],
+    }
     doc["ceiling"] = {S: rep(ceiling.run, S) for S in sorted({1, *S_list})}
     ceil_best = max(r["wu_per_ms"] for r in doc["ceiling"].values())
     doc["ceiling_best_wu_per_ms"] = ceil_best
-    print("ceiling (graph replays): " + "  ".join(f"S={S} {r['wu_per_ms']:.1f}" for S, r in doc["ceiling"].items())
-          + " WU/ms", file=sys.stderr)
+    print(
+        "ceiling (graph replays): "
+        + "  ".join(f"S={S} {r['wu_per_ms']:.1f}" for S, r in doc["ceiling"].items())
+        + " WU/ms",
+        file=sys.stderr,
+    )
     serial = rep(run_serial, w)
     doc["serial"] = serial
     print(f"deviceop serial: {serial['wu_per_ms']:.1f} WU/ms", file=sys.stderr)
@@ -231,36 +253,60 @@ def main(argv: list[str] | None = None) -> int:
         doc["torch_serial"] = rep(tw.serial)
         print(f"torch serial:    {doc['torch_serial']['wu_per_ms']:.1f} WU/ms", file=sys.stderr)
     for S in S_list:
-        row = {"streams": S, "threaded": rep(run_threaded, w, S), "async": rep(run_async, w, S),
-               "threaded_batch1": rep(run_threaded, w, S, None, 1), "async_batch1": rep(run_async, w, S, None, 1)}
+        row = {
+            "streams": S,
+            "threaded": rep(run_threaded, w, S),
+            "async": rep(run_async, w, S),
+            "threaded_batch1": rep(run_threaded, w, S, None, 1),
+            "async_batch1": rep(run_async, w, S, None, 1),
+        }
         if tw is not None:
             row["torch_threaded"] = rep(tw.threaded, S)
         doc["rows"].append(row)
-        print(f"S={S:2d}: threaded {row['threaded']['wu_per_ms']:6.1f}  async {row['async']['wu_per_ms']:6.1f}  "
-              f"(batch=1: threaded {row['threaded_batch1']['wu_per_ms']:6.1f}  async {row['async_batch1']['wu_per_ms']:6.1f})"
-              + (f"  torch threaded {row['torch_threaded']['wu_per_ms']:6.1f}" if tw else "") + " WU/ms", file=sys.stderr)
+        print(
+            f"S={S:2d}: threaded {row['threaded']['wu_per_ms']:6.1f}  async {row['async']['wu_per_ms']:6.1f}  "
+            f"(batch=1: threaded {row['threaded_batch1']['wu_per_ms']:6.1f}  async {row['async_batch1']['wu_per_ms']:6.1f})"
+            + (f"  torch threaded {row['torch_threaded']['wu_per_ms']:6.1f}" if tw else "")
+            + " WU/ms",
+            file=sys.stderr,
+        )
     best = max(doc["rows"], key=lambda r: r["async"]["min_wu_per_ms"])
     b1 = max(doc["rows"], key=lambda r: r["async_batch1"]["wu_per_ms"])
-    doc["async_best"] = {"streams": best["streams"], "wu_per_ms": best["async"]["wu_per_ms"],
-                         "min_wu_per_ms": best["async"]["min_wu_per_ms"],
-                         "min_over_ceiling": best["async"]["min_wu_per_ms"] / ceil_best,
-                         "over_serial": best["async"]["wu_per_ms"] / serial["wu_per_ms"]}
-    doc["async_batch1_best"] = {"streams": b1["streams"], "wu_per_ms": b1["async_batch1"]["wu_per_ms"],
-                                "over_serial": b1["async_batch1"]["wu_per_ms"] / serial["wu_per_ms"]}
+    doc["async_best"] = {
+        "streams": best["streams"],
+        "wu_per_ms": best["async"]["wu_per_ms"],
+        "min_wu_per_ms": best["async"]["min_wu_per_ms"],
+        "min_over_ceiling": best["async"]["min_wu_per_ms"] / ceil_best,
+        "over_serial": best["async"]["wu_per_ms"] / serial["wu_per_ms"],
+    }
+    doc["async_batch1_best"] = {
+        "streams": b1["streams"],
+        "wu_per_ms": b1["async_batch1"]["wu_per_ms"],
+        "over_serial": b1["async_batch1"]["wu_per_ms"] / serial["wu_per_ms"],
+    }
     if tw is not None:
         tb = max(r["torch_threaded"]["wu_per_ms"] for r in doc["rows"])
         doc["async_batch1_best"]["over_torch_threaded_best"] = doc["async_batch1_best"]["wu_per_ms"] / tb
         doc["torch_threaded_best_wu_per_ms"] = tb
     s16 = next((r for r in doc["rows"] if r["streams"] == 16), None)
     if s16:
-        doc["cpu_us_per_wu_s16"] = {"async": s16["async"]["cpu_us_per_wu"], "threaded": s16["threaded"]["cpu_us_per_wu"],
-                                    "async_threads": 1, "threaded_threads": 16}
-    print(f"async best: {best['async']['wu_per_ms']:.1f} WU/ms at S={best['streams']} (min of runs "
-          f"{best['async']['min_wu_per_ms']:.1f} = {doc['async_best']['min_over_ceiling']:.1%} of the ceiling {ceil_best:.1f}; "
-          f"{doc['async_best']['over_serial']:.2f}x deviceop serial)")
-    print(f"async batch=1 best: {b1['async_batch1']['wu_per_ms']:.1f} WU/ms at S={b1['streams']} "
-          f"({doc['async_batch1_best']['over_serial']:.2f}x deviceop serial"
-          + (f", {doc['async_batch1_best']['over_torch_threaded_best']:.2f}x torch thread-per-stream best" if tw else "") + ")")
+        doc["cpu_us_per_wu_s16"] = {
+            "async": s16["async"]["cpu_us_per_wu"],
+            "threaded": s16["threaded"]["cpu_us_per_wu"],
+            "async_threads": 1,
+            "threaded_threads": 16,
+        }
+    print(
+        f"async best: {best['async']['wu_per_ms']:.1f} WU/ms at S={best['streams']} (min of runs "
+        f"{best['async']['min_wu_per_ms']:.1f} = {doc['async_best']['min_over_ceiling']:.1%} of the ceiling {ceil_best:.1f}; "
+        f"{doc['async_best']['over_serial']:.2f}x deviceop serial)"
+    )
+    print(
+        f"async batch=1 best: {b1['async_batch1']['wu_per_ms']:.1f} WU/ms at S={b1['streams']} "
+        f"({doc['async_batch1_best']['over_serial']:.2f}x deviceop serial"
+        + (f", {doc['async_batch1_best']['over_torch_threaded_best']:.2f}x torch thread-per-stream best" if tw else "")
+        + ")"
+    )
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(doc, fh, indent=1)

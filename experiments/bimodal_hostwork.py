@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bimodal import Workload, median_row, run_async, run_serial, run_threaded  # noqa: E402
+from bimodal import Workload, median_row, run_async, run_serial, run_threaded
 
 SLICE = 50e-6  # async host work yields to the loop this often
 
@@ -32,7 +32,6 @@ def spin(seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     import anyio
-
     from exec_modes import machine_info
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -70,12 +69,21 @@ def main(argv: list[str] | None = None) -> int:
         }
         row["async_over_threaded"] = row["async"]["wu_per_ms"] / row["threaded"]["wu_per_ms"]
         rows.append(row)
-        print(f"W={w_ms:4.2f} ms: serial {row['serial']['wu_per_ms']:6.2f}  threaded {row['threaded']['wu_per_ms']:6.2f}  "
-              f"async {row['async']['wu_per_ms']:6.2f} WU/ms  (async/threaded {row['async_over_threaded']:.2f})", file=sys.stderr)
+        print(
+            f"W={w_ms:4.2f} ms: serial {row['serial']['wu_per_ms']:6.2f}  threaded {row['threaded']['wu_per_ms']:6.2f}  "
+            f"async {row['async']['wu_per_ms']:6.2f} WU/ms  (async/threaded {row['async_over_threaded']:.2f})",
+            file=sys.stderr,
+        )
     worst = min(rows, key=lambda r: r["async_over_threaded"])
-    doc = {"experiment": "bimodal_hostwork", "machine": machine_info(), "items": a.items, "streams": S,
-           "rows": rows, "async_over_threaded_min": worst["async_over_threaded"],
-           "async_over_threaded_max": max(r["async_over_threaded"] for r in rows)}
+    doc = {
+        "experiment": "bimodal_hostwork",
+        "machine": machine_info(),
+        "items": a.items,
+        "streams": S,
+        "rows": rows,
+        "async_over_threaded_min": worst["async_over_threaded"],
+        "async_over_threaded_max": max(r["async_over_threaded"] for r in rows),
+    }
     print(f"async/threaded across W: {worst['async_over_threaded']:.2f} .. {doc['async_over_threaded_max']:.2f}")
     if a.out:
         with open(a.out, "w") as fh:

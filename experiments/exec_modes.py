@@ -23,9 +23,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import _refs  # noqa: E402
+import _refs
 
-import deviceop as do  # noqa: E402
+import deviceop as do
 
 N_ELEMS = 2048
 G = 0.5
@@ -168,7 +168,9 @@ def paired_chain(n_ops: int, reps: int, warmup: int) -> dict:
     ratio = [d / r for d, r in zip(samples["deviceop"], samples["raw_bindings"])]
     ledger = [a - b for a, b in zip(samples["deviceop"], samples["deviceop_ledger_off"])]
     return {
-        "n_ops": n_ops, "reps": reps, "us_per_op_median": med,
+        "n_ops": n_ops,
+        "reps": reps,
+        "us_per_op_median": med,
         "deviceop_over_raw_median_of_ratios": float(np.median(ratio)),
         "deviceop_over_raw_ratio_of_medians": med["deviceop"] / med["raw_bindings"],
         "ledger_cost_us_per_op_median": float(np.median(ledger)),
@@ -252,14 +254,21 @@ def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5, graph_lib: str | 
     if lib is not None and lib.ref_check() != 1:
         raise AssertionError("the C++ graph replay produced wrong values")
     med = {k: float(np.median(v)) for k, v in samples.items()}
-    out = {"n_ops": n_ops, "reps": reps, "us_per_op_median": med,
-           "deviceop_over_raw_median_of_ratios": _ratio(samples, "raw_bindings")}
+    out = {
+        "n_ops": n_ops,
+        "reps": reps,
+        "us_per_op_median": med,
+        "deviceop_over_raw_median_of_ratios": _ratio(samples, "raw_bindings"),
+    }
     out["deviceop_over_raw_own_graph"] = _ratio(samples, "raw_bindings_deviceop_graph")
-    out["raw_own_graph_over_raw"] = float(np.median(
-        [o / r for o, r in zip(samples["raw_bindings_deviceop_graph"], samples["raw_bindings"])]))
+    out["raw_own_graph_over_raw"] = float(
+        np.median([o / r for o, r in zip(samples["raw_bindings_deviceop_graph"], samples["raw_bindings"])])
+    )
     if lib is not None:
         out["deviceop_over_cuda_cpp_in_process"] = _ratio(samples, "cuda_cpp")
-        out["raw_over_cuda_cpp_in_process"] = float(np.median([r / c for r, c in zip(samples["raw_bindings"], samples["cuda_cpp"])]))
+        out["raw_over_cuda_cpp_in_process"] = float(
+            np.median([r / c for r, c in zip(samples["raw_bindings"], samples["cuda_cpp"])])
+        )
     return out
 
 
@@ -304,9 +313,17 @@ def graph_update_cost(n_ops: int, reps: int) -> dict:
             rec.append((t3 - t2) / 1e3)
         g.launch().sync_on(s)
         g2.launch().sync_on(s)
-    med = {"update_us": float(np.median(upd)), "record_and_instantiate_us": float(np.median(new)),
-           "record_only_us": float(np.median(rec))}
-    return {"n_ops": n_ops, "reps": reps, **med, "update_over_instantiate": med["update_us"] / med["record_and_instantiate_us"]}
+    med = {
+        "update_us": float(np.median(upd)),
+        "record_and_instantiate_us": float(np.median(new)),
+        "record_only_us": float(np.median(rec)),
+    }
+    return {
+        "n_ops": n_ops,
+        "reps": reps,
+        **med,
+        "update_over_instantiate": med["update_us"] / med["record_and_instantiate_us"],
+    }
 
 
 def machine_info() -> dict:
@@ -355,7 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1,10,100,1000")
     ap.add_argument("--impls", default="raw_bindings,cupy,torch,cuda_core")
     ap.add_argument("--chain-bin", default=None)
-    ap.add_argument("--graph-lib", default=None, help="libgraphref.so (experiments/ref/graph_ref.cu) for the in-process C++ graph column")
+    ap.add_argument(
+        "--graph-lib",
+        default=None,
+        help="libgraphref.so (experiments/ref/graph_ref.cu) for the in-process C++ graph column",
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     sizes = [int(v) for v in a.sizes.split(",")]
@@ -369,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.extend(_refs.IMPLS[name](n, a.reps, a.warmup))
             except ImportError as e:
                 print(f"[{name}] skipped: {e}", file=sys.stderr)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 print(f"[{name}] FAILED: {e!r}", file=sys.stderr)
                 failed.append(name)
         print(f"N={n} done in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
@@ -390,8 +411,16 @@ def main(argv: list[str] | None = None) -> int:
                 p["cuda_cpp_us_per_op_median"] = cpp[p["n_ops"]]
                 p["deviceop_over_cuda_cpp"] = p["us_per_op_median"]["deviceop"] / cpp[p["n_ops"]]
     update = graph_update_cost(max(sizes), max(10, min(a.reps, 50)))
-    doc = {"experiment": "exec_modes", "elements": N_ELEMS, "machine": machine_info(), "results": results,
-           "ratios": ratios(results), "paired_chained": paired, "paired_graph": graphs, "graph_update": update}
+    doc = {
+        "experiment": "exec_modes",
+        "elements": N_ELEMS,
+        "machine": machine_info(),
+        "results": results,
+        "ratios": ratios(results),
+        "paired_chained": paired,
+        "paired_graph": graphs,
+        "graph_update": update,
+    }
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
@@ -402,21 +431,33 @@ def main(argv: list[str] | None = None) -> int:
     print("paired graph replays (interleaved with raw cuda.bindings and the in-process C++ library after a warm-up):")
     for p in graphs:
         m = p["us_per_op_median"]
-        cpp_s = f"  C++ binary {p['cuda_cpp_us_per_op_median']:.3f} -> {p['deviceop_over_cuda_cpp']:.3f}x" if "deviceop_over_cuda_cpp" in p else ""
+        cpp_s = (
+            f"  C++ binary {p['cuda_cpp_us_per_op_median']:.3f} -> {p['deviceop_over_cuda_cpp']:.3f}x"
+            if "deviceop_over_cuda_cpp" in p
+            else ""
+        )
         if "cuda_cpp" in m:
             cpp_s += f"  C++ in-process {m['cuda_cpp']:.3f} -> {p['deviceop_over_cuda_cpp_in_process']:.3f}x C++"
-        print(f"  N={p['n_ops']:<5} raw {m['raw_bindings']:.3f}  deviceop {m['deviceop']:.3f} us/op -> "
-              f"{p['deviceop_over_raw_median_of_ratios']:.3f}x raw{cpp_s}")
-        print(f"         deviceop's graph through raw cuda.bindings {m['raw_bindings_deviceop_graph']:.3f} us/op: "
-              f"deviceop {p['deviceop_over_raw_own_graph']:.3f}x it (host cost), it {p['raw_own_graph_over_raw']:.3f}x raw (graph)")
-    print(f"graph update, N={update['n_ops']}: update in place {update['update_us']:.0f} us, record + instantiate "
-          f"{update['record_and_instantiate_us']:.0f} us, record alone {update['record_only_us']:.0f} us "
-          f"({update['update_over_instantiate']:.2f}x)")
+        print(
+            f"  N={p['n_ops']:<5} raw {m['raw_bindings']:.3f}  deviceop {m['deviceop']:.3f} us/op -> "
+            f"{p['deviceop_over_raw_median_of_ratios']:.3f}x raw{cpp_s}"
+        )
+        print(
+            f"         deviceop's graph through raw cuda.bindings {m['raw_bindings_deviceop_graph']:.3f} us/op: "
+            f"deviceop {p['deviceop_over_raw_own_graph']:.3f}x it (host cost), it {p['raw_own_graph_over_raw']:.3f}x raw (graph)"
+        )
+    print(
+        f"graph update, N={update['n_ops']}: update in place {update['update_us']:.0f} us, record + instantiate "
+        f"{update['record_and_instantiate_us']:.0f} us, record alone {update['record_only_us']:.0f} us "
+        f"({update['update_over_instantiate']:.2f}x)"
+    )
     print("paired (interleaved rep by rep), chained:")
     for p in paired:
         m = p["us_per_op_median"]
-        print(f"  N={p['n_ops']:<5} raw {m['raw_bindings']:.2f}  deviceop {m['deviceop']:.2f}  ledger-off {m['deviceop_ledger_off']:.2f} us/op"
-              f"  -> {p['deviceop_over_raw_median_of_ratios']:.3f}x raw; ledger {p['ledger_cost_us_per_op_median']:+.2f} us/op")
+        print(
+            f"  N={p['n_ops']:<5} raw {m['raw_bindings']:.2f}  deviceop {m['deviceop']:.2f}  ledger-off {m['deviceop_ledger_off']:.2f} us/op"
+            f"  -> {p['deviceop_over_raw_median_of_ratios']:.3f}x raw; ledger {p['ledger_cost_us_per_op_median']:+.2f} us/op"
+        )
     return 1 if failed else 0
 
 

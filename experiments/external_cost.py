@@ -43,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import deviceop as do  # noqa: E402
+import deviceop as do
 
 
 def step_cost(n: int, reps: int, profile: bool = False) -> dict:
@@ -111,8 +111,14 @@ def step_cost(n: int, reps: int, profile: bool = False) -> dict:
             pstats.Stats(pr).sort_stats("tottime").print_stats(14)
 
     out: dict = {"n": n, "reps": reps}
-    fns = {"direct": direct, "external": chained, "external_wrapped": chained_wrapped, "adapter": adapter,
-           "one_direct": one_direct, "one_external": one_external}
+    fns = {
+        "direct": direct,
+        "external": chained,
+        "external_wrapped": chained_wrapped,
+        "adapter": adapter,
+        "one_direct": one_direct,
+        "one_external": one_external,
+    }
     for f in fns.values():
         for _ in range(5):
             f()
@@ -198,11 +204,19 @@ def mlp_service(requests: int, rounds: int) -> dict:
             for k in kinds:
                 res[k].append(runner(run(k, inflight)))
         for k, v in res.items():
-            row = {"kind": k, "inflight": inflight, "req_per_s": statistics.median(r[0] for r in v),
-                   "cpu_us_per_req": statistics.median(r[1] for r in v), "wrong": sum(r[2] for r in v)}
+            row = {
+                "kind": k,
+                "inflight": inflight,
+                "req_per_s": statistics.median(r[0] for r in v),
+                "cpu_us_per_req": statistics.median(r[1] for r in v),
+                "wrong": sum(r[2] for r in v),
+            }
             out["rows"].append(row)
-            print(f"{k:15s} in flight {inflight:3d}: {row['req_per_s']:8.0f} req/s  "
-                  f"{row['cpu_us_per_req']:7.1f} us CPU/req  wrong {row['wrong']}", flush=True)
+            print(
+                f"{k:15s} in flight {inflight:3d}: {row['req_per_s']:8.0f} req/s  "
+                f"{row['cpu_us_per_req']:7.1f} us CPU/req  wrong {row['wrong']}",
+                flush=True,
+            )
     return out
 
 
@@ -220,10 +234,12 @@ def main() -> int:
         return 1
     doc = {"experiment": "external_cost", "steps": step_cost(a.steps, a.reps, a.profile)}
     st = doc["steps"]
-    print(f"per step, host CPU: direct {st['direct_us']:.2f} us, external {st['external_us']:.2f} us "
-          f"(+{st['external_over_direct_us']:.2f}; naming deviceop views made once +{st['external_wrapped_over_direct_us']:.2f}), adapter {st['adapter_us']:.2f} us "
-          f"(+{st['adapter_over_direct_us']:.2f}); one op per terminal +{st['one_external_over_direct_us']:.2f} us",
-          flush=True)
+    print(
+        f"per step, host CPU: direct {st['direct_us']:.2f} us, external {st['external_us']:.2f} us "
+        f"(+{st['external_over_direct_us']:.2f}; naming deviceop views made once +{st['external_wrapped_over_direct_us']:.2f}), adapter {st['adapter_us']:.2f} us "
+        f"(+{st['adapter_over_direct_us']:.2f}); one op per terminal +{st['one_external_over_direct_us']:.2f} us",
+        flush=True,
+    )
     doc["mlp"] = mlp_service(a.requests, a.rounds)
     if a.out:
         with open(a.out, "w") as f:

@@ -73,8 +73,8 @@ if [ "$MODE" = queue ]; then
 fi
 if [ "$MODE" = work ]; then
   kernels; bimodal
-  # the bench command end to end (its overlap bench: JSON, log and figure into one folder)
-  timeout 120 python3 -m deviceop bench overlap --out "$OUT/bench" 2>&1 | tail -n 5
+  # the bench script end to end (its overlap bench: JSON, log and figure into one folder)
+  timeout 120 python3 experiments/bench.py overlap --out "$OUT/bench" 2>&1 | tail -n 5
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   plots
   echo "gpu_suite status: $status"; exit $status

@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import deviceop as do  # noqa: E402
+import deviceop as do
 
 N_ELEMS = 2048
 G = 0.5
@@ -35,14 +35,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--sched", choices=("auto", "spin", "yield", "blocking"), default="auto",
-                    help="the primary context's scheduling flag (how a synchronize waits), set before deviceop starts")
+    ap.add_argument(
+        "--sched",
+        choices=("auto", "spin", "yield", "blocking"),
+        default="auto",
+        help="the primary context's scheduling flag (how a synchronize waits), set before deviceop starts",
+    )
     a = ap.parse_args(argv)
     if a.sched != "auto":
         from cuda.bindings import driver as drv
 
-        flag = {"spin": drv.CUctx_flags.CU_CTX_SCHED_SPIN, "yield": drv.CUctx_flags.CU_CTX_SCHED_YIELD,
-                "blocking": drv.CUctx_flags.CU_CTX_SCHED_BLOCKING_SYNC}[a.sched]
+        flag = {
+            "spin": drv.CUctx_flags.CU_CTX_SCHED_SPIN,
+            "yield": drv.CUctx_flags.CU_CTX_SCHED_YIELD,
+            "blocking": drv.CUctx_flags.CU_CTX_SCHED_BLOCKING_SYNC,
+        }[a.sched]
         drv.cuInit(0)
         (err,) = drv.cuDevicePrimaryCtxSetFlags(drv.cuDeviceGet(0)[1], flag)
         if err:
@@ -145,15 +152,16 @@ def main(argv: list[str] | None = None) -> int:
         med = {k: float(np.median(v)) for k, v in samples.items()}
         ratio = float(np.median([d / r for d, r in zip(samples["deviceop"], samples["raw"])]))
         out[name] = {"us_per_op_median": med, "deviceop_over_raw": ratio}
-        print(f"{name:<40} raw {med['raw']:.3f}  deviceop {med['deviceop']:.3f} us/op  -> {ratio:.3f}x "
-              f"({med['deviceop'] - med['raw']:+.3f} us)")
+        print(
+            f"{name:<40} raw {med['raw']:.3f}  deviceop {med['deviceop']:.3f} us/op  -> {ratio:.3f}x "
+            f"({med['deviceop'] - med['raw']:+.3f} us)"
+        )
     inline = os.environ.get("DEVICEOP_STUB_INLINE") == "1"  # the stub's kernels compute nothing
     if not inline and not np.array_equal(y.numpy(), np.full(N_ELEMS, 0.75, np.float16)):
         raise AssertionError("wrong values after the runs")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"experiment": "host_cost", "inline_stub": inline, "sched": a.sched,
-                       "results": out}, f, indent=1)
+            json.dump({"experiment": "host_cost", "inline_stub": inline, "sched": a.sched, "results": out}, f, indent=1)
     return 0
 
 

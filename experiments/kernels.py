@@ -25,9 +25,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import deviceop as do  # noqa: E402
-from cuda.bindings import driver  # noqa: E402
-from deviceop.kernels import _gemm  # noqa: E402
+from cuda.bindings import driver
+
+import deviceop as do
+from deviceop.kernels import _gemm
 
 K = do.kernels
 
@@ -62,7 +63,8 @@ def gpu_ms(enqueue, stream_handle, reps: int, trials: int, before=None) -> float
 SPIN = K.Kernel(
     'extern "C" __global__ void spin(float* flag, long long cycles) { long long t = clock64(); '
     "while (clock64() - t < cycles) {} if (threadIdx.x == 0 && cycles < 0) flag[0] = 0.f; }",
-    "spin", params=(K.Out(do.float32), do.int64),
+    "spin",
+    params=(K.Out(do.float32), do.int64),
 )
 
 
@@ -70,8 +72,13 @@ def gpu_ms_queued(enqueue, stream, reps: int, trials: int, spin_cycles: int = 60
     """Like :func:`gpu_ms`, with the launches queued behind a ~30 ms spin kernel: the events
     bracket only GPU execution, however slow the host side is."""
     flag = do.zeros(1, do.float32).sync_on(stream)
-    return gpu_ms(enqueue, stream.handle, reps, trials,
-                  before=lambda: SPIN(flag, spin_cycles, grid=(1,), block=(1,)).submit(stream))
+    return gpu_ms(
+        enqueue,
+        stream.handle,
+        reps,
+        trials,
+        before=lambda: SPIN(flag, spin_cycles, grid=(1,), block=(1,)).submit(stream),
+    )
 
 
 def host_ms(enqueue, stream, reps: int, trials: int) -> float:
@@ -126,6 +133,7 @@ def gemm(sizes: tuple[int, ...], trials: int) -> dict:
                     ours(reps)
                 finally:
                     _gemm._MODE[0] = "auto"
+
             return run
 
         r: dict = {"reps": reps}
@@ -195,7 +203,11 @@ def bandwidth(n: int, rows_width: int, reps: int, trials: int) -> dict:
         K.add(zv, xv, yv).submit(s)
 
     t = gpu_ms(add_unaligned, sh, reps, trials)
-    res["add_element_path"] = {"ms": t, "GBps": 3 * zv.tensor.nbytes / t / 1e6, "of_copy": 3 * zv.tensor.nbytes / t / 1e6 / copy_bw}
+    res["add_element_path"] = {
+        "ms": t,
+        "GBps": 3 * zv.tensor.nbytes / t / 1e6,
+        "of_copy": 3 * zv.tensor.nbytes / t / 1e6 / copy_bw,
+    }
 
     # PyTorch on the same memory
     tx, ty, tz = (torch.from_dlpack(t) for t in (x, y, z))
@@ -210,13 +222,25 @@ def bandwidth(n: int, rows_width: int, reps: int, trials: int) -> dict:
     w = do.from_numpy(rng.standard_normal(rows_width).astype(np.float16)).sync_on(s)
     zrp = zr.partition((1, rows_width))
     t = gpu_ms(lambda: K.softmax(zrp, xr).submit(s), sh, reps, trials)
-    res["softmax"] = {"rows": rows, "width": rows_width, "ms": t, "GBps": 2 * nbytes / t / 1e6, "of_copy": 2 * nbytes / t / 1e6 / copy_bw}
+    res["softmax"] = {
+        "rows": rows,
+        "width": rows_width,
+        "ms": t,
+        "GBps": 2 * nbytes / t / 1e6,
+        "of_copy": 2 * nbytes / t / 1e6 / copy_bw,
+    }
     got = zr[:4].numpy().astype(np.float64)
     v = xa[: 4 * rows_width].reshape(4, rows_width).astype(np.float64)
     e = np.exp(v - v.max(axis=1, keepdims=True))
     np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=3e-3, atol=1e-5)
     t = gpu_ms(lambda: K.rms_norm(zrp, xr, w, 1e-6).submit(s), sh, reps, trials)
-    res["rms_norm"] = {"rows": rows, "width": rows_width, "ms": t, "GBps": 2 * nbytes / t / 1e6, "of_copy": 2 * nbytes / t / 1e6 / copy_bw}
+    res["rms_norm"] = {
+        "rows": rows,
+        "width": rows_width,
+        "ms": t,
+        "GBps": 2 * nbytes / t / 1e6,
+        "of_copy": 2 * nbytes / t / 1e6 / copy_bw,
+    }
     txr, tw = torch.from_dlpack(xr), torch.from_dlpack(w)
     with torch.cuda.stream(ts):
         t = gpu_ms(lambda: torch.softmax(txr, dim=1), sh, reps, trials)
@@ -268,7 +292,11 @@ def driver_floor(trials: int) -> float | None:
         f.write(DRIVER_FLOOR)
     exe = os.path.join(d, "floor")
     subprocess.run(["nvcc", "-O2", "-o", exe, os.path.join(d, "floor.c"), "-lcuda"], check=True, capture_output=True)
-    return float(np.median([float(subprocess.run([exe], capture_output=True, text=True, check=True).stdout) for _ in range(trials)]))
+    return float(
+        np.median(
+            [float(subprocess.run([exe], capture_output=True, text=True, check=True).stdout) for _ in range(trials)]
+        )
+    )
 
 
 def second_process_start(trials: int) -> dict:
@@ -277,10 +305,13 @@ def second_process_start(trials: int) -> dict:
     for i in range(trials + 1):  # the first fills the disk cache
         out = subprocess.run([sys.executable, "-c", START], capture_output=True, text=True, env=env, check=True)
         if i:
-            runs.append(eval(out.stdout.strip().splitlines()[-1]))  # noqa: S307 - our own dict literal
+            runs.append(eval(out.stdout.strip().splitlines()[-1]))
     keys = runs[0].keys()
     res = {k: float(np.median([r[k] for r in runs])) for k in keys} | {"trials": trials}
-    numpy_only = [subprocess.run([sys.executable, "-c", NUMPY_ONLY], capture_output=True, text=True, check=True).stdout for _ in range(trials)]
+    numpy_only = [
+        subprocess.run([sys.executable, "-c", NUMPY_ONLY], capture_output=True, text=True, check=True).stdout
+        for _ in range(trials)
+    ]
     res["python_numpy_import_ms"] = float(np.median([float(x) for x in numpy_only]))
     floor = driver_floor(trials)
     if floor is not None:
@@ -302,9 +333,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gemm-sizes", default="8192,512")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    doc = {"experiment": "kernels", "date": time.strftime("%Y-%m-%d"), "device": do._current().device_name,
-           "bandwidth": bandwidth(a.elements, a.width, a.reps, a.trials),
-           "gemm": gemm(tuple(int(x) for x in a.gemm_sizes.split(",")), a.trials), "second_process_start": second_process_start(5)}
+    doc = {
+        "experiment": "kernels",
+        "date": time.strftime("%Y-%m-%d"),
+        "device": do._current().device_name,
+        "bandwidth": bandwidth(a.elements, a.width, a.reps, a.trials),
+        "gemm": gemm(tuple(int(x) for x in a.gemm_sizes.split(",")), a.trials),
+        "second_process_start": second_process_start(5),
+    }
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
@@ -315,10 +351,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{k:<24} {v['GBps']:7.0f} GB/s  {v['of_copy'] * 100:5.1f}% of copy")
     for k, v in doc["gemm"].items():
         if isinstance(v, dict):
-            print(f"gemm {k}^3 f16: {v['tflops']:.0f} TFLOP/s, torch {v['torch_tflops']:.0f}: {v['of_torch'] * 100:.1f}% "
-                  f"(wall per call {v['wall_ms'] * 1e3:.1f} us vs torch {v['torch_wall_ms'] * 1e3:.1f} us); "
-                  f"plain cuBLASLt calls: {v['lt_of_torch'] * 100:.1f}%, {v['lt_wall_ms'] * 1e3:.1f} us per call; "
-                  f"through cublasGemmEx: {v['gemm_ex_of_torch'] * 100:.1f}%, {v['gemm_ex_wall_ms'] * 1e3:.1f} us per call")
+            print(
+                f"gemm {k}^3 f16: {v['tflops']:.0f} TFLOP/s, torch {v['torch_tflops']:.0f}: {v['of_torch'] * 100:.1f}% "
+                f"(wall per call {v['wall_ms'] * 1e3:.1f} us vs torch {v['torch_wall_ms'] * 1e3:.1f} us); "
+                f"plain cuBLASLt calls: {v['lt_of_torch'] * 100:.1f}%, {v['lt_wall_ms'] * 1e3:.1f} us per call; "
+                f"through cublasGemmEx: {v['gemm_ex_of_torch'] * 100:.1f}%, {v['gemm_ex_wall_ms'] * 1e3:.1f} us per call"
+            )
     print("second process start:", {k: round(v, 1) for k, v in doc["second_process_start"].items()})
     return 0
 

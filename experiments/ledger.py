@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import deviceop as do  # noqa: E402
+import deviceop as do
 
 K = do.kernels
 SRC = r"""

@@ -22,9 +22,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import deviceop as do  # noqa: E402
-from deviceop.kernels._elementwise import PRELUDE  # noqa: E402
-from deviceop.kernels._nvrtc import compile_cubin  # noqa: E402
+import deviceop as do
+from deviceop.kernels._elementwise import PRELUDE
+from deviceop.kernels._nvrtc import compile_cubin
 
 REF = r"""#include <cuda_fp16.h>
 extern "C" __global__ void k_ref(__half* y, const __half* x, float g, long long n) {
@@ -33,8 +33,10 @@ extern "C" __global__ void k_refp(__half* y, const __half* x, float g, long long
   long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = __float2half(__half2float(x[i]) * g); }
 """
 FAST = "  if (!vec && tile <= blockDim.x) { long long e = i + threadIdx.x; if (e < end) st(out, e, scale_f(ld(x0, e), s0)); return; }\n"
-INT = ("  if (!vec) { int b = (int)base, e = b + (int)threadIdx.x, en = (int)end; "
-       "for (; e < en; e += blockDim.x) st(out, e, scale_f(ld(x0, e), s0)); return; }\n")
+INT = (
+    "  if (!vec) { int b = (int)base, e = b + (int)threadIdx.x, en = (int)end; "
+    "for (; e < en; e += blockDim.x) st(out, e, scale_f(ld(x0, e), s0)); return; }\n"
+)
 
 
 def main() -> None:
@@ -49,7 +51,11 @@ def main() -> None:
         "ref": (REF, "k_ref", (y.ptr, x.ptr, 0.5, 2048)),
         "ref_param": (REF, "k_refp", (y.ptr, x.ptr, 0.5, 2048, 0)),
         "dev": (dev_src, "scale_f16", (y.ptr, x.ptr, 0.5, 128, 0)),
-        "dev_fast": (dev_src.replace("  if (vec) {", FAST + "  if (vec) {", 1), "scale_f16", (y.ptr, x.ptr, 0.5, 128, 0)),
+        "dev_fast": (
+            dev_src.replace("  if (vec) {", FAST + "  if (vec) {", 1),
+            "scale_f16",
+            (y.ptr, x.ptr, 0.5, 128, 0),
+        ),
         "dev_int": (dev_src.replace("  if (vec) {", INT + "  if (vec) {", 1), "scale_f16", (y.ptr, x.ptr, 0.5, 128, 0)),
     }
     types = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_longlong, ctypes.c_int)
@@ -60,7 +66,10 @@ def main() -> None:
             raise RuntimeError(f"CUDA error {r[0]}")
         return r[1] if len(r) > 1 else None
 
-    fns = {k: (be.load_function(compile_cubin(src, k, be.arch, ()), name), vals) for k, (src, name, vals) in variants.items()}
+    fns = {
+        k: (be.load_function(compile_cubin(src, k, be.arch, ()), name), vals)
+        for k, (src, name, vals) in variants.items()
+    }
 
     def graph(f, vals, n):  # type: ignore[no-untyped-def]
         ck(D.cuStreamBeginCapture(st, D.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import deviceop as do  # noqa: E402
+import deviceop as do
 
 K = do.kernels
 B, D = 16, 2048
@@ -52,10 +52,13 @@ def build(steps: int, seed: int = 0):
     def layer(x, w1, w2):
         # as a user writes it: a fresh buffer for every result
         return (
-            do.empty((B, D), do.float16).then(lambda h: K.gemm(h, x, w1)).map(lambda r: r[0])
+            do.empty((B, D), do.float16)
+            .then(lambda h: K.gemm(h, x, w1))
+            .map(lambda r: r[0])
             .then(lambda h: do.empty((B, D), do.float16).then(lambda g: K.gelu(g.partition((1, D)), h)))
             .map(lambda r: r[0].tensor)
-            .then(lambda g: do.empty((B, D), do.float16).then(lambda y: K.gemm(y, g, w2))).map(lambda r: r[0])
+            .then(lambda g: do.empty((B, D), do.float16).then(lambda y: K.gemm(y, g, w2)))
+            .map(lambda r: r[0])
         )
 
     def request(x_np):
@@ -146,11 +149,13 @@ def _summarize(d: list, t: list, n: int) -> dict:
     tc = [c / n * 1e6 for c, _ in t]
     return {
         "requests_per_round": n,
-        "deviceop_cpu_us": statistics.median(dc), "torch_cpu_us": statistics.median(tc),
+        "deviceop_cpu_us": statistics.median(dc),
+        "torch_cpu_us": statistics.median(tc),
         "cpu_ratio_median_of_rounds": statistics.median(a / b for a, b in zip(dc, tc)),
         "deviceop_wall_us": statistics.median(w / n * 1e6 for _, w in d),
         "torch_wall_us": statistics.median(w / n * 1e6 for _, w in t),
-        "deviceop_cpu_us_rounds": dc, "torch_cpu_us_rounds": tc,
+        "deviceop_cpu_us_rounds": dc,
+        "torch_cpu_us_rounds": tc,
     }
 
 
@@ -175,8 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     from exec_modes import machine_info
 
     xs = [np.random.default_rng(i).standard_normal((B, D)).astype(np.float16) for i in range(a.requests)]
-    doc: dict = {"experiment": "pipeline_cost", "machine": machine_info(), "batch": B, "width_d": D,
-                 "in_flight": a.width, "rounds": a.rounds, "results": []}
+    doc: dict = {
+        "experiment": "pipeline_cost",
+        "machine": machine_info(),
+        "batch": B,
+        "width_d": D,
+        "in_flight": a.width,
+        "rounds": a.rounds,
+        "results": [],
+    }
     for steps in [int(v) for v in a.steps.split(",") if v]:
         request, torch_work, torch_request = build(steps)
         err = check(request, torch_request)
@@ -184,9 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         many = in_flight(request, torch_work, xs, a.rounds, a.width)
         doc["results"].append({"steps": steps, "max_rel_err_vs_torch": err, "one_at_a_time": one, "in_flight": many})
         for name, r in (("one at a time", one), (f"{a.width} in flight", many)):
-            print(f"steps={steps:<3} {name:<14} deviceop {r['deviceop_cpu_us']:8.1f} us CPU/req  "
-                  f"torch {r['torch_cpu_us']:8.1f}  ratio {r['cpu_ratio_median_of_rounds']:.3f}x  "
-                  f"(wall {r['deviceop_wall_us']:.1f} vs {r['torch_wall_us']:.1f} us/req)", flush=True)
+            print(
+                f"steps={steps:<3} {name:<14} deviceop {r['deviceop_cpu_us']:8.1f} us CPU/req  "
+                f"torch {r['torch_cpu_us']:8.1f}  ratio {r['cpu_ratio_median_of_rounds']:.3f}x  "
+                f"(wall {r['deviceop_wall_us']:.1f} vs {r['torch_wall_us']:.1f} us/req)",
+                flush=True,
+            )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import deviceop as do  # noqa: E402
+import deviceop as do
 
 K = do.kernels
 
@@ -60,16 +60,26 @@ def main(argv: list[str] | None = None) -> int:
     chain(True)
     hits, misses = K.scale.plans.hits, K.scale.plans.misses
     doc = {
-        "experiment": "plan_reuse", "n": a.n, "size": a.size, "pool": a.pool, "reps": a.reps,
-        "same_cpu_us": statistics.median(c for c, _ in same), "fresh_cpu_us": statistics.median(c for c, _ in fresh),
-        "same_wall_us": statistics.median(w for _, w in same), "fresh_wall_us": statistics.median(w for _, w in fresh),
+        "experiment": "plan_reuse",
+        "n": a.n,
+        "size": a.size,
+        "pool": a.pool,
+        "reps": a.reps,
+        "same_cpu_us": statistics.median(c for c, _ in same),
+        "fresh_cpu_us": statistics.median(c for c, _ in fresh),
+        "same_wall_us": statistics.median(w for _, w in same),
+        "fresh_wall_us": statistics.median(w for _, w in fresh),
         "fresh_over_same_cpu": statistics.median(f[0] / s_[0] for f, s_ in zip(fresh, same)),
         "fresh_over_same_wall": statistics.median(f[1] / s_[1] for f, s_ in zip(fresh, same)),
-        "plan_hits_fresh_run": hits, "plan_misses_fresh_run": misses, "backend": do.backend_name(),
+        "plan_hits_fresh_run": hits,
+        "plan_misses_fresh_run": misses,
+        "backend": do.backend_name(),
     }
-    print(f"scale x{a.n}: same tensors {doc['same_cpu_us']:.2f} us CPU/call ({doc['same_wall_us']:.2f} wall), "
-          f"fresh {doc['fresh_cpu_us']:.2f} ({doc['fresh_wall_us']:.2f} wall): fresh/same {doc['fresh_over_same_cpu']:.3f}x CPU, "
-          f"{doc['fresh_over_same_wall']:.3f}x wall; plans over a fresh run: {hits} hits, {misses} misses")
+    print(
+        f"scale x{a.n}: same tensors {doc['same_cpu_us']:.2f} us CPU/call ({doc['same_wall_us']:.2f} wall), "
+        f"fresh {doc['fresh_cpu_us']:.2f} ({doc['fresh_wall_us']:.2f} wall): fresh/same {doc['fresh_over_same_cpu']:.3f}x CPU, "
+        f"{doc['fresh_over_same_wall']:.3f}x wall; plans over a fresh run: {hits} hits, {misses} misses"
+    )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

@@ -1,6 +1,6 @@
 """PNG figures (matplotlib, no display) from the experiments' JSON documents.
 
-    python experiments/plots.py RESULTS_DIR     # every figure whose JSON is in the folder
+python experiments/plots.py RESULTS_DIR     # every figure whose JSON is in the folder
 """
 
 from __future__ import annotations
@@ -36,9 +36,17 @@ def plot_exec_modes(doc: dict, path: str) -> None:
     for ax, mode in zip(axes if len(modes) > 1 else [axes], modes):
         impls = sorted({r["impl"] for r in doc["results"] if r["mode"] == mode})
         for impl in impls:
-            rs = sorted((r for r in doc["results"] if r["mode"] == mode and r["impl"] == impl), key=lambda r: r["n_ops"])
-            ax.plot([r["n_ops"] for r in rs], [r["us_per_op_median"] for r in rs], "o-" if impl == "deviceop" else ".--",
-                    label=impl, color=color[impl], linewidth=2.2 if impl == "deviceop" else 1)
+            rs = sorted(
+                (r for r in doc["results"] if r["mode"] == mode and r["impl"] == impl), key=lambda r: r["n_ops"]
+            )
+            ax.plot(
+                [r["n_ops"] for r in rs],
+                [r["us_per_op_median"] for r in rs],
+                "o-" if impl == "deviceop" else ".--",
+                label=impl,
+                color=color[impl],
+                linewidth=2.2 if impl == "deviceop" else 1,
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(mode)
@@ -76,8 +84,22 @@ def plot_bimodal(doc: dict, path: str) -> None:
     ax.plot(S, [r["async"]["wu_per_ms"] for r in rows], "o-", linewidth=2.2, label="deviceop async (1 thread)")
     ax.plot(S, [r["threaded"]["wu_per_ms"] for r in rows], "s-", label="deviceop threaded (S threads)")
     if "async_batch1" in rows[0]:
-        ax.plot(S, [r["async_batch1"]["wu_per_ms"] for r in rows], "o:", color="C0", alpha=0.6, label="deviceop async, batch=1")
-        ax.plot(S, [r["threaded_batch1"]["wu_per_ms"] for r in rows], "s:", color="C1", alpha=0.6, label="deviceop threaded, batch=1")
+        ax.plot(
+            S,
+            [r["async_batch1"]["wu_per_ms"] for r in rows],
+            "o:",
+            color="C0",
+            alpha=0.6,
+            label="deviceop async, batch=1",
+        )
+        ax.plot(
+            S,
+            [r["threaded_batch1"]["wu_per_ms"] for r in rows],
+            "s:",
+            color="C1",
+            alpha=0.6,
+            label="deviceop threaded, batch=1",
+        )
     ax.axhline(doc["serial"]["wu_per_ms"], color="C2", linestyle=":", label="deviceop serial")
     if "torch_serial" in doc:
         ax.plot(S, [r["torch_threaded"]["wu_per_ms"] for r in rows], "^--", color="C3", label="PyTorch threaded")
@@ -99,7 +121,11 @@ def plot_hostwork(doc: dict, path: str) -> None:
     rows = doc["rows"]
     W = [r["w_ms"] for r in rows]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for key, style, label in (("async", "o-", "async (1 thread)"), ("threaded", "s-", "threaded (S threads)"), ("serial", "^:", "serial")):
+    for key, style, label in (
+        ("async", "o-", "async (1 thread)"),
+        ("threaded", "s-", "threaded (S threads)"),
+        ("serial", "^:", "serial"),
+    ):
         ax.plot(W, [r[key]["wu_per_ms"] for r in rows], style, label=label)
     ax.set_xlabel("host work per item W (ms)")
     ax.set_ylabel("work units (GEMMs) per ms")

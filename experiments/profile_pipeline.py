@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pipeline_cost import B, D, build  # noqa: E402
+from pipeline_cost import B, D, build
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,13 +31,14 @@ import random
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import deviceop as do  # noqa: E402
+import deviceop as do
 
 K = do.kernels
 N = 4096
@@ -72,11 +73,14 @@ def _resources() -> dict[str, Any]:
 
 def pipeline(x: np.ndarray, g: float) -> do.DeviceOp:
     """to_numpy((x * g) + x) through fresh device buffers, as a request handler writes it."""
-    return do.from_numpy(x).then(
-        lambda t: do.empty(t.shape, t.dtype).then(lambda y: K.scale(y.partition((N,)), t, g))
-    ).map(lambda r: r[0].tensor).then(
-        lambda y: do.empty(y.shape, y.dtype).then(lambda z: K.add(z.partition((N,)), y, y))
-    ).map(lambda r: r[0].tensor).then(do.to_numpy)
+    return (
+        do.from_numpy(x)
+        .then(lambda t: do.empty(t.shape, t.dtype).then(lambda y: K.scale(y.partition((N,)), t, g)))
+        .map(lambda r: r[0].tensor)
+        .then(lambda y: do.empty(y.shape, y.dtype).then(lambda z: K.add(z.partition((N,)), y, y)))
+        .map(lambda r: r[0].tensor)
+        .then(do.to_numpy)
+    )
 
 
 def expected(x: np.ndarray, g: float) -> np.ndarray:
@@ -146,7 +150,7 @@ class Soak:
         while self.running():
             try:
                 await self._request(rng, who)
-            except Exception as e:  # noqa: BLE001 - any failure is a finding
+            except Exception as e:
                 self.count("async_errors")
                 self.errors.append(f"{who}: {e!r}")
             self.alive(who)
@@ -166,7 +170,7 @@ class Soak:
                     self.check("sync", pipeline(x, g).sync(), expected(x, g))
                 else:
                     self.check("submit", pipeline(x, g).submit().result(timeout=HANG_S), expected(x, g))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self.count("thread_errors")
                 self.errors.append(f"{who}: {e!r}")
             self.alive(who)
@@ -183,7 +187,7 @@ class Soak:
                 K.fill(x.partition((N,)), v).sync()
                 g.launch().sync()
                 self.check("graph", y.numpy(), np.full(N, np.float32(v) * np.float32(3.0), np.float32))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self.count("graph_errors")
                 self.errors.append(f"{who}: {e!r}")
             self.alive(who)
@@ -198,7 +202,7 @@ class Soak:
                 x = do.from_numpy(xs).sync()
                 got = cache(x).then(do.to_numpy).sync()
                 self.check("graphcache", got, xs * np.float32(2.0))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self.count("graphcache_errors")
                 self.errors.append(f"{who}: {e!r}")
             self.alive(who)
@@ -224,11 +228,13 @@ class Soak:
             return K.scale(y.partition((1, 64)), x, 2.0).map(lambda r: r[0].tensor)
 
         cache = do.graph.GraphCache(build, max_size=16)
-        self.workers = [threading.Thread(target=self._thread, args=(i,), name=f"soak-thread-{i}")
-                        for i in range(self.threads)]
+        self.workers = [
+            threading.Thread(target=self._thread, args=(i,), name=f"soak-thread-{i}") for i in range(self.threads)
+        ]
         self.workers += [threading.Thread(target=self._graphs, name="soak-graph")]
-        self.workers += [threading.Thread(target=self._graph_cache, args=(cache, i), name=f"soak-gc-{i}")
-                         for i in range(2)]
+        self.workers += [
+            threading.Thread(target=self._graph_cache, args=(cache, i), name=f"soak-gc-{i}") for i in range(2)
+        ]
         now = time.monotonic()
         for th in self.workers:
             self.progress[th.name] = now
@@ -276,10 +282,19 @@ def _fault_in_subprocess() -> dict[str, Any]:
     import subprocess
 
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", _FAULT], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
-    return {"saw_cuda_error": "CUDAERROR" in p.stdout, "stdout": p.stdout.strip()[-200:],
-            "returncode": p.returncode, "seconds": time.monotonic() - t0}
+    p = subprocess.run(
+        [sys.executable, "-c", _FAULT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))},
+    )
+    return {
+        "saw_cuda_error": "CUDAERROR" in p.stdout,
+        "stdout": p.stdout.strip()[-200:],
+        "returncode": p.returncode,
+        "seconds": time.monotonic() - t0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,26 +324,63 @@ def main(argv: list[str] | None = None) -> int:
             st.synchronize()
         do.empty_cache()
         end = _resources()
-        if (end["threads"] <= base["threads"] and end["fds"] <= base["fds"]
-                and end["device_bytes"] <= base["device_bytes"]) or time.monotonic() > deadline:
+        if (
+            end["threads"] <= base["threads"]
+            and end["fds"] <= base["fds"]
+            and end["device_bytes"] <= base["device_bytes"]
+        ) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     doc = {
-        "experiment": "soak", "backend": do.backend_name(), "seconds": elapsed, "tasks": a.tasks,
-        "threads": a.threads, "counts": dict(sorted(s.counts.items())), "hangs": s.hangs,
-        "errors": s.errors[:20], "n_errors": len(s.errors), "fault_subprocess": s.fault,
-        "baseline": base, "timeline": s.timeline, "end": end,
+        "experiment": "soak",
+        "backend": do.backend_name(),
+        "seconds": elapsed,
+        "tasks": a.tasks,
+        "threads": a.threads,
+        "counts": dict(sorted(s.counts.items())),
+        "hangs": s.hangs,
+        "errors": s.errors[:20],
+        "n_errors": len(s.errors),
+        "fault_subprocess": s.fault,
+        "baseline": base,
+        "timeline": s.timeline,
+        "end": end,
         "back_to_baseline": {k: end[k] <= base[k] for k in ("threads", "os_threads", "fds", "device_bytes")},
         # which OS threads the run added (by name), if any
-        "os_threads_added": {n: c - base["os_thread_names"].get(n, 0) for n, c in end["os_thread_names"].items()
-                             if c > base["os_thread_names"].get(n, 0)},
+        "os_threads_added": {
+            n: c - base["os_thread_names"].get(n, 0)
+            for n, c in end["os_thread_names"].items()
+            if c > base["os_thread_names"].get(n, 0)
+        },
         "rss_growth_mib": end["rss_mib"] - base["rss_mib"],
     }
-    ok = (not s.hangs and not s.errors and s.counts.get("wrong_results", 0) == 0
-          and all(doc["back_to_baseline"].values()) and s.fault["saw_cuda_error"])
+    ok = (
+        not s.hangs
+        and not s.errors
+        and s.counts.get("wrong_results", 0) == 0
+        and all(doc["back_to_baseline"].values())
+        and s.fault["saw_cuda_error"]
+    )
     doc["ok"] = ok
-    print(json.dumps({k: doc[k] for k in ("backend", "seconds", "counts", "hangs", "n_errors", "back_to_baseline",
-                                          "os_threads_added", "rss_growth_mib", "ok")}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: doc[k]
+                for k in (
+                    "backend",
+                    "seconds",
+                    "counts",
+                    "hangs",
+                    "n_errors",
+                    "back_to_baseline",
+                    "os_threads_added",
+                    "rss_growth_mib",
+                    "ok",
+                )
+            },
+            indent=1,
+        )
+    )
     for e in s.errors[:5]:
         print("error:", e)
     if a.out:

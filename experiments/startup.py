@@ -59,13 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     imp = [run(IMPORT)[0] for _ in range(a.runs)]
     first = [run(FIRST) for _ in range(a.runs)]
     doc = {
-        "experiment": "startup", "runs": a.runs,
-        "import_ms": statistics.median(imp), "import_ms_all": imp,
+        "experiment": "startup",
+        "runs": a.runs,
+        "import_ms": statistics.median(imp),
+        "import_ms_all": imp,
         "bare_start_ms": statistics.median(f[0] for f in first),
-        "first_op_ms": statistics.median(f[1] for f in first), "first_all": first,
+        "first_op_ms": statistics.median(f[1] for f in first),
+        "first_all": first,
     }
-    print(f"import deviceop after numpy: {doc['import_ms']:.1f} ms; bare driver start {doc['bare_start_ms']:.1f} ms, "
-          f"then import + first op {doc['first_op_ms']:.1f} ms")
+    print(
+        f"import deviceop after numpy: {doc['import_ms']:.1f} ms; bare driver start {doc['bare_start_ms']:.1f} ms, "
+        f"then import + first op {doc['first_op_ms']:.1f} ms"
+    )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

@@ -30,7 +30,7 @@ from deviceop.device import current as _current_backend  # noqa: E402
 STUB_DRIVER = os.environ.get("DEVICEOP_STUB_DRIVER") == "1"
 if STUB_DRIVER:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from stub_driver import emulate  # noqa: E402
+    from stub_driver import emulate
 
     emulate.install()
 
@@ -39,6 +39,7 @@ def needs_gpu(backend: str, why: str) -> None:
     """Skip a cuda test that needs a real GPU (cuBLAS, user kernels, device faults, timing) under the stub."""
     if backend == "cuda" and STUB_DRIVER:
         pytest.skip(f"the stub driver cannot run this: {why}")
+
 
 HOST_CHAOS_S = 0.0005
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -91,7 +91,7 @@ def run_threads(worker: Callable[[int], None], n: int, timeout: float = 120.0) -
     def run(k: int) -> None:
         try:
             worker(k)
-        except BaseException as e:  # noqa: BLE001 - returned to the test
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]

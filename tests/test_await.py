@@ -19,12 +19,11 @@ import time
 import anyio
 import numpy as np
 import pytest
+from conftest import needs_gpu
+from helpers import slow_copy, slow_fill
 
 import deviceop as do
 from deviceop.executors import _wake
-
-from conftest import needs_gpu
-from helpers import slow_copy, slow_fill
 
 K = do.kernels
 
@@ -203,7 +202,7 @@ def test_two_loops_in_two_threads(backend) -> None:
                 trio.run(work, k)
             else:
                 asyncio.run(work(k))
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     libs = ["asyncio", "trio"] if _has("trio") else ["asyncio", "asyncio"]
@@ -272,7 +271,7 @@ async def test_host_fault_fails_parked_await(host_backend, anyio_backend) -> Non
         bad = K.Kernel("unused", "boom", params=(K.Out(do.float32),), host=boom)
         before = slow_fill(t, 1.0, 0.05).submit()
         t0 = time.perf_counter()
-        with pytest.raises(do.CudaError, match="planted fault|LAUNCH_FAILED"):
+        with pytest.raises(do.CudaError, match=r"planted fault|LAUNCH_FAILED"):
             await bad(t.partition((128,))).then(lambda o: slow_fill(t, 2.0, 0.01))
         assert time.perf_counter() - t0 < 5
         try:  # ran before the fault (the ledger ordered it first); may still see the sticky error

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import FLOAT_DTYPES
 
 import deviceop as do
-
-from helpers import FLOAT_DTYPES
 
 K = do.kernels
 
@@ -54,14 +53,18 @@ def _check(got: np.ndarray, want: np.ndarray, dtype: do.DType) -> None:
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("name", list(ELEMENTWISE))
-@pytest.mark.parametrize("length,tile,offs", [
-    (1001, 1001, (0, 0, 0)),      # one block, odd length: vector body plus tail
-    (1001, 7, (0, 0, 0)),         # many tiny tiles
-    (4096, 512, (0, 0, 0)),       # aligned, whole vectors
-    (999, 333, (3, 3, 3)),        # same misalignment everywhere: heads peeled
-    (640, 64, (1, 2, 5)),         # different alignments: element path
-    (1, 1, (0, 0, 0)),
-], ids=["tail", "tiny-tiles", "aligned", "same-offset-views", "mixed-offset-views", "one"])
+@pytest.mark.parametrize(
+    "length,tile,offs",
+    [
+        (1001, 1001, (0, 0, 0)),  # one block, odd length: vector body plus tail
+        (1001, 7, (0, 0, 0)),  # many tiny tiles
+        (4096, 512, (0, 0, 0)),  # aligned, whole vectors
+        (999, 333, (3, 3, 3)),  # same misalignment everywhere: heads peeled
+        (640, 64, (1, 2, 5)),  # different alignments: element path
+        (1, 1, (0, 0, 0)),
+    ],
+    ids=["tail", "tiny-tiles", "aligned", "same-offset-views", "mixed-offset-views", "one"],
+)
 def test_elementwise_against_float64(backend, dtype, name, length, tile, offs) -> None:
     n_in, scalars, ref = ELEMENTWISE[name]
     rng = np.random.default_rng(hash((name, length, dtype.name)) % 2**32)
@@ -79,7 +82,9 @@ def test_elementwise_against_float64(backend, dtype, name, length, tile, offs) -
     got = out_full.numpy()
     _check(got[offs[0] : offs[0] + length], ref(*arrays, *scalars) * np.ones(length), dtype)
     # the elements around the output view stay untouched (poison intact)
-    assert np.isnan(got[: offs[0]].astype(np.float64)).all() and np.isnan(got[offs[0] + length :].astype(np.float64)).all()
+    assert (
+        np.isnan(got[: offs[0]].astype(np.float64)).all() and np.isnan(got[offs[0] + length :].astype(np.float64)).all()
+    )
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
@@ -196,8 +201,9 @@ def test_racecheck_scope() -> None:
 
     root = pathlib.Path(do.__file__).parent
     with_shared = sorted(
-        str(p.relative_to(root)) for p in root.rglob("*") if p.suffix in (".py", ".pyx", ".cu", ".cuh")
-        and "__shared__" in p.read_text(errors="ignore")
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.suffix in (".py", ".pyx", ".cu", ".cuh") and "__shared__" in p.read_text(errors="ignore")
     )
     assert with_shared == ["kernels/_rowwise.py"], (
         f"kernels with shared memory in {with_shared}: add their tests to racecheck's scope in "

@@ -104,8 +104,11 @@ def _corrupt_header_only(p: Path) -> None:
     p.write_bytes(_nvrtc._MAGIC)
 
 
-@pytest.mark.parametrize("damage", [_corrupt_truncate, _corrupt_garble, _corrupt_empty, _corrupt_header_only],
-                         ids=["truncated", "garbled", "empty", "header-only"])
+@pytest.mark.parametrize(
+    "damage",
+    [_corrupt_truncate, _corrupt_garble, _corrupt_empty, _corrupt_header_only],
+    ids=["truncated", "garbled", "empty", "header-only"],
+)
 def test_corrupt_entry_is_recompiled_and_replaced(cache, damage):
     src = _source(uuid.uuid4().hex)
     good = _nvrtc.compile_cubin(src, "t_corrupt", ARCH)
@@ -156,12 +159,18 @@ def test_two_processes_compile_the_same_new_kernel_at_once(tmp_path):
     src = _source(uuid.uuid4().hex)
     start_at = time.time() + 2.0  # both start compiling at the same moment, after their imports
     procs = [
-        subprocess.Popen([sys.executable, "-c", _CHILD, src, str(start_at)], env=env, cwd=str(ROOT),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, src, str(start_at)],
+            env=env,
+            cwd=str(ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=90) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert all(r["stats"]["corrupt"] == 0 for r in results)
@@ -212,6 +221,7 @@ def test_compile_error_through_a_user_kernel(cache):
 
 
 # ---- authenticity: only this user's own entries are loaded ------------------------------------
+
 
 def _plant(path: Path, payload: bytes) -> None:
     """An entry as another user could write it: the right format, any payload, no valid HMAC."""
@@ -301,4 +311,3 @@ def test_cache_folder_and_key_are_made_private(cache):
     _nvrtc.forget_memory_cache()
     with pytest.warns(do.DeviceOpWarning, match="key"):
         assert _nvrtc._read(entry) is None
-

@@ -8,10 +8,10 @@ import time
 
 import numpy as np
 import pytest
-
-import deviceop as do
 from conftest import STUB_DRIVER, needs_gpu
 from helpers import pool_of, run_threads
+
+import deviceop as do
 
 K = do.kernels
 
@@ -80,7 +80,7 @@ def test_threads_calling_gemm_get_their_own_results(backend):
 
 def test_fresh_tensors_of_a_known_shape_reuse_one_plan(backend):
     K.scale.plans.clear()
-    K.gemm  # noqa: B018 - (loads gemm, so its plans exist)
+    K.gemm
     for i in range(20):
         x = do.full(1024, float(i), do.float32).sync()
         y = do.empty(1024, do.float32).sync()
@@ -125,19 +125,21 @@ def test_buffers_in_flight_are_not_reused(backend):
     assert np.all(out[0].tensor.numpy() == 3.0)
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"grid": (2**32 + 1,)}, "grid"),
-    ({"grid": (1, 70000)}, "grid"),
-    ({"grid": (2.0,)}, "grid"),
-    ({"grid": (True,)}, "grid"),
-    ({"block": (2048,)}, "block"),
-    ({"block": (32, 1, 128)}, "block"),
-    ({"shared_mem": -1}, "shared_mem"),
-    ({"shared_mem": 1.5}, "shared_mem"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"grid": (2**32 + 1,)}, "grid"),
+        ({"grid": (1, 70000)}, "grid"),
+        ({"grid": (2.0,)}, "grid"),
+        ({"grid": (True,)}, "grid"),
+        ({"block": (2048,)}, "block"),
+        ({"block": (32, 1, 128)}, "block"),
+        ({"shared_mem": -1}, "shared_mem"),
+        ({"shared_mem": 1.5}, "shared_mem"),
+    ],
+)
 def test_launch_geometry_out_of_cuda_limits_is_refused_when_built(backend, kw, match):
-    k = K.Kernel('extern "C" __global__ void nop(float* y) {}', "nop", params=(K.Out(do.float32),),
-                 host=lambda y: None)
+    k = K.Kernel('extern "C" __global__ void nop(float* y) {}', "nop", params=(K.Out(do.float32),), host=lambda y: None)
     y = do.empty(128, do.float32).sync()
     with pytest.raises(do.UsageError, match=match):
         k(y, **{"grid": (1,), **kw})

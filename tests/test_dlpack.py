@@ -6,9 +6,9 @@ import gc
 
 import numpy as np
 import pytest
+from helpers import K
 
 import deviceop as do
-from helpers import K
 
 
 def _require(backend: str, name: str) -> None:
@@ -67,7 +67,7 @@ def test_numpy_from_dlpack_dtypes(host_backend, dt):
     t = do.from_numpy(a).sync()
     if dt is do.bfloat16:
         # numpy's DLPack has no bfloat16: deviceop says so instead of handing over a capsule
-        with pytest.raises(do.DTypeError, match="t.numpy"):
+        with pytest.raises(do.DTypeError, match=r"t\.numpy"):
             np.from_dlpack(t)
         np.testing.assert_array_equal(t.numpy(), a)  # the documented way
         return
@@ -198,7 +198,7 @@ def test_export_capsule_lifetimes(backend):
     import sys
     import weakref
 
-    from deviceop.interop._dlstructs import _DLManagedTensor, _Imported, _api
+    from deviceop.interop._dlstructs import _api, _DLManagedTensor, _Imported
 
     t = do.full(64, 2.0, do.float32).sync()
     base = sys.getrefcount(t)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import K
 
 import deviceop as do
 from deviceop.device import current as current_backend
-from helpers import K
 
 
 @pytest.fixture
@@ -32,8 +32,16 @@ class _NoWork:
 
 
 def test_error_tree():
-    for cls in (do.BackendError, do.BorrowError, do.CaptureError, do.CompileError, do.CudaError,
-                do.ShapeError, do.DTypeError, do.UsageError):
+    for cls in (
+        do.BackendError,
+        do.BorrowError,
+        do.CaptureError,
+        do.CompileError,
+        do.CudaError,
+        do.ShapeError,
+        do.DTypeError,
+        do.UsageError,
+    ):
         assert issubclass(cls, do.DeviceOpError)
     assert issubclass(do.ShapeError, ValueError)
     assert issubclass(do.DTypeError, TypeError)
@@ -187,13 +195,17 @@ def test_terminal_twice(backend):
         op2.sync_on(do.next_stream())
 
 
-@pytest.mark.parametrize("compose", [
-    lambda op: op.map(lambda x: x),
-    lambda op: op.then(do.value),
-    lambda op: do.zip(op, do.value(0)),
-    lambda op: do.to_numpy(op),
-    lambda op: K.fill(op, 1.0),
-], ids=["map", "then", "zip", "to_numpy", "kernel-arg"])
+@pytest.mark.parametrize(
+    "compose",
+    [
+        lambda op: op.map(lambda x: x),
+        lambda op: op.then(do.value),
+        lambda op: do.zip(op, do.value(0)),
+        lambda op: do.to_numpy(op),
+        lambda op: K.fill(op, 1.0),
+    ],
+    ids=["map", "then", "zip", "to_numpy", "kernel-arg"],
+)
 def test_op_used_after_composing(backend, compose):
     op = do.zeros(256).map(lambda t: t.partition((128,)))
     later = op.inspect(lambda x: None)  # composing consumes op

@@ -14,9 +14,9 @@ import weakref
 
 import numpy as np
 import pytest
+from helpers import K, pool_of, run_threads, slow_fill
 
 import deviceop as do
-from helpers import K, pool_of, run_threads, slow_fill
 
 # -- a foreign library: raw driver calls on cuda, numpy on the host ---------------------------
 
@@ -69,8 +69,13 @@ class DevArray:
             err, p = drv.cuMemAlloc(4 * n)
             assert int(err) == 0
             self.p = int(p)
-            self.__cuda_array_interface__ = {"data": (self.p, False), "shape": (n,), "typestr": "<f4", "version": 3,
-                                             "strides": None}
+            self.__cuda_array_interface__ = {
+                "data": (self.p, False),
+                "shape": (n,),
+                "typestr": "<f4",
+                "version": 3,
+                "strides": None,
+            }
         else:
             self.arr = np.zeros(n, np.float32)
 
@@ -91,10 +96,10 @@ def _numpy_of(x: DevArray) -> np.ndarray:
 
 def _as_tensor(x: DevArray) -> do.Tensor:
     """A deviceop view of a DevArray through the external path's wrapper (cuda)."""
-    from deviceop.interop._regions import access_of
     from deviceop.device import current
+    from deviceop.interop._regions import access_of
 
-    buf, lo, hi, _ = access_of(x.obj, current(), False, "test")
+    buf, lo, _hi, _ = access_of(x.obj, current(), False, "test")
     return do.Tensor(buf, (x.n,), do.float32, None, lo)
 
 
@@ -156,8 +161,11 @@ def test_foreign_memory_is_ordered_like_deviceop_memory(backend):
     a = DevArray(1024)
     z = do.zeros(128, do.float32).sync()
     y = do.zeros(1024, do.float32).sync()
-    fut = slow_fill(z, 1.0, 0.2).then(
-        lambda _: do.external(lib_fill, a.obj, 6.0, 1024, writes=(a.obj,))).submit(stream=s[0])
+    fut = (
+        slow_fill(z, 1.0, 0.2)
+        .then(lambda _: do.external(lib_fill, a.obj, 6.0, 1024, writes=(a.obj,)))
+        .submit(stream=s[0])
+    )
     # another wrapper of the same memory, read on another stream
     src = _as_tensor(a) if _cuda() else do.from_dlpack(a.arr)
     K.copy(y.partition((128,)), src).sync_on(s[1])
@@ -260,8 +268,9 @@ def test_output_is_what_fn_returns_and_args_may_be_ops(backend):
 
 def test_fn_gets_numpy_arrays_on_host(host_backend):
     seen = []
-    do.external(lambda stream, t: seen.append((type(t), threading.current_thread().name, stream)),
-                do.zeros(4, do.float32)).sync()
+    do.external(
+        lambda stream, t: seen.append((type(t), threading.current_thread().name, stream)), do.zeros(4, do.float32)
+    ).sync()
     kind, thread, stream = seen[0]
     assert kind is np.ndarray and thread.startswith("deviceop-host-stream")
     assert isinstance(stream, do.Stream)
@@ -295,8 +304,11 @@ def test_threads_run_externals_on_their_own_tensors(backend):
             x = do.zeros(256, do.float32).sync()
             y = do.zeros(256, do.float32).sync()
             v = float(k * 100 + i)
-            op = K.fill(x.partition((128,)), v).then(
-                lambda _: do.external(lib_copy, y, x, x.nbytes, reads=(x,), writes=(y,))).map(lambda _: y)
+            op = (
+                K.fill(x.partition((128,)), v)
+                .then(lambda _: do.external(lib_copy, y, x, x.nbytes, reads=(x,), writes=(y,)))
+                .map(lambda _: y)
+            )
             np.testing.assert_array_equal(op.then(do.to_numpy).sync(), np.full(256, v, np.float32))
 
     assert run_threads(worker, 4) == []
@@ -316,7 +328,7 @@ def test_recorded_in_a_graph_and_replayed(backend):
     K.fill(x.partition((128,)), 0.0).sync()
     g.launch().sync()
     np.testing.assert_array_equal(x.numpy(), np.full(256, 4.0, np.float32))
-    assert len(calls) == (1 if _cuda() else 1)  # cuda: called while recording; host: by the replay
+    assert len(calls) == 1  # cuda: called while recording; host: by the replay
 
 
 # -- foreign streams ---------------------------------------------------------------------------

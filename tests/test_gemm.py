@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import needs_gpu
+from helpers import FLOAT_DTYPES, pool_of
 
 import deviceop as do
-from conftest import needs_gpu
 
 
 @pytest.fixture(autouse=True)
@@ -16,8 +17,6 @@ def _cublas(request):
     if "backend" in request.fixturenames:
         needs_gpu(request.getfixturevalue("backend"), "cuBLAS")
 
-
-from helpers import FLOAT_DTYPES, pool_of
 
 K = do.kernels
 
@@ -105,7 +104,9 @@ def test_gemm_k_zero_scales_c(backend):
 
 
 def test_gemm_empty_output_is_a_no_op(backend):
-    out = K.gemm(do.zeros((0, 4), do.float16).sync(), do.zeros((0, 3), do.float16).sync(), do.zeros((3, 4), do.float16).sync()).sync()
+    out = K.gemm(
+        do.zeros((0, 4), do.float16).sync(), do.zeros((0, 3), do.float16).sync(), do.zeros((3, 4), do.float16).sync()
+    ).sync()
     assert out[0].shape == (0, 4)
 
 
@@ -213,7 +214,7 @@ def test_repeated_gemms_replay_correctly(backend):
     cs = [do.zeros((64, 32), do.float16).sync() for _ in range(2)]
     _gemm.REPLAYS.clear()  # recordings draw on a credit that earlier tests may have spent
     before = _gemm.REPLAYS.recorded
-    for i in range(8):
+    for _ in range(8):
         K.gemm(cs[0], a, b).sync_on(s0)
         _check(cs[0].numpy(), _ref(a_np, b_np), do.float16, 48)
     for alpha, c, s in ((0.5, cs[0], s0), (0.5, cs[1], s1), (2.0, cs[1], s1)):
@@ -311,4 +312,3 @@ def test_gemm_replays_stop_recording_calls_that_do_not_repeat():
     for _ in range(100):
         assert r.get(hot, be, None, lambda s: 0)
     assert r.credit >= before + 99 and r.replays >= 101
-

@@ -9,11 +9,10 @@ import time
 import anyio
 import numpy as np
 import pytest
+from helpers import pool_of, slow_copy, slow_fill
 
 import deviceop as do
 from deviceop.device._capture import CAPTURE
-
-from helpers import pool_of, slow_copy, slow_fill
 
 K = do.kernels
 
@@ -131,7 +130,7 @@ def test_other_threads_keep_working_while_recording(backend) -> None:
             while not stop.is_set():
                 v = do.full(64, 3.0, do.float32).sync().numpy()
                 assert np.all(v == 3)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     t = threading.Thread(target=other)
@@ -163,14 +162,18 @@ def test_objects_dying_while_recording_do_not_break_it(backend) -> None:
 
 
 # -- refusals --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("make", [
-    lambda: do.zeros(16),
-    lambda: do.empty((4, 4), do.float16),
-    lambda: do.from_numpy(np.ones(4, np.float32)),
-], ids=["zeros", "empty", "from_numpy"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: do.zeros(16),
+        lambda: do.empty((4, 4), do.float16),
+        lambda: do.from_numpy(np.ones(4, np.float32)),
+    ],
+    ids=["zeros", "empty", "from_numpy"],
+)
 def test_allocating_op_is_refused_with_its_name(backend, make) -> None:
     op = make()
-    with pytest.raises(do.CaptureError, match="allocates device memory.*Allocate before the scope") as ei:
+    with pytest.raises(do.CaptureError, match=r"allocates device memory.*Allocate before the scope") as ei:
         with do.graph.scope() as s:
             s.record(op)
     assert repr(op) in str(ei.value)
@@ -211,7 +214,7 @@ def test_nested_waits_are_refused(backend, nested) -> None:
         return do.value(a)
 
     op = K.scale(y.partition((128,)), x, 2.0).then(inner)
-    with pytest.raises(do.CaptureError, match="inside a graph recording|do not nest"):
+    with pytest.raises(do.CaptureError, match=r"inside a graph recording|do not nest"):
         op.graph()
     assert CAPTURE.scope is None  # the recording ended
     if fut is not None:
@@ -499,7 +502,7 @@ def test_failed_update_keeps_the_old_graph(backend) -> None:
 # -- the bucketed cache --------------------------------------------------------------------------------
 def _double_rows(inp: do.Tensor) -> do.DeviceOp:
     out = do.empty(inp.shape, inp.dtype).sync()  # allocated outside the recording
-    return K.scale(out.partition((1,) + inp.shape[1:]), inp, 2.0).map(lambda a: a[0].tensor)
+    return K.scale(out.partition((1, *inp.shape[1:])), inp, 2.0).map(lambda a: a[0].tensor)
 
 
 def test_power_of_two_buckets() -> None:
@@ -571,7 +574,7 @@ def test_cache_awaited(backend) -> None:
 
 
 def test_cache_bad_input(backend) -> None:
-    with pytest.raises(do.UsageError, match="buckets=.*max_size"):
+    with pytest.raises(do.UsageError, match=r"buckets=.*max_size"):
         do.graph.GraphCache(_double_rows)
     with pytest.raises(do.UsageError, match="positive ints"):
         do.graph.GraphCache(_double_rows, buckets=[0, 4])
@@ -585,7 +588,9 @@ def test_cache_bad_input(backend) -> None:
     t = do.zeros((4, 4)).sync()
     with pytest.raises(do.ShapeError, match="contiguous"):
         c(t[:, 1:3])
-    bad = do.graph.GraphCache(lambda inp: K.scale(do.zeros(inp.shape).sync().partition((1, inp.shape[1])), inp, 1.0), max_size=4)
+    bad = do.graph.GraphCache(
+        lambda inp: K.scale(do.zeros(inp.shape).sync().partition((1, inp.shape[1])), inp, 1.0), max_size=4
+    )
     with pytest.raises(do.UsageError, match="output is a contiguous Tensor"):
         bad(do.zeros((2, 4)).sync()).sync()
     alloc = do.graph.GraphCache(lambda inp: do.zeros(inp.shape), max_size=4)

@@ -10,10 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import pool_of
 
 import deviceop as do
-
-from helpers import pool_of
 
 K = do.kernels
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import ATOL, FLOAT_DTYPES, RTOL, K, ref
 
 import deviceop as do
-from helpers import ATOL, FLOAT_DTYPES, K, RTOL, ref
 
 F_IDS = [d.name for d in FLOAT_DTYPES]
 SHAPES = [((1024,), (128,)), ((16, 64), (4, 64)), ((3000,), (1000,)), ((8, 4, 32), (2, 4, 32))]
@@ -178,7 +178,7 @@ def test_user_kernel_explicit_grid_and_block(backend):
 def test_user_kernel_arguments_as_ops(backend):
     k = _axpb()
     x = np.arange(256, dtype=np.float32)
-    yp, xt, n = k(do.full(256, np.nan, do.float32).map(lambda t: t.partition((64,))), do.from_numpy(x), 256).sync()
+    yp, _xt, _n = k(do.full(256, np.nan, do.float32).map(lambda t: t.partition((64,))), do.from_numpy(x), 256).sync()
     np.testing.assert_array_equal(yp.tensor.numpy(), 2 * x + 256)
 
 

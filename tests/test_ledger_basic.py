@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 import pytest
+from helpers import K, pool_of, slow_copy, slow_fill
 
 import deviceop as do
-from helpers import K, pool_of, slow_copy, slow_fill
 
 N = 1024
 
@@ -137,7 +137,9 @@ def test_used_bytes_returns_to_baseline_after_a_large_builtin_call(backend):
 def test_used_bytes_returns_to_baseline_user_kernel(backend):
     k = K.Kernel(
         'extern "C" __global__ void ub(float* y) { y[blockIdx.x * blockDim.x + threadIdx.x] = 1.0f; }',
-        "ub", params=(K.Out(do.float32),), host=lambda y: y.fill(1.0),
+        "ub",
+        params=(K.Out(do.float32),),
+        host=lambda y: y.fill(1.0),
     )
     baseline = _settle(do.used_bytes())
     n = 1 << 20

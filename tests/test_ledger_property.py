@@ -10,11 +10,11 @@ import os
 
 import numpy as np
 import pytest
+from conftest import STUB_DRIVER
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import deviceop as do
-from conftest import STUB_DRIVER
 
 K = do.kernels
 TILE = 32
@@ -153,8 +153,13 @@ def test_missing_dependency_is_caught_by_chaos(backend_kind):
         y = do.zeros(TILE * 4, do.float32).sync()
         for i in range(1, 40):
             K.fill(x.partition((TILE,)), float(i)).submit(s0)
-            got = K.scale(y.partition((TILE,)), x, 1.0).map(lambda o: None).then(
-                lambda _: do.to_numpy(y)).submit(s1).result(10)
+            got = (
+                K.scale(y.partition((TILE,)), x, 1.0)
+                .map(lambda o: None)
+                .then(lambda _: do.to_numpy(y))
+                .submit(s1)
+                .result(10)
+            )
             s0.synchronize()
             wrong += int(not (got == i).all())
             if wrong:
@@ -176,8 +181,13 @@ def test_same_program_with_ledger_is_ordered(backend_kind):
         y = do.zeros(TILE * 4, do.float32).sync()
         for i in range(1, 15):
             K.fill(x.partition((TILE,)), float(i)).submit(s0)
-            got = K.scale(y.partition((TILE,)), x, 1.0).map(lambda o: None).then(
-                lambda _: do.to_numpy(y)).submit(s1).result(10)
+            got = (
+                K.scale(y.partition((TILE,)), x, 1.0)
+                .map(lambda o: None)
+                .then(lambda _: do.to_numpy(y))
+                .submit(s1)
+                .result(10)
+            )
             assert (got == i).all(), i
     finally:
         do.set_host_chaos(0)

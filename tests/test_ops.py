@@ -6,9 +6,9 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import K, pool_of, slow_fill
 
 import deviceop as do
-from helpers import K, pool_of, slow_fill
 
 N = 1024
 
@@ -250,9 +250,14 @@ def test_step_loop_runs_then_map_inspect(backend):
     t = do.zeros(256, do.float32).sync()
     op = do.value(t)
     for i in range(50):
-        op = op.then(lambda u, i=i: K.fill(u.partition((128,)), float(i))).inspect(seen.append).map(lambda p: p[0].tensor)
-        op = op.then(lambda u: K.scale(do.empty(256, do.float32).map(lambda v: v.partition((128,))), do.value(u), 2.0)).map(
-            lambda p: p[1])  # an op argument: the generic launch path inside the loop
+        op = (
+            op.then(lambda u, i=i: K.fill(u.partition((128,)), float(i)))
+            .inspect(seen.append)
+            .map(lambda p: p[0].tensor)
+        )
+        op = op.then(
+            lambda u: K.scale(do.empty(256, do.float32).map(lambda v: v.partition((128,))), do.value(u), 2.0)
+        ).map(lambda p: p[1])  # an op argument: the generic launch path inside the loop
     out = op.then(do.to_numpy).sync()
     np.testing.assert_array_equal(out, np.full(256, 49.0, np.float32))
     assert len(seen) == 50 and all(isinstance(p, tuple) for p in seen)

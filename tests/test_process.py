@@ -17,7 +17,8 @@ import signal
 import threading
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -201,7 +202,7 @@ def test_closed_host_device_finishes_queued_work_then_refuses(host_backend: str)
     fut = K.fill(t.partition((1 << 12,)), 3.0).submit(s)
     do.use_backend("host")  # closes the device while its fill is queued
     assert fut.result(10)  # queued work completed
-    with pytest.raises(do.BackendError, match="replaced by do.use_backend"):
+    with pytest.raises(do.BackendError, match=r"replaced by do\.use_backend"):
         do.to_numpy(t).sync()
     with pytest.raises(do.BackendError, match="replaced"):
         K.fill(t.partition((1 << 12,)), 1.0).sync_on(s)

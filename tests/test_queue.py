@@ -8,16 +8,18 @@ import time
 import anyio
 import numpy as np
 import pytest
-
-import deviceop as do
 from conftest import needs_gpu
-from deviceop.executors import ItemResult, QueueCancelled, ThreadedQueue, WorkQueue
-
 from helpers import slow_fill
 
+import deviceop as do
+from deviceop.executors import ItemResult, QueueCancelled, ThreadedQueue, WorkQueue
+
 K = do.kernels
-LOOPS = [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), pytest.param(("asyncio", {}), id="asyncio"),
-         pytest.param(("trio", {}), id="trio")]
+LOOPS = [
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    pytest.param(("asyncio", {}), id="asyncio"),
+    pytest.param(("trio", {}), id="trio"),
+]
 
 
 def _lane_buffers(n_lanes: int, size: int = 256) -> list[do.Tensor]:
@@ -26,7 +28,10 @@ def _lane_buffers(n_lanes: int, size: int = 256) -> list[do.Tensor]:
 
 def _items(bufs: list[do.Tensor], count: int):
     # item i fills its lane's buffer with i; its output says which value it wrote
-    return [lambda lane, i=i: K.fill(bufs[lane].partition((128,)), float(i)).map(lambda out, i=i: (i, out[0].tensor)) for i in range(count)]
+    return [
+        lambda lane, i=i: K.fill(bufs[lane].partition((128,)), float(i)).map(lambda out, i=i: (i, out[0].tensor))
+        for i in range(count)
+    ]
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -273,7 +278,7 @@ def test_batches_keep_per_item_outcomes(backend, batch):
     assert isinstance(res[4].error, do.ShapeError)
     assert [r.value[0] for i, r in enumerate(res) if i != 4] == [i for i in range(10) if i != 4]
     tq = ThreadedQueue(streams=2, capacity=10, batch=batch)
-    tres = tq.run(items[:4] + [bad] + _items(bufs, 10)[5:])
+    tres = tq.run([*items[:4], bad, *_items(bufs, 10)[5:]])
     assert isinstance(tres[4].error, do.ShapeError)
     assert all(r.ok for i, r in enumerate(tres) if i != 4)
     for lane in range(2):
@@ -299,7 +304,7 @@ def _in_thread(fn, timeout: float = 20.0):
     def run() -> None:
         try:
             out.append(("ok", fn()))
-        except BaseException as e:  # noqa: BLE001 - what the queue raised is the subject
+        except BaseException as e:
             out.append(("raised", e))
 
     th = threading.Thread(target=run, daemon=True)

@@ -18,14 +18,12 @@ import threading
 import time
 
 import anyio
-import numpy as np
 import pytest
+from conftest import STUB_DRIVER
+from helpers import pool_of, slow_fill
 
 import deviceop as do
 from deviceop._core import _reactor
-
-from conftest import STUB_DRIVER
-from helpers import pool_of, slow_fill
 
 K = do.kernels
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,18 +40,19 @@ def _run(script: str, env: dict[str, str] | None = None, timeout: float = 60.0) 
     e = dict(os.environ)
     e.update(env or {})
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=e, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], env=e, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _backend_env(backend: str) -> dict[str, str]:
     return {"DEVICEOP_BACKEND": backend}
 
 
-_PRELUDE = """
+_PRELUDE = f"""
 import asyncio, os, sys, time
 import numpy as np
-sys.path.insert(0, os.path.join(%r, "tests"))
+sys.path.insert(0, os.path.join({ROOT!r}, "tests"))
 import deviceop as do
 if os.environ.get("DEVICEOP_STUB_DRIVER") == "1":
     from stub_driver import emulate
@@ -61,7 +60,7 @@ if os.environ.get("DEVICEOP_STUB_DRIVER") == "1":
 from deviceop._core import _reactor
 from helpers import pool_of, slow_fill
 K = do.kernels
-""" % ROOT
+"""
 
 
 async def _many(n: int, seconds: float = 0.0) -> list[float]:
@@ -224,7 +223,9 @@ def test_timeout_then_await_again(backend) -> None:
 def test_slot_exhaustion_falls_back_to_host_functions(backend_name) -> None:
     if backend_name == "cuda" and not STUB_DRIVER:
         pytest.skip("runs the cuda backend on the stub driver (CI); on a GPU the cuda suite covers it")
-    r = _run(_PRELUDE + """
+    r = _run(
+        _PRELUDE
+        + """
 async def main():
     streams = do.streams()
     ts = [await do.zeros(128, do.float32) for _ in range(24)]
@@ -236,14 +237,18 @@ assert asyncio.run(main()) == [float(i) for i in range(24)]
 st = _reactor.stats()
 assert st["slots"] == 2 and st["exhausted"] > 0, st
 print("ok")
-""", {"DEVICEOP_REACTOR_SLOTS": "2", **_backend_env(backend_name)})
+""",
+        {"DEVICEOP_REACTOR_SLOTS": "2", **_backend_env(backend_name)},
+    )
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
 def test_no_stream_memory_operations_falls_back_to_host_functions() -> None:
     if not STUB_DRIVER:
         pytest.skip("needs the stub driver's switch that refuses stream memory operations")
-    r = _run(_PRELUDE + """
+    r = _run(
+        _PRELUDE
+        + """
 async def main():
     t = await do.zeros(128, do.float32)
     for i in range(20):
@@ -253,7 +258,9 @@ assert asyncio.run(main()) == 19.0
 st = _reactor.stats()
 assert not st["memops"] and st["memop"] == 0 and st["host_function"] >= 20, st
 print("ok")
-""", {"DEVICEOP_STUB_NO_MEMOPS": "1", "DEVICEOP_BACKEND": "cuda"})
+""",
+        {"DEVICEOP_STUB_NO_MEMOPS": "1", "DEVICEOP_BACKEND": "cuda"},
+    )
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
@@ -264,7 +271,9 @@ def test_context_fault_fails_every_pending_await(backend_name) -> None:
     no slot stays armed (a failed device never writes its flags)."""
     if backend_name == "cuda" and not STUB_DRIVER:
         pytest.skip("a real fault is tested on the GPU by test_await; here the stub driver's")
-    r = _run(_PRELUDE + """
+    r = _run(
+        _PRELUDE
+        + """
 def boom(out, *rest):
     raise FloatingPointError("planted fault")
 bad = K.Kernel('extern "C" __global__ void boom(float* out) { }', "boom", params=(K.Out(do.float32),), host=boom)
@@ -296,7 +305,9 @@ while _reactor.stats()["pending"] and time.monotonic() < deadline:
     time.sleep(0.01)
 assert _reactor.stats()["pending"] == 0, _reactor.stats()
 print("ok")
-""", _backend_env(backend_name))
+""",
+        _backend_env(backend_name),
+    )
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
 
 
@@ -305,7 +316,9 @@ def test_interpreter_exits_with_armed_slots(backend_name) -> None:
     """Work still armed at exit (its await timed out): the process ends at once, no hang."""
     if backend_name == "cuda" and not STUB_DRIVER:
         pytest.skip("the stub driver's cuda backend (CI); the GPU suite runs the host case")
-    r = _run(_PRELUDE + """
+    r = _run(
+        _PRELUDE
+        + """
 async def main():
     t = await do.zeros(128, do.float32)
     try:
@@ -315,14 +328,19 @@ async def main():
 asyncio.run(main())
 assert _reactor.stats()["pending"] == 1
 print("ok")
-""", _backend_env(backend_name), timeout=30)
+""",
+        _backend_env(backend_name),
+        timeout=30,
+    )
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_fork_after_the_scanner_started() -> None:
     """The child has no scanner thread (fork copies one thread): it starts its own."""
-    r = _run(_PRELUDE + """
+    r = _run(
+        _PRELUDE
+        + """
 async def main():
     t = await do.zeros(128, do.float32)
     await K.fill(t.partition((128,)), 3.0)
@@ -342,7 +360,9 @@ if pid == 0:
 _, status = os.waitpid(pid, 0)
 assert os.waitstatus_to_exitcode(status) == 0, status
 print("ok")
-""", {"DEVICEOP_BACKEND": "host"})
+""",
+        {"DEVICEOP_BACKEND": "host"},
+    )
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
@@ -354,14 +374,19 @@ def test_bad_policy_is_refused(bad) -> None:
     assert do.wait_policy() == "adaptive"
 
 
-@pytest.mark.parametrize("env", [{"DEVICEOP_REACTOR_SLOTS": "0"}, {"DEVICEOP_REACTOR_SLOTS": "many"},
-                                 {"DEVICEOP_WAIT_POLICY": "turbo"}])
+@pytest.mark.parametrize(
+    "env", [{"DEVICEOP_REACTOR_SLOTS": "0"}, {"DEVICEOP_REACTOR_SLOTS": "many"}, {"DEVICEOP_WAIT_POLICY": "turbo"}]
+)
 def test_bad_environment_settings_are_refused(env) -> None:
-    r = _run(_PRELUDE + """
+    r = _run(
+        _PRELUDE
+        + """
 async def main():
     await do.zeros(4, do.float32)
 asyncio.run(main())
-""", {"DEVICEOP_BACKEND": "host", **env})
+""",
+        {"DEVICEOP_BACKEND": "host", **env},
+    )
     assert r.returncode != 0 and "SettingError" in r.stderr and next(iter(env)) in r.stderr, r.stderr
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import ALL_DTYPES, FLOAT_DTYPES, K, random_array
 
 import deviceop as do
-from helpers import ALL_DTYPES, FLOAT_DTYPES, K, random_array
 
 DT_IDS = [d.name for d in ALL_DTYPES]
 

@@ -20,7 +20,7 @@ class Shared(DeviceOp[Any]):
     May be consumed any number of times.
     """
 
-    __slots__ = ("_src", "_lock", "_state")
+    __slots__ = ("_lock", "_src", "_state")
 
     def __init__(self, src: DeviceOp[Any]) -> None:
         super().__init__()
@@ -51,9 +51,7 @@ class Shared(DeviceOp[Any]):
                 self._state = ("ok", out, ev, cx.stream)
                 return out
         if st[0] == "error":
-            raise UsageError(
-                "this shared op failed in its first execution and has no output; build it anew"
-            ) from st[1]
+            raise UsageError("this shared op failed in its first execution and has no output; build it anew") from st[1]
         kind, out, ev, stream = st
         if kind == "captured":
             if stream is not cx:  # (holds the recording's execution context)

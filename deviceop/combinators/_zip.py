@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core._op import Value
 from .._errors import UsageError
 from ..ops._base import DeviceOp
-from .._core._op import Value
 from ._shared import Shared
 
 __all__ = ["Zip", "zip_ops"]

@@ -7,6 +7,15 @@ from ._select import DeviceOpWarning, backend_name, current, next_stream, use_ba
 from ._tensor import Partition, Tensor
 
 __all__ = [
-    "Buffer", "Tensor", "Partition", "DeviceOpWarning", "backend_name", "current", "next_stream",
-    "use_backend", "set_host_chaos", "set_borrow_policy", "borrow_policy",
+    "Buffer",
+    "DeviceOpWarning",
+    "Partition",
+    "Tensor",
+    "backend_name",
+    "borrow_policy",
+    "current",
+    "next_stream",
+    "set_borrow_policy",
+    "set_host_chaos",
+    "use_backend",
 ]

@@ -9,18 +9,19 @@ while this thread records, those calls are queued and run when the recording end
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from .._process import renew_at_fork
-from typing import Any, Callable
 
-__all__ = ["CAPTURE", "RECORDING", "begin", "end", "release", "flush", "StreamPool"]
+__all__ = ["CAPTURE", "RECORDING", "StreamPool", "begin", "end", "flush", "release"]
 
 
 class _CaptureState(threading.local):
     """The graph scope recording on this thread (class default: none) and deferred releases."""
 
     scope: Any = None
-    deferred: "list[tuple[Callable[..., Any], tuple[Any, ...]]] | None" = None
+    deferred: list[tuple[Callable[..., Any], tuple[Any, ...]]] | None = None
 
 
 CAPTURE = _CaptureState()

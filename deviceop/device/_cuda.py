@@ -14,15 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import BackendError, CudaError
-from ._cuda_errors import _drv, check, cuda_error
-from ._cuda_graph import CudaGraphs
 from .._core._base import BlockCache, Buffer, driver_alloc, register_stream_type, size_class
+from .._errors import BackendError, CudaError
 from . import _capture
 from . import _cuda_driver as _nd
 from ._capture import release
+from ._cuda_errors import _drv, check, cuda_error
+from ._cuda_graph import CudaGraphs
 
-__all__ = ["CudaBackend", "CudaStream", "CudaEvent", "check", "cuda_error"]
+__all__ = ["CudaBackend", "CudaEvent", "CudaStream", "check", "cuda_error"]
+
 
 class CudaEvent:
     """A CUDA event (timing disabled; waits sleep rather than spin).
@@ -37,7 +38,7 @@ class CudaEvent:
     _FLAGS = 0
     _FREE_MAX = 256
 
-    def __init__(self, backend: "CudaBackend") -> None:
+    def __init__(self, backend: CudaBackend) -> None:
         self.backend = backend
         free = backend.free_events  # per backend: an event belongs to its device's context
         if free:
@@ -89,16 +90,16 @@ class CudaStream:
     """A non-blocking CUDA stream of the pool."""
 
     # slots: an execution context reads backend and handle_int once per execution
-    __slots__ = ("backend", "index", "handle", "handle_int", "__weakref__")
+    __slots__ = ("__weakref__", "backend", "handle", "handle_int", "index")
 
-    def __init__(self, backend: "CudaBackend", index: int) -> None:
+    def __init__(self, backend: CudaBackend, index: int) -> None:
         self.backend = backend
         self.index = index
         self.handle = check(_drv.cuStreamCreate(int(_drv.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")
         self.handle_int = int(self.handle)
 
     @classmethod
-    def foreign(cls, backend: "CudaBackend", handle: int) -> "CudaStream":
+    def foreign(cls, backend: CudaBackend, handle: int) -> CudaStream:
         """A stream made by another library (``handle``, a CUstream as an int), not owned: deviceop
         enqueues on it and records events on it, and never destroys it."""
         s = cls.__new__(cls)
@@ -206,24 +207,35 @@ class CudaBackend:
         self.device_name = check(_drv.cuDeviceGetName(256, self.device), "cuDeviceGetName").split(b"\0")[0].decode()
         A = _drv.CUdevice_attribute
         cc = (
-            check(_drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "cuDeviceGetAttribute"),
-            check(_drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "cuDeviceGetAttribute"),
+            check(
+                _drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device),
+                "cuDeviceGetAttribute",
+            ),
+            check(
+                _drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device),
+                "cuDeviceGetAttribute",
+            ),
         )
         self.compute_capability = cc
         self.arch = f"sm_{cc[0]}{cc[1]}"
-        self.sm_count = check(_drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.device), "cuDeviceGetAttribute")
+        self.sm_count = check(
+            _drv.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.device), "cuDeviceGetAttribute"
+        )
         v = check(_drv.cuDriverGetVersion(), "cuDriverGetVersion")
         self.driver_version = f"{v // 1000}.{(v % 1000) // 10}"
         self.mempool = check(_drv.cuDeviceGetDefaultMemPool(self.device), "cuDeviceGetDefaultMemPool")
         # keep freed memory in the pool: returning it to the OS at every sync costs milliseconds
         check(
             _drv.cuMemPoolSetAttribute(
-                self.mempool, _drv.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                self.mempool,
+                _drv.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                 _drv.cuuint64_t(0xFFFFFFFFFFFFFFFF),
             ),
             "cuMemPoolSetAttribute",
         )
-        CudaEvent._FLAGS = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING) | int(_drv.CUevent_flags.CU_EVENT_BLOCKING_SYNC)
+        CudaEvent._FLAGS = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING) | int(
+            _drv.CUevent_flags.CU_EVENT_BLOCKING_SYNC
+        )
         self.pinned = _PinnedPool()
         self.blocks = BlockCache()
         self.free_events: list[int] = []  # handles of dropped events
@@ -257,7 +269,11 @@ class CudaBackend:
 
     def foreign_wait(self, stream: Any, event: CudaEvent) -> None:
         """Make a DLPack consumer's stream (a CUstream int; None, 1: legacy, 2: per-thread) wait on ``event``."""
-        handle = {None: int(_drv.CU_STREAM_LEGACY), 1: int(_drv.CU_STREAM_LEGACY), 2: int(_drv.CU_STREAM_PER_THREAD)}.get(stream, stream)
+        handle = {
+            None: int(_drv.CU_STREAM_LEGACY),
+            1: int(_drv.CU_STREAM_LEGACY),
+            2: int(_drv.CU_STREAM_PER_THREAD),
+        }.get(stream, stream)
         err = _nd.stream_wait(int(handle), event.handle_int)
         if err:
             raise cuda_error(err, "cuStreamWaitEvent (DLPack consumer stream)")

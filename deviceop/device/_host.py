@@ -14,7 +14,8 @@ import queue
 import random
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -52,9 +53,9 @@ def set_host_chaos(max_delay_s: float) -> None:
 class HostEvent:
     """An event on the host backend: complete when the stream reaches the point it was recorded at."""
 
-    __slots__ = ("backend", "_flag")
+    __slots__ = ("_flag", "backend")
 
-    def __init__(self, backend: "HostBackend") -> None:
+    def __init__(self, backend: HostBackend) -> None:
         self.backend = backend
         self._flag = threading.Event()
         self._flag.set()  # an event never recorded counts as complete, as on CUDA
@@ -80,11 +81,11 @@ _worker = _Worker()  # on: this thread is a stream's worker
 class HostStream:
     """An in-order work queue executed by one worker thread."""
 
-    def __init__(self, backend: "HostBackend", index: int) -> None:
+    def __init__(self, backend: HostBackend, index: int) -> None:
         self.backend = backend
         self.index = index
         self.handle_int = 0x5000 + index
-        self._q: "queue.SimpleQueue[tuple[Callable[[], Any], bool]]" = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[tuple[Callable[[], Any], bool]] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._pending = 0
         self._capture: list[tuple[Callable[[], Any], bool]] | None = None  # recording: items go here
@@ -200,7 +201,7 @@ class HostGraphs:
     work items (the emulated driver cannot tell kernels apart further).
     """
 
-    def __init__(self, backend: "HostBackend") -> None:
+    def __init__(self, backend: HostBackend) -> None:
         from ._capture import StreamPool
 
         self.backend = backend
@@ -258,7 +259,7 @@ class HostBackend:
         self.error: CudaError | None = None
         self._lock = threading.Lock()
         self._used = 0
-        self.callbacks: "queue.SimpleQueue[tuple[Callable[[], Any], threading.Event]]" = queue.SimpleQueue()
+        self.callbacks: queue.SimpleQueue[tuple[Callable[[], Any], threading.Event]] = queue.SimpleQueue()
         self._all_streams: list[HostStream] = []  # the pool's and the recordings' (each has a thread)
         self._closing = -1  # streams still running once close() was called
         threading.Thread(target=self._callback_loop, name="deviceop-host-callbacks", daemon=True).start()
@@ -381,7 +382,9 @@ class HostBackend:
         return self._used
 
     @staticmethod
-    def array(buf: Buffer, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def array(
+        buf: Buffer, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype
+    ) -> np.ndarray:
         """A numpy view of host-backend memory."""
         it = dtype.itemsize
         return np.ndarray(shape, dtype, buffer=buf.host, offset=offset, strides=tuple(s * it for s in strides))

@@ -14,7 +14,7 @@ from .._core._base import STREAM_TYPES
 from .._core._ledger import abandon
 from .._errors import BackendError, UsageError
 
-__all__ = ["current", "use_backend", "backend_name", "next_stream", "DeviceOpWarning", "Stream", "stream_of"]
+__all__ = ["DeviceOpWarning", "Stream", "backend_name", "current", "next_stream", "stream_of", "use_backend"]
 
 
 class DeviceOpWarning(UserWarning):
@@ -24,7 +24,7 @@ class DeviceOpWarning(UserWarning):
 _state: dict[str, Any] = {"backend": None, "rr": itertools.count(), "cuda": {}, "forked_cuda": False}
 _lock = threading.Lock()
 #: every backend made in this process (abandoned in a forked child)
-_made: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_made: weakref.WeakSet[Any] = weakref.WeakSet()
 
 _FORKED = (
     "this backend belongs to the parent process: a process made by fork() inherits none of its "
@@ -44,7 +44,9 @@ def _after_fork_in_child() -> None:
     for be in list(_made):
         abandon(be, _FORKED_CUDA if be.name == "cuda" else _FORKED, notify=False)
     _made.clear()
-    _state.update(backend=None, rr=itertools.count(), forked_cuda=_state["forked_cuda"] or bool(_state["cuda"]), cuda={})
+    _state.update(
+        backend=None, rr=itertools.count(), forked_cuda=_state["forked_cuda"] or bool(_state["cuda"]), cuda={}
+    )
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -102,8 +104,10 @@ def use_backend(name: str, streams: int | None = None) -> Any:
             be = _make(name, n)
             old = _state["backend"]
             if old is not None and old.name == "host":
-                old.close("this host backend was replaced by do.use_backend('host'); use tensors and "
-                          "streams of the current backend (do.next_stream())")
+                old.close(
+                    "this host backend was replaced by do.use_backend('host'); use tensors and "
+                    "streams of the current backend (do.next_stream())"
+                )
         _state["backend"] = be
         return be
 

@@ -12,7 +12,7 @@ from .._core._ledger import in_flight
 from .._dtypes import DType
 from .._errors import BorrowError, DTypeError, ShapeError, TensorIndexError
 
-__all__ = ["Tensor", "Partition", "as_shape", "HOOKS"]
+__all__ = ["HOOKS", "Partition", "Tensor", "as_shape"]
 
 #: set by higher layers when imported: "to_numpy" (ops), "dlpack_export" (_dlpack)
 HOOKS: dict[str, Any] = {}
@@ -30,7 +30,9 @@ def as_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
         out = tuple(int(s) for s in shape)
     except (TypeError, ValueError):
         raise ShapeError(f"{what} must be an int or a sequence of ints, got {shape!r}") from None
-    if any(s < 0 for s in out) or any(isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) for s in shape):
+    if any(s < 0 for s in out) or any(
+        isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)) for s in shape
+    ):
         raise ShapeError(f"{what} {shape!r} must contain non-negative integers")
     return out
 
@@ -85,7 +87,7 @@ class Tensor(TensorBase):
         return self.shape[0]
 
     # ---- views ----------------------------------------------------------------------------
-    def view(self, shape: Any) -> "Tensor":
+    def view(self, shape: Any) -> Tensor:
         """The same memory with another shape (one dimension may be -1). Needs a contiguous tensor."""
         if isinstance(shape, (int, np.integer)):
             shape = (int(shape),)
@@ -110,7 +112,7 @@ class Tensor(TensorBase):
             )
         return Tensor(self.buffer, shape, self.dtype, None, self.offset)
 
-    def __getitem__(self, key: Any) -> "Tensor":
+    def __getitem__(self, key: Any) -> Tensor:
         if not isinstance(key, tuple):
             key = (key,)
         if any(k is Ellipsis for k in key):
@@ -144,11 +146,11 @@ class Tensor(TensorBase):
         return Tensor(self.buffer, tuple(shape), self.dtype, tuple(strides), offset)
 
     @property
-    def T(self) -> "Tensor":  # noqa: N802 - numpy's name
+    def T(self) -> Tensor:
         """The transposed view (dimensions reversed), sharing memory, as numpy's ``.T``."""
         return Tensor(self.buffer, self.shape[::-1], self.dtype, self.strides[::-1], self.offset)
 
-    def partition(self, tile: Any) -> "Partition":
+    def partition(self, tile: Any) -> Partition:
         """Split this tensor into exclusive tiles of shape ``tile``; gives a kernel's launch grid."""
         return Partition(self, tile)
 
@@ -174,9 +176,7 @@ class Tensor(TensorBase):
         if not self.buffer.backend.cuda_memory:
             raise AttributeError("__cuda_array_interface__ exists only for tensors on the cuda backend")
         if self.dtype.name == "bfloat16":
-            raise DTypeError(
-                "__cuda_array_interface__ has no bfloat16 type; use DLPack (torch.from_dlpack(t))"
-            )
+            raise DTypeError("__cuda_array_interface__ has no bfloat16 type; use DLPack (torch.from_dlpack(t))")
         it = self.dtype.itemsize
         ex = in_flight(self.buffer, *self._span)
         return {
@@ -188,8 +188,9 @@ class Tensor(TensorBase):
             "stream": ex.stream.handle_int if ex is not None else None,
         }
 
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
-                   copy: Any = None) -> Any:
+    def __dlpack__(
+        self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None
+    ) -> Any:
         return HOOKS["dlpack_export"](self, stream)
 
     def __dlpack_device__(self) -> tuple[int, int]:

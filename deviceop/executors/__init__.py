@@ -1,19 +1,40 @@
 """Executors: execution contexts, the stream pool, terminals, futures, the await path and work
 queues (``WorkQueue``: S streams from one host thread; ``ThreadedQueue``: a thread per stream)."""
 
+from typing import TYPE_CHECKING
+
 from .._core._ledger import ExecutionContext
 from . import _terminals  # noqa: F401 - registers submit() with DeviceOp
 from ._await import poll_budget, set_poll_budget, set_wait_policy, wait_policy
 from ._future import DeviceFuture
 
+if TYPE_CHECKING:
+    from ._queue import WorkQueue
+    from ._queue_stats import ItemResult, QueueCancelled, QueueStats
+    from ._threaded import ThreadedQueue
+
 __all__ = [
-    "ExecutionContext", "DeviceFuture", "set_poll_budget", "poll_budget",
-    "set_wait_policy", "wait_policy", "WorkQueue", "ThreadedQueue", "ItemResult", "QueueStats", "QueueCancelled",
+    "DeviceFuture",
+    "ExecutionContext",
+    "ItemResult",
+    "QueueCancelled",
+    "QueueStats",
+    "ThreadedQueue",
+    "WorkQueue",
+    "poll_budget",
+    "set_poll_budget",
+    "set_wait_policy",
+    "wait_policy",
 ]
 
 # the work queues load on first use: every millisecond of import is start-up time
-_LAZY = {"WorkQueue": "._queue", "ThreadedQueue": "._threaded", "ItemResult": "._queue_stats",
-         "QueueStats": "._queue_stats", "QueueCancelled": "._queue_stats"}
+_LAZY = {
+    "WorkQueue": "._queue",
+    "ThreadedQueue": "._threaded",
+    "ItemResult": "._queue_stats",
+    "QueueStats": "._queue_stats",
+    "QueueCancelled": "._queue_stats",
+}
 
 
 def __getattr__(name: str) -> object:
@@ -25,3 +46,7 @@ def __getattr__(name: str) -> object:
     value = getattr(importlib.import_module(mod, __name__), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({n for n in globals() if n.startswith("_")} | set(__all__))

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numbers
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .._core import _reactor
 from .._core._op import HOOKS, as_stream, refuse_in_capture, start
@@ -32,7 +33,7 @@ from . import _future
 from ._future import DeviceFuture, watch
 from ._wake import current_lib, dispatcher
 
-__all__ = ["await_op", "await_future", "set_poll_budget", "poll_budget", "set_wait_policy", "wait_policy"]
+__all__ = ["await_future", "await_op", "poll_budget", "set_poll_budget", "set_wait_policy", "wait_policy"]
 
 #: the longest an await polls in the loop (it polls only when completion is due within it)
 _POLL = [1e-3]
@@ -142,8 +143,17 @@ async def _sleep_or_wake(lib: str, waker: Any, limit: float) -> bool:
     return fired
 
 
-async def _park(lib: str, d: Any, tok: int, done: Callable[[], bool], check: Callable[[], bool],
-                deadline: float | None, cx: Any, timeout: float | None, h: int = -1) -> None:
+async def _park(
+    lib: str,
+    d: Any,
+    tok: int,
+    done: Callable[[], bool],
+    check: Callable[[], bool],
+    deadline: float | None,
+    cx: Any,
+    timeout: float | None,
+    h: int = -1,
+) -> None:
     """Wait for ``tok`` on ``d``'s channel until ``done()``; ``check()`` (the event) is the
     re-check that raises CudaError on a context error. ``h``: the reactor slot, whose pre-wake
     (the token before the flag) starts a poll until the predicted completion."""
@@ -243,16 +253,15 @@ async def await_future(fut: DeviceFuture[Any], timeout: float | None = None) -> 
     timeout = _check_timeout(timeout)
     lib = current_lib()
     deadline = None if timeout is None else time.perf_counter() + timeout
-    if not fut.done():
-        if not await _poll(lib, fut.done, _POLL[0], deadline):
-            d = dispatcher(lib)
-            tok = d.register(None)
-            ch = d.channel
-            fut.add_done_callback(lambda _f: ch.push(tok))
-            try:
-                await _park(lib, d, tok, fut.done, fut.done, deadline, f"submitted work ({fut._cx.describe()})", timeout)
-            finally:
-                d.unregister(tok)
+    if not fut.done() and not await _poll(lib, fut.done, _POLL[0], deadline):
+        d = dispatcher(lib)
+        tok = d.register(None)
+        ch = d.channel
+        fut.add_done_callback(lambda _f: ch.push(tok))
+        try:
+            await _park(lib, d, tok, fut.done, fut.done, deadline, f"submitted work ({fut._cx.describe()})", timeout)
+        finally:
+            d.unregister(tok)
     return fut.result(0)
 
 

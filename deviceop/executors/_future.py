@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Any, Callable, Coroutine, Generator, Generic, TypeVar
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Generic, TypeVar
 
-from .._core._op import HOOKS as CORE_HOOKS
 from .._core._ledger import on_abandon
+from .._core._op import HOOKS as CORE_HOOKS
 from .._core._op import refuse_in_capture
 from .._errors import CudaError
 
@@ -31,14 +32,14 @@ class DeviceFuture(Generic[T]):
     anything early: the work runs to completion and its buffers stay alive until then.
     """
 
-    __slots__ = ("_cx", "_value", "_error", "_event", "_callbacks", "_lock")
+    __slots__ = ("_callbacks", "_cx", "_error", "_event", "_lock", "_value")
 
     def __init__(self, cx: Any, value: Any) -> None:
         self._cx = cx
         self._value = value
         self._error: BaseException | None = None
         self._event = threading.Event()
-        self._callbacks: list[Callable[["DeviceFuture[T]"], Any]] = []
+        self._callbacks: list[Callable[[DeviceFuture[T]], Any]] = []
         self._lock = threading.Lock()
 
     def done(self) -> bool:
@@ -64,7 +65,7 @@ class DeviceFuture(Generic[T]):
             raise TimeoutError(f"submitted work did not complete within {timeout} s")
         return self._error
 
-    def add_done_callback(self, fn: Callable[["DeviceFuture[T]"], Any]) -> None:
+    def add_done_callback(self, fn: Callable[[DeviceFuture[T]], Any]) -> None:
         """Call ``fn(self)`` on completion (at once if already complete), on the completing thread."""
         with self._lock:
             if not self._event.is_set():
@@ -72,11 +73,11 @@ class DeviceFuture(Generic[T]):
                 return
         fn(self)
 
-    def __await__(self) -> "Generator[Any, None, T]":
+    def __await__(self) -> Generator[Any, None, T]:
         """``await future``: resume when the work is complete (asyncio, uvloop, trio); never blocks the loop."""
         return self.wait().__await__()
 
-    def wait(self, timeout: float | None = None) -> "Coroutine[Any, Any, T]":
+    def wait(self, timeout: float | None = None) -> Coroutine[Any, Any, T]:
         """``await future.wait(timeout=s)``: raise ``TimeoutError`` if not complete in time (the work keeps running)."""
         refuse_in_capture("await DeviceFuture")
         return HOOKS["await_future"](self, timeout)  # type: ignore[no-any-return]
@@ -107,7 +108,7 @@ class _Watcher:
     """
 
     def __init__(self, stream: Any) -> None:
-        self.q: "queue.SimpleQueue[tuple[Any, Any, Any, Any]]" = queue.SimpleQueue()
+        self.q: queue.SimpleQueue[tuple[Any, Any, Any, Any]] = queue.SimpleQueue()
         self.stream = stream
         threading.Thread(target=self._run, name=f"deviceop-watch-{stream.index}", daemon=True).start()
 
@@ -144,7 +145,10 @@ _wlock = threading.Lock()
 
 
 def watch(
-    stream: Any, event: Any, cx: Any = None, fut: "DeviceFuture[Any] | None" = None,
+    stream: Any,
+    event: Any,
+    cx: Any = None,
+    fut: DeviceFuture[Any] | None = None,
     then: Callable[[], Any] | None = None,
 ) -> None:
     """Once ``event`` (recorded on ``stream``) completes: finish ``cx``, complete ``fut``, call ``then()``.

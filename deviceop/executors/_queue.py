@@ -14,16 +14,27 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, AsyncIterable, Iterable, Sequence
+from collections.abc import AsyncIterable, Iterable, Sequence
+from typing import Any
 
 from .._errors import UsageError
 from ._await import await_op
 from ._queue_stats import (
-    ItemResult, QueueCancelled, QueueStats, Recorder, check_batch, check_capacity, lanes_of, resolve, settle, start_batch,
+    ItemResult,
+    QueueCancelled,
+    QueueStats,
+    Recorder,
+    check_batch,
+    check_capacity,
+    lanes_of,
+    resolve,
+    settle,
+    start_batch,
     take_batch,
 )
 
 __all__ = ["WorkQueue"]
+
 
 def _cancelling() -> bool:
     """True if the running asyncio task is being cancelled (trio cancels through scopes only;
@@ -59,8 +70,14 @@ class WorkQueue:
     when they trickle in, batches are of one. Default 8.
     """
 
-    def __init__(self, streams: "int | Sequence[Any] | None" = None, capacity: int | None = None,
-                 on_done: Any = None, poll: float | None = None, batch: int = 8) -> None:
+    def __init__(
+        self,
+        streams: int | Sequence[Any] | None = None,
+        capacity: int | None = None,
+        on_done: Any = None,
+        poll: float | None = None,
+        batch: int = 8,
+    ) -> None:
         self.batch = check_batch(batch)
         if poll is not None and (isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0 <= poll <= 1):
             raise UsageError(f"poll must be None (learned) or 0 to 1 seconds, got {poll!r}")
@@ -76,7 +93,7 @@ class WorkQueue:
         # the queue itself: a deque, and events only for whoever must wait (an idle worker, a
         # put at capacity); anyio's memory streams and semaphores checkpoint on every call,
         # which costs more than the GPU work of a small GEMM
-        self._items: "deque[tuple[Any, ItemResult]]" = deque()
+        self._items: deque[tuple[Any, ItemResult]] = deque()
         self._idle: list[Any] = []
         self._space: list[Any] = []
         self._pending = 0
@@ -86,7 +103,7 @@ class WorkQueue:
     def __repr__(self) -> str:
         return f"<WorkQueue {len(self.streams)} streams, capacity {self.capacity}, {self._state}>"
 
-    async def __aenter__(self) -> "WorkQueue":
+    async def __aenter__(self) -> WorkQueue:
         import anyio
 
         if self._state != "new":
@@ -152,7 +169,7 @@ class WorkQueue:
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
 
-    async def run(self, items: "Iterable[Any] | AsyncIterable[Any]") -> list[ItemResult]:
+    async def run(self, items: Iterable[Any] | AsyncIterable[Any]) -> list[ItemResult]:
         """Put every item (an iterable or async iterable), wait for all; return the results."""
         async with self:
             if hasattr(items, "__aiter__"):

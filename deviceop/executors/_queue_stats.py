@@ -5,17 +5,18 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .._core._op import as_stream
 from .._errors import DeviceOpError, UsageError
-from ..ops._base import DeviceOp  # the queues load on first use, after deviceop.ops
 from .._process import renew_at_fork
+from ..ops._base import DeviceOp  # the queues load on first use, after deviceop.ops
 
-__all__ = ["ItemResult", "QueueStats", "QueueCancelled", "Recorder", "resolve"]
+__all__ = ["ItemResult", "QueueCancelled", "QueueStats", "Recorder", "resolve"]
 
 
 class QueueCancelled(DeviceOpError):
@@ -108,11 +109,17 @@ class Recorder:
         secs = max(self.t1 - self.t0, 0.0)
         ok = sum(1 for r in done if r.error is None)
         return QueueStats(
-            items=len(self.results), errors=sum(1 for r in done if r.error is not None),
+            items=len(self.results),
+            errors=sum(1 for r in done if r.error is not None),
             cancelled=sum(1 for r in self.results if isinstance(r.error, QueueCancelled)),
-            seconds=secs, throughput=ok / secs if secs else 0.0,
-            latency_p50=pct(50), latency_p90=pct(90), latency_p99=pct(99),
-            busy_s=tuple(self.busy), cpu_s=self.cpu1 - self.cpu0, host_threads=self.host_threads,
+            seconds=secs,
+            throughput=ok / secs if secs else 0.0,
+            latency_p50=pct(50),
+            latency_p90=pct(90),
+            latency_p99=pct(99),
+            busy_s=tuple(self.busy),
+            cpu_s=self.cpu1 - self.cpu0,
+            host_threads=self.host_threads,
         )
 
 
@@ -128,7 +135,7 @@ def resolve(item: Any, lane: int) -> Any:
     raise UsageError(f"work-queue items are DeviceOps or callables f(lane) -> DeviceOp, got {type(item).__name__}")
 
 
-def lanes_of(streams: "int | Sequence[Any] | None") -> list[Any]:
+def lanes_of(streams: int | Sequence[Any] | None) -> list[Any]:
     """The streams a queue drives: a count (the first n of the pool, made larger if needed) or a list."""
     from ..device import current
 
@@ -145,7 +152,7 @@ def lanes_of(streams: "int | Sequence[Any] | None") -> list[Any]:
     return out
 
 
-_EXTRA: "weakref.WeakKeyDictionary[Any, dict[int, Any]]" = weakref.WeakKeyDictionary()
+_EXTRA: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
 _extra_lock = threading.Lock()
 renew_at_fork(globals(), _extra_lock=threading.Lock)  # a thread may hold it at fork()
 
@@ -167,7 +174,6 @@ def check_capacity(capacity: Any, lanes: int) -> int:
     return capacity
 
 
-
 class Batch(DeviceOp):  # type: ignore[type-arg]
     """Several queue items run as one execution on one stream; each keeps its own outcome.
 
@@ -178,15 +184,15 @@ class Batch(DeviceOp):  # type: ignore[type-arg]
 
     __slots__ = ("_ops",)
 
-    def __init__(self, ops: "list[Any]") -> None:
+    def __init__(self, ops: list[Any]) -> None:
         self._used = None
         self._ops = ops
 
     def __repr__(self) -> str:
         return f"<{len(self._ops)} queue items>"
 
-    def _run(self, cx: Any) -> "list[tuple[bool, Any]]":
-        out: "list[tuple[bool, Any]]" = []
+    def _run(self, cx: Any) -> list[tuple[bool, Any]]:
+        out: list[tuple[bool, Any]] = []
         for o in self._ops:
             try:
                 out.append((True, o._run(cx)))
@@ -195,7 +201,7 @@ class Batch(DeviceOp):  # type: ignore[type-arg]
         return out
 
 
-def start_batch(batch: "list[tuple[Any, ItemResult]]", lane: int, t0: float, who: str) -> "tuple[list[Any], Any]":
+def start_batch(batch: list[tuple[Any, ItemResult]], lane: int, t0: float, who: str) -> tuple[list[Any], Any]:
     """Mark a batch's items started on ``lane``; return (their (result, op) pairs, the op to run).
 
     An item whose op cannot be made gets its error now and is left out; the op to run is the
@@ -219,7 +225,7 @@ def start_batch(batch: "list[tuple[Any, ItemResult]]", lane: int, t0: float, who
     return ops, ops[0][1] if len(ops) == 1 else Batch([op for _, op in ops])
 
 
-def settle(ops: "list[Any]", out: Any) -> None:
+def settle(ops: list[Any], out: Any) -> None:
     """Give each item its output (or its own error) from what the batch's op returned."""
     if len(ops) == 1:
         ops[0][0].value = out

@@ -7,13 +7,23 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Iterable, Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
+from typing import Any
 
+from .._core._op import run_sync
 from .._errors import UsageError
 from ._queue_stats import (
-    ItemResult, QueueStats, Recorder, check_batch, check_capacity, lanes_of, resolve, settle, start_batch, take_batch,
+    ItemResult,
+    QueueStats,
+    Recorder,
+    check_batch,
+    check_capacity,
+    lanes_of,
+    resolve,
+    settle,
+    start_batch,
+    take_batch,
 )
-from .._core._op import run_sync
 
 __all__ = ["ThreadedQueue"]
 
@@ -30,8 +40,13 @@ class ThreadedQueue:
     runs them as one execution (default 8; 1 for one ``sync_on`` per item).
     """
 
-    def __init__(self, streams: "int | Sequence[Any] | None" = None, capacity: int | None = None,
-                 on_done: Any = None, batch: int = 8) -> None:
+    def __init__(
+        self,
+        streams: int | Sequence[Any] | None = None,
+        capacity: int | None = None,
+        on_done: Any = None,
+        batch: int = 8,
+    ) -> None:
         self.batch = check_batch(batch)
         if on_done is not None and not callable(on_done):
             raise UsageError(f"on_done must be a callable f(result), got {type(on_done).__name__}")
@@ -39,7 +54,7 @@ class ThreadedQueue:
         self.streams = lanes_of(streams)
         self.capacity = check_capacity(capacity, len(self.streams))
         self._rec = Recorder(len(self.streams), host_threads=len(self.streams))
-        self._q: "queue.Queue[Any]" = queue.Queue()
+        self._q: queue.Queue[Any] = queue.Queue()
         self._slots = threading.BoundedSemaphore(self.capacity)
         self._cancelled = threading.Event()
         self._fatal: BaseException | None = None  # the first BaseException a worker met

@@ -22,7 +22,7 @@ import sniffio
 from .._core._base import Channel
 from .._errors import UsageError
 
-__all__ = ["dispatcher", "Dispatcher", "current_lib"]
+__all__ = ["Dispatcher", "current_lib", "dispatcher"]
 
 
 def current_lib() -> str:
@@ -72,7 +72,7 @@ class Dispatcher:
 
 _lock = threading.Lock()
 # weak: a loop that is gone takes its dispatcher along (its channel's eventfd closes then)
-_asyncio: "weakref.WeakKeyDictionary[Any, Dispatcher]" = weakref.WeakKeyDictionary()
+_asyncio: weakref.WeakKeyDictionary[Any, Dispatcher] = weakref.WeakKeyDictionary()
 _trio: dict[Any, Dispatcher] = {}
 
 

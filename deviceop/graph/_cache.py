@@ -9,10 +9,11 @@ larger than the largest bucket run eagerly and are counted.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from .._errors import CaptureError, ShapeError, UsageError
 from .._core._ledger import check_backend, enqueue
+from .._errors import CaptureError, ShapeError, UsageError
 from ..device._tensor import Tensor
 from ..ops._base import DeviceOp
 from ..ops._leaf import new_tensor
@@ -39,7 +40,7 @@ class _Entry:
     """One bucket's recording: its static input and output, and the lock that keeps each call's
     copy in, replay and copy out contiguous in issue order (calls share those buffers)."""
 
-    __slots__ = ("inp", "graph", "out", "lock")
+    __slots__ = ("graph", "inp", "lock", "out")
 
     def __init__(self, inp: Tensor, graph: CudaGraph[Any], out: Tensor) -> None:
         self.inp = inp
@@ -63,8 +64,11 @@ class GraphCache:
     """
 
     def __init__(
-        self, build: Callable[[Tensor], DeviceOp[Any]], buckets: Sequence[int] | None = None,
-        max_size: int | None = None, copy_out: bool = True,
+        self,
+        build: Callable[[Tensor], DeviceOp[Any]],
+        buckets: Sequence[int] | None = None,
+        max_size: int | None = None,
+        copy_out: bool = True,
     ) -> None:
         if not callable(build):
             raise UsageError(f"GraphCache needs a callable build(x) -> DeviceOp, got {type(build).__name__}")
@@ -136,7 +140,9 @@ class GraphCache:
 
     def _run(self, cx: Any, x: Tensor) -> Tensor:
         if cx.capturing:
-            raise CaptureError("a GraphCache call inside a graph recording: graphs do not nest; call it outside the scope")
+            raise CaptureError(
+                "a GraphCache call inside a graph recording: graphs do not nest; call it outside the scope"
+            )
         check_backend(cx, x.buffer.backend, "GraphCache call")
         n = x.shape[0]
         b = self.bucket_for(n)
@@ -176,15 +182,20 @@ class GraphCache:
         # copy in, replay and copy out are enqueued as one: another call of this bucket (another
         # thread) cannot slip between them, so the ledger orders whole calls, in issue order
         with e.lock:
-            enqueue(cx, ((x.buffer, *x._span, False), (inp.buffer, 0, inp.nbytes, True)), copy_in,
-                    "GraphCache input copy")
+            enqueue(
+                cx, ((x.buffer, *x._span, False), (inp.buffer, 0, inp.nbytes, True)), copy_in, "GraphCache input copy"
+            )
             out = e.graph.launch()._run(cx)[:n]
             if not self._copy_out:
                 return out  # type: ignore[no-any-return]
             # the copy reads the graph's output: registered with the new tensor's write, in one enqueue
             res = new_tensor(cx, out.shape, out.dtype, "GraphCache output copy")
-            enqueue(cx, ((out.buffer, *out._span, False), (res.buffer, 0, res.nbytes, True)),
-                    lambda: copy_out(res, out), "GraphCache output copy")
+            enqueue(
+                cx,
+                ((out.buffer, *out._span, False), (res.buffer, 0, res.nbytes, True)),
+                lambda: copy_out(res, out),
+                "GraphCache output copy",
+            )
         return res
 
 

@@ -8,7 +8,7 @@ from .._core._base import LOCK
 from .._core._launch import GraphBase, GraphLaunch
 from .._core._op import DeviceOp
 
-__all__ = ["CudaGraph", "GraphLaunch", "Recording", "HOOKS"]
+__all__ = ["HOOKS", "CudaGraph", "GraphLaunch", "Recording"]
 
 T = TypeVar("T")
 
@@ -19,9 +19,11 @@ HOOKS: dict[str, Any] = {}
 class Recording:
     """What a scope recorded: the driver graph, the outputs and every region the work touches."""
 
-    __slots__ = ("raw", "outputs", "buffers", "regions", "nodes", "stream")
+    __slots__ = ("buffers", "nodes", "outputs", "raw", "regions", "stream")
 
-    def __init__(self, raw: Any, outputs: list[Any], buffers: list[Any], regions: tuple[Any, ...], nodes: int, stream: Any) -> None:
+    def __init__(
+        self, raw: Any, outputs: list[Any], buffers: list[Any], regions: tuple[Any, ...], nodes: int, stream: Any
+    ) -> None:
         self.raw = raw
         self.outputs = outputs
         self.buffers = buffers
@@ -76,7 +78,7 @@ class CudaGraph(GraphBase, Generic[T]):
 
     if TYPE_CHECKING:
 
-        def launch(self) -> "DeviceOp[T]":
+        def launch(self) -> DeviceOp[T]:
             """An op that replays the graph once, on the stream of the terminal that drives it."""
 
     def update(self, op: DeviceOp[Any]) -> str:

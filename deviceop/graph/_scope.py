@@ -15,7 +15,7 @@ from ..ops._base import DeviceOp
 from . import _graph
 from ._graph import CudaGraph, Recording
 
-__all__ = ["GraphScope", "scope", "capture"]
+__all__ = ["GraphScope", "capture", "scope"]
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ class GraphScope:
     threads' GPU work goes on undisturbed.
     """
 
-    def __init__(self, stream: Any = None, update: "CudaGraph[Any] | None" = None) -> None:
+    def __init__(self, stream: Any = None, update: CudaGraph[Any] | None = None) -> None:
         if update is not None and not isinstance(update, CudaGraph):
             raise UsageError(f"scope(update=...) takes a CudaGraph to update, got {type(update).__name__}")
         self._given = None if stream is None else as_stream(stream)
@@ -45,7 +45,7 @@ class GraphScope:
     def __repr__(self) -> str:
         return f"<graph scope ({self._state}, {len(self._outputs)} records)>"
 
-    def __enter__(self) -> "GraphScope":
+    def __enter__(self) -> GraphScope:
         if self._state != "new":
             raise UsageError("a graph scope is used once; open a new do.graph.scope() for another recording")
         if CAPTURE.scope is not None:
@@ -71,7 +71,7 @@ class GraphScope:
         _capture.begin(self)
         return self
 
-    def record(self, op: "DeviceOp[T]") -> T:
+    def record(self, op: DeviceOp[T]) -> T:
         """Record ``op`` (consuming it) without running it; return its output."""
         if self._state != "recording":
             raise UsageError(f"record() works inside the with-block of its scope; this scope is {self._state}")
@@ -132,15 +132,14 @@ class GraphScope:
             be.graphs.release_stream(stream)
 
     @property
-    def graph(self) -> "CudaGraph[Any]":
+    def graph(self) -> CudaGraph[Any]:
         """The recorded graph (after the with-block)."""
         if self._graph is not None:
             return self._graph
         if self._state != "closed":
             raise UsageError("the graph exists after the with-block ends")
         raise CaptureError(
-            "the recording failed, so there is no graph (partial work is never replayed); "
-            f"the cause: {self._error!r}"
+            f"the recording failed, so there is no graph (partial work is never replayed); the cause: {self._error!r}"
         ) from self._error
 
     @property
@@ -151,7 +150,7 @@ class GraphScope:
         return self._update.last_update
 
 
-def scope(stream: Any = None, update: "CudaGraph[Any] | None" = None) -> GraphScope:
+def scope(stream: Any = None, update: CudaGraph[Any] | None = None) -> GraphScope:
     """``with do.graph.scope() as s: s.record(op)``; then ``s.graph`` is the :class:`CudaGraph`.
 
     ``stream``: record on this pool stream instead of a private one (no other thread may use it
@@ -161,7 +160,7 @@ def scope(stream: Any = None, update: "CudaGraph[Any] | None" = None) -> GraphSc
     return GraphScope(stream, update)
 
 
-def capture(op: "DeviceOp[T]", stream: Any = None) -> "CudaGraph[T]":
+def capture(op: DeviceOp[T], stream: Any = None) -> CudaGraph[T]:
     """Record ``op`` into a new graph (``op.graph()``)."""
     if not isinstance(op, DeviceOp):
         raise UsageError(f"capture() takes a DeviceOp, got {type(op).__name__}")

@@ -9,4 +9,4 @@ from ._dlpack import from_dlpack
 from ._external import External, external
 from ._torch import torch
 
-__all__ = ["from_dlpack", "external", "External", "torch"]
+__all__ = ["External", "external", "from_dlpack", "torch"]

@@ -20,7 +20,7 @@ from ..device import _tensor
 from ..device._select import current, next_stream
 from ..device._tensor import Tensor
 from ..executors._future import DeviceFuture, watch
-from ._dlstructs import _USED, _DLManagedTensor, _Imported, _api
+from ._dlstructs import _USED, _api, _DLManagedTensor, _Imported
 from ._regions import buffer_for, host_root, inside, raw_view, register
 
 __all__ = ["export", "from_dlpack"]
@@ -96,17 +96,19 @@ def from_dlpack(obj: Any) -> Tensor:
     ptr = int(dl.data or 0) + int(dl.byte_offset)
     if not be.cuda_memory:
         it = dtype.itemsize
-        arr = np.lib.stride_tricks.as_strided(
-            raw_view(ptr, t0.span[1]).view(dtype.np_dtype), shape=shape, strides=tuple(s * it for s in t0.strides)
-        ) if t0.span[1] else np.empty(shape, dtype.np_dtype)
+        arr = (
+            np.lib.stride_tricks.as_strided(
+                raw_view(ptr, t0.span[1]).view(dtype.np_dtype), shape=shape, strides=tuple(s * it for s in t0.strides)
+            )
+            if t0.span[1]
+            else np.empty(shape, dtype.np_dtype)
+        )
         return _wrap_host(be, arr, dtype, owner)
     # the allocation's region: the same memory wrapped twice is one region in the ledger
     buf = buffer_for(be, ptr, ptr + t0.span[1], owner)
     t = Tensor(buf, shape, dtype, strides, ptr - buf.ptr)
     _register_import(stream, buf, t)
     return t
-
-
 
 
 def _wrap_host(be: Any, arr: np.ndarray, dt: Any, owner: Any) -> Tensor:
@@ -128,5 +130,3 @@ def _register_import(stream: Any, buf: Buffer, t: Tensor) -> None:
 
 
 _tensor.HOOKS["dlpack_export"] = export
-
-

@@ -20,8 +20,12 @@ class _DLDataType(ctypes.Structure):
 
 class _DLTensor(ctypes.Structure):
     _fields_ = [
-        ("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
         ("byte_offset", ctypes.c_uint64),
     ]
 
@@ -68,7 +72,13 @@ def describe_dlpack(obj: Any, be: Any, what: str) -> tuple[int, tuple[int, ...],
     addr = _api.PyCapsule_GetPointer(cap, b"dltensor")
     mt = _DLManagedTensor.from_address(addr)
     dl = mt.dl_tensor
-    dev = "cuda" if dl.device.device_type == 2 else "cpu" if dl.device.device_type in (1, 3) else str(dl.device.device_type)
+    dev = (
+        "cuda"
+        if dl.device.device_type == 2
+        else "cpu"
+        if dl.device.device_type in (1, 3)
+        else str(dl.device.device_type)
+    )
     want = "cuda" if be.cuda_memory else "cpu"
     if dev != want:
         raise UsageError(
@@ -83,5 +93,3 @@ def describe_dlpack(obj: Any, be: Any, what: str) -> tuple[int, tuple[int, ...],
     del mt, dl
     _Imported(addr, cap)  # dropped at once: the producer's deleter runs; obj keeps the memory
     return ptr, shape, strides, it, dev
-
-

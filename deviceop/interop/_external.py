@@ -10,7 +10,8 @@ copy), and work on other streams is ordered against it in both directions.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from .._core._ledger import check_backend, enqueue, touch
 from .._core._op import DeviceOp
@@ -19,7 +20,7 @@ from ..device._select import current
 from ..device._tensor import Partition, Tensor
 from ._regions import access_of, inside, register
 
-__all__ = ["external", "External"]
+__all__ = ["External", "external"]
 
 T = TypeVar("T")
 
@@ -39,10 +40,17 @@ def _named(items: Any, what: str) -> tuple[Any, ...]:
 class External(DeviceOp[T], Generic[T]):
     """The op :func:`external` returns; its output is what ``fn`` returns."""
 
-    __slots__ = ("_fn", "_args", "_acc", "_lazy", "_post", "_label")
+    __slots__ = ("_acc", "_args", "_fn", "_label", "_lazy", "_post")
 
-    def __init__(self, fn: Callable[..., T], args: tuple[Any, ...], reads: Any, writes: Any,
-                 post: Callable[[Any, Any], tuple[Any, list[Any]]] | None = None, label: str | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        reads: Any,
+        writes: Any,
+        post: Callable[[Any, Any], tuple[Any, list[Any]]] | None = None,
+        label: str | None = None,
+    ) -> None:
         super().__init__()
         if not callable(fn):
             raise UsageError(f"do.external(fn, ...) needs a callable fn(stream, *args), got {type(fn).__name__}")

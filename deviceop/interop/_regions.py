@@ -28,13 +28,13 @@ from .._process import renew_at_fork
 from ..device._tensor import Partition, Tensor
 from ._dlstructs import describe_dlpack
 
-__all__ = ["buffer_for", "register", "access_of", "inside", "host_root", "span", "raw_view"]
+__all__ = ["access_of", "buffer_for", "host_root", "inside", "raw_view", "register", "span"]
 
 
 class _Region:
     """One allocation [start, end) of a device: its access list and the buffers that share it."""
 
-    __slots__ = ("start", "end", "accesses", "users", "host")
+    __slots__ = ("accesses", "end", "host", "start", "users")
 
     def __init__(self, start: int, end: int, accesses: list[Any], host: Any) -> None:
         self.start = start
@@ -206,7 +206,7 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
         e = _torch_seen.get((id(be), id(obj)))
         if e is not None and e[0]() is obj and e[1] == obj.data_ptr() and e[2] == obj.shape:
             return (_wrapper(be, e[3], obj), e[4], e[5], write)  # (its region lives: the tensor is a user)
-    ptr, shape, strides, itemsize, device = _describe(obj, be, what)
+    ptr, shape, strides, itemsize, _device = _describe(obj, be, what)
     lo, hi = span(ptr, shape, strides, itemsize)
     root = None
     if isinstance(obj, np.ndarray):
@@ -286,4 +286,3 @@ class _Inside(threading.local):
 
 #: the stream whose ``external`` fn this thread is running (exports inside it need no wait)
 inside = _Inside()
-

@@ -5,7 +5,8 @@ PyTorch is imported when an adapter op first runs, never by ``import deviceop``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .._dtypes import as_dtype
 from .._errors import DTypeError, UsageError
@@ -57,11 +58,16 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
             with th.cuda.stream(ts):
                 # capsules made for this stream: the ledger ordered it already, and PyTorch skips
                 # its own stream hand-shake for a capsule
-                conv = tuple(th.from_dlpack((x.tensor if type(x) is Partition else x).__dlpack__(stream=-1))
-                             if type(x) in (Tensor, Partition) else x for x in a)
+                conv = tuple(
+                    th.from_dlpack((x.tensor if type(x) is Partition else x).__dlpack__(stream=-1))
+                    if type(x) in (Tensor, Partition)
+                    else x
+                    for x in a
+                )
                 return fn(*conv)
-        conv = tuple(_from_numpy(th, x) if type(x).__module__ == "numpy" and hasattr(x, "__array_interface__") else x
-                     for x in a)
+        conv = tuple(
+            _from_numpy(th, x) if type(x).__module__ == "numpy" and hasattr(x, "__array_interface__") else x for x in a
+        )
         return fn(*conv)
 
     label = f"do.interop.torch({getattr(fn, '__qualname__', type(fn).__name__)})"
@@ -112,4 +118,3 @@ def _wrap(cx: Any, t: Any, acc: list[Any]) -> Tensor:
     out = Tensor(buf, shape, dt, strides, ptr - buf.ptr)
     acc.append((buf, lo - buf.ptr, hi - buf.ptr, True))
     return out
-

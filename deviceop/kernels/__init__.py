@@ -7,20 +7,47 @@ CUDA C++ kernel. Built in, for float16, bfloat16 and float32: elementwise ``fill
 arguments.
 """
 
+from typing import TYPE_CHECKING
+
 from ._builtins import BUILTIN_SOURCE, builtin_names, compile_builtins, warmup
 from ._elementwise import add, axpy, copy, fill, gelu, mul, relu, scale, silu
 from ._kernel import Kernel
 from ._nvrtc import cache_dir, cache_stats, compile_cubin
 from ._params import In, InOut, Out
 from ._rowwise import matvec, rms_norm, softmax
-from ._rowwise import row_max as max  # noqa: A004 - do.kernels.max, as in the DESIGN contract
-from ._rowwise import row_sum as sum  # noqa: A004
+from ._rowwise import row_max as max
+from ._rowwise import row_sum as sum
+
+if TYPE_CHECKING:
+    from ._gemm import gemm
 
 __all__ = [
-    "Kernel", "In", "Out", "InOut",
-    "fill", "copy", "scale", "add", "mul", "axpy", "relu", "gelu", "silu",
-    "sum", "max", "softmax", "rms_norm", "matvec", "gemm",
-    "compile_builtins", "builtin_names", "warmup", "BUILTIN_SOURCE", "compile_cubin", "cache_dir", "cache_stats",
+    "BUILTIN_SOURCE",
+    "In",
+    "InOut",
+    "Kernel",
+    "Out",
+    "add",
+    "axpy",
+    "builtin_names",
+    "cache_dir",
+    "cache_stats",
+    "compile_builtins",
+    "compile_cubin",
+    "copy",
+    "fill",
+    "gelu",
+    "gemm",
+    "matvec",
+    "max",
+    "mul",
+    "relu",
+    "rms_norm",
+    "scale",
+    "silu",
+    "softmax",
+    "sum",
+    "warmup",
 ]
 
 
@@ -32,3 +59,7 @@ def __getattr__(name: str) -> object:
         globals()["gemm"] = gemm
         return gemm
     raise AttributeError(f"module 'deviceop.kernels' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({n for n in globals() if n.startswith("_")} | set(__all__))

@@ -12,10 +12,10 @@ import threading
 from typing import Any
 
 from .._errors import BackendError, CudaError
-from ..device._capture import CAPTURE
 from .._process import renew_at_fork
+from ..device._capture import CAPTURE
 
-__all__ = ["WORKSPACE_BYTES", "cublas", "handle_for", "workspace_of", "relaxed_capture", "call"]
+__all__ = ["WORKSPACE_BYTES", "call", "cublas", "handle_for", "relaxed_capture", "workspace_of"]
 
 # cuBLAS recommends 32 MiB on Hopper for its best kernels (cuBLAS docs, cublasSetWorkspace)
 WORKSPACE_BYTES = 32 << 20
@@ -89,7 +89,11 @@ def _create(stream: Any) -> int:
         err, ws = drv.cuMemAlloc(WORKSPACE_BYTES)
         if err:
             call(m.destroy, h)
-            raise CudaError(f"cuMemAlloc of the {WORKSPACE_BYTES >> 20} MiB cuBLAS workspace failed ({err.name}); free memory first", err.name, int(err))
+            raise CudaError(
+                f"cuMemAlloc of the {WORKSPACE_BYTES >> 20} MiB cuBLAS workspace failed ({err.name}); free memory first",
+                err.name,
+                int(err),
+            )
         _workspaces[stream.handle_int] = int(ws)
         call(m.set_stream, h, stream.handle_int)
         call(m.set_workspace, h, int(ws), WORKSPACE_BYTES)
@@ -107,5 +111,6 @@ def call(fn: Any, *args: Any) -> Any:
         raise CudaError(
             f"cuBLAS {fn.__name__} failed: {e}. Check the GEMM's shapes and strides; a launch "
             "failure here can also be an earlier kernel's error (run with CUDA_LAUNCH_BLOCKING=1)",
-            name, int(status) if status is not None else -1,
+            name,
+            int(status) if status is not None else -1,
         ) from e

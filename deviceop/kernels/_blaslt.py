@@ -15,14 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from ._blas import WORKSPACE_BYTES, call, relaxed_capture
 from .._process import renew_at_fork
+from ._blas import WORKSPACE_BYTES, call, relaxed_capture
 
-__all__ = ["lt_plan", "lt_handle", "LtPlan", "matmul_address", "status_error"]
+__all__ = ["LtPlan", "lt_handle", "lt_plan", "matmul_address", "status_error"]
 
 _lock = threading.RLock()  # plan creation takes it, then may create the handle
 renew_at_fork(globals(), _lock=threading.RLock)  # a thread may hold it at fork()
-_plans: dict[tuple[Any, ...], "LtPlan | None"] = {}
+_plans: dict[tuple[Any, ...], LtPlan | None] = {}
 _MAX_PLANS = 4096
 _state: dict[str, Any] = {}
 
@@ -75,14 +75,16 @@ def status_error(status: int, what: str) -> Exception:
         name = f"cublasStatus {status}"
     return CudaError(
         f"cuBLASLt {what} failed with {name}. Check the GEMM's shapes and strides; a launch failure here "
-        "can also be an earlier kernel's error (run with CUDA_LAUNCH_BLOCKING=1)", name, status,
+        "can also be an earlier kernel's error (run with CUDA_LAUNCH_BLOCKING=1)",
+        name,
+        status,
     )
 
 
 class LtPlan:
     """What one cublasLtMatmul call needs besides the pointers and the stream."""
 
-    __slots__ = ("desc", "layout_a", "layout_b", "layout_c", "algo", "_result")
+    __slots__ = ("_result", "algo", "desc", "layout_a", "layout_b", "layout_c")
 
     def __init__(self, desc: int, la: int, lb: int, lc: int, result: Any) -> None:
         self.desc, self.layout_a, self.layout_b, self.layout_c = desc, la, lb, lc
@@ -90,7 +92,7 @@ class LtPlan:
         self.algo = result.ptr  # cublasLtMatmulHeuristicResult_t starts with its algo
 
 
-def lt_plan(g: Any, cuda_type: int, compute: int) -> "LtPlan | None":
+def lt_plan(g: Any, cuda_type: int, compute: int) -> LtPlan | None:
     """The plan for geometry ``g`` (see _gemm), or None if cuBLASLt offers no algorithm."""
     key = (cuda_type, compute, g.m, g.n, g.k, g.op_a, g.op_b, g.ld_a, g.ld_b, g.ld_c, g.al_a, g.al_b, g.al_c)
     if key in _plans:
@@ -111,7 +113,7 @@ def _set(fn: Any, obj: int, attr: Any, ctype: Any, value: int) -> None:
     call(fn, obj, int(attr), ctypes.addressof(v), ctypes.sizeof(v))
 
 
-def _make(key: tuple[Any, ...]) -> "LtPlan | None":
+def _make(key: tuple[Any, ...]) -> LtPlan | None:
     lt = _lt()
     dt, compute, m, n, k, op_a, op_b, ld_a, ld_b, ld_c, al_a, al_b, al_c = key
     h = lt_handle()

@@ -7,16 +7,15 @@ each with a numpy implementation for the host backend.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..device._select import current
-
 from ._elementwise import DTYPES, ELEMENTWISE, PRELUDE, SFX
 from ._kernel import Kernel
 from ._library import FUNCS
 from ._rowwise import ROW_PRELUDE, ROWWISE
 
-__all__ = ["BUILTINS", "BUILTIN_SOURCE", "FUNCS", "compile_builtins", "builtin_names", "warmup"]
+__all__ = ["BUILTINS", "BUILTIN_SOURCE", "FUNCS", "builtin_names", "compile_builtins", "warmup"]
 
 BUILTINS = (*ELEMENTWISE, *ROWWISE)
 BUILTIN_SOURCE = PRELUDE + ROW_PRELUDE + "\n".join(k.source() for k in BUILTINS)
@@ -64,5 +63,3 @@ def warmup(kernels: Iterable[Kernel] = (), builtins: bool = True) -> dict[str, i
         k.compile(be.arch)
         done["kernels"] += 1
     return done
-
-

@@ -14,23 +14,36 @@ element; otherwise (views of different alignment) every access is one element.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from .._core._launch import BuiltinFront, KernelPlan, planned
+from .._core._ledger import check_backend
 from .._dtypes import bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device._tensor import Partition, Tensor
 from ._kernel import check_scalar, check_tensor
-from ._library import FUNCS
-from .._core._launch import BuiltinFront, KernelPlan, planned
-from .._core._ledger import check_backend
 from ._launch import (
-    SRC_FIXED, SRC_SCALAR, SRC_TENSOR, T_F32, T_I32, T_I64, T_PTR, KernelCall, LaunchPlan, PlanCache, has_op,
-    host_array, launch, launch_host,
+    SRC_FIXED,
+    SRC_SCALAR,
+    SRC_TENSOR,
+    T_F32,
+    T_I32,
+    T_I64,
+    T_PTR,
+    KernelCall,
+    LaunchPlan,
+    PlanCache,
+    has_op,
+    host_array,
+    launch,
+    launch_host,
 )
+from ._library import FUNCS
 
-__all__ = ["Elementwise", "ELEMENTWISE", "PRELUDE", "SFX", "DTYPES", "host_fn"]
+__all__ = ["DTYPES", "ELEMENTWISE", "PRELUDE", "SFX", "Elementwise", "host_fn"]
 
 SFX = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 _SMALL_TILE = 256  # elements: tiles up to this size take the element-per-thread path
@@ -182,7 +195,7 @@ class Elementwise(BuiltinFront):
         if out.tile[1:] != t.shape[1:]:
             raise ShapeError(
                 f"{self.name}(): tile {out.tile} of shape {t.shape} is not contiguous in memory; elementwise "
-                f"built-ins need tiles spanning the trailing dimensions, e.g. tile {(out.tile[0],) + t.shape[1:]}"
+                f"built-ins need tiles spanning the trailing dimensions, e.g. tile {(out.tile[0], *t.shape[1:])}"
             )
         be = t.buffer.backend
         for i in range(self.n_in):
@@ -193,7 +206,9 @@ class Elementwise(BuiltinFront):
             if x.shape != t.shape:
                 raise ShapeError(f"input {i} of {self.name}() has shape {x.shape} but the output has shape {t.shape}")
             if x.buffer.backend is not be:
-                raise UsageError(f"input {i} of {self.name}() lives on {x.device}, the output on {t.device}; move it first")
+                raise UsageError(
+                    f"input {i} of {self.name}() lives on {x.device}, the output on {t.device}; move it first"
+                )
 
     def _make_plan(self, args: tuple[Any, ...]) -> KernelPlan:
         """What a launch needs that depends only on the arguments' layout and device."""
@@ -214,7 +229,7 @@ class Elementwise(BuiltinFront):
             per = (tile + 7) // 8 if vec else tile
             block = min(256, max(32, (per + 31) // 32 * 32))
             grid = (math.prod(out.grid), 1, 1)
-            layout = self._layout + ((SRC_FIXED, 0, T_I64, tile), (SRC_FIXED, 0, T_I32, vec))
+            layout = (*self._layout, (SRC_FIXED, 0, T_I64, tile), (SRC_FIXED, 0, T_I32, vec))
             cuda = LaunchPlan(be.driver, int(fn), grid, (block, 1, 1), 0, layout, self._writes, self)
         return KernelPlan(be, cuda, t.size == 0)
 
@@ -267,8 +282,17 @@ scale = _op("scale", 1, 1, "x0 * s0", lambda x, g: x * g, "scale(out_partition, 
 add = _op("add", 2, 0, "x0 + x1", lambda x, y: x + y, "add(out_partition, x, y): out = x + y")
 mul = _op("mul", 2, 0, "x0 * x1", lambda x, y: x * y, "mul(out_partition, x, y): out = x * y")
 axpy = _op("axpy", 2, 1, "fmaf(s0, x0, x1)", lambda x, y, a: a * x + y, "axpy(out_partition, x, y, a): out = a * x + y")
-relu = _op("relu", 1, 0, "fmaxf(x0, 0.f)", lambda x: np.maximum(x, np.float32(0)), "relu(out_partition, x): out = max(x, 0)")
-gelu = _op("gelu", 1, 0, "gelu_tanh(x0)", _gelu_tanh, "gelu(out_partition, x): GELU, tanh approximation (as torch's approximate='tanh')")
+relu = _op(
+    "relu", 1, 0, "fmaxf(x0, 0.f)", lambda x: np.maximum(x, np.float32(0)), "relu(out_partition, x): out = max(x, 0)"
+)
+gelu = _op(
+    "gelu",
+    1,
+    0,
+    "gelu_tanh(x0)",
+    _gelu_tanh,
+    "gelu(out_partition, x): GELU, tanh approximation (as torch's approximate='tanh')",
+)
 silu = _op("silu", 1, 0, "silu(x0)", _silu, "silu(out_partition, x): out = x * sigmoid(x)")
 
 ELEMENTWISE = (fill, copy, scale, add, mul, axpy, relu, gelu, silu)

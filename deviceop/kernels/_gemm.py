@@ -18,8 +18,8 @@ from .._core._ledger import check_backend, enqueue
 from .._core._op import DeviceOp
 from .._dtypes import DType, bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
-from ..device._cuda_errors import cuda_error
 from ..device._cuda_driver import graph_launch, lt_matmul
+from ..device._cuda_errors import cuda_error
 from ..device._tensor import Partition, Tensor
 from ._blas import WORKSPACE_BYTES, call, cublas, handle_for, workspace_of
 from ._blaslt import _lt, lt_handle, lt_plan, matmul_address, status_error
@@ -74,7 +74,7 @@ class _Gemm:
         #: problem layouts (shapes, strides, dtype, alignment, device) -> _Geometry
         self.plans = PlanCache(1024)
 
-    def plan(self, args: tuple[Any, ...], opts: Any) -> "_Geometry":
+    def plan(self, args: tuple[Any, ...], opts: Any) -> _Geometry:
         """Validate ``(c, a, b)`` and return their problem's geometry (made once per layout)."""
         c, a, b = args
         ct = c.tensor if type(c) is Partition else c
@@ -91,7 +91,7 @@ class _Gemm:
             _refuse_overlap(ct, a, b)
         return g
 
-    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, g: "_Geometry") -> None:
+    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, g: _Geometry) -> None:
         alpha, beta, tf32 = opts
         if g.m == 0 or g.n == 0:
             return
@@ -123,9 +123,26 @@ class _Gemm:
             def work() -> None:
                 al, be_ = ctypes.c_float(alpha), ctypes.c_float(beta)
                 call(
-                    cublas().gemm_ex, h, g.op_b, g.op_a, g.n, g.m, g.k,
-                    ctypes.addressof(al), pb, dt, g.ld_b, pa, dt, g.ld_a,
-                    ctypes.addressof(be_), pc, dt, g.ld_c, compute, -1,  # CUBLAS_GEMM_DEFAULT
+                    cublas().gemm_ex,
+                    h,
+                    g.op_b,
+                    g.op_a,
+                    g.n,
+                    g.m,
+                    g.k,
+                    ctypes.addressof(al),
+                    pb,
+                    dt,
+                    g.ld_b,
+                    pa,
+                    dt,
+                    g.ld_a,
+                    ctypes.addressof(be_),
+                    pc,
+                    dt,
+                    g.ld_c,
+                    compute,
+                    -1,  # CUBLAS_GEMM_DEFAULT
                 )
 
             enqueue(cx, accesses, work, self)
@@ -134,10 +151,28 @@ class _Gemm:
         st = (fn, handle, desc, pb, la, pa, lb, pc, lc, algo)
         ws = blas[1]
         if not fn:  # cublasLtMatmul's address is unknown: nvmath's binding calls it
+
             def work() -> None:
                 al, be_ = ctypes.c_float(alpha), ctypes.c_float(beta)
-                call(_lt().matmul, handle, desc, ctypes.addressof(al), pb, la, pa, lb,
-                     ctypes.addressof(be_), pc, lc, pc, lc, algo, ws, WORKSPACE_BYTES, sh)
+                call(
+                    _lt().matmul,
+                    handle,
+                    desc,
+                    ctypes.addressof(al),
+                    pb,
+                    la,
+                    pa,
+                    lb,
+                    ctypes.addressof(be_),
+                    pc,
+                    lc,
+                    pc,
+                    lc,
+                    algo,
+                    ws,
+                    WORKSPACE_BYTES,
+                    sh,
+                )
 
             enqueue(cx, accesses, work, self)
             return
@@ -145,8 +180,12 @@ class _Gemm:
 
         def work() -> None:
             if replay:
-                ex = REPLAYS.get((st, alpha, beta, sh), cx.backend, stream,
-                                 lambda on: lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, on))
+                ex = REPLAYS.get(
+                    (st, alpha, beta, sh),
+                    cx.backend,
+                    stream,
+                    lambda on: lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, on),
+                )
                 if ex:
                     err = graph_launch(ex, sh)
                     if err:
@@ -163,7 +202,7 @@ class _Gemm:
 _STREAM_BLAS: dict[int, tuple[int, int]] = {}
 
 
-def _lt_call(g: "_Geometry", dtype: DType, tf32: bool) -> "tuple[int, ...] | None":
+def _lt_call(g: _Geometry, dtype: DType, tf32: bool) -> tuple[int, ...] | None:
     """The fixed arguments of g's cublasLtMatmul call (its plan made once), or None (no algorithm)."""
     g.lt_tried = True
     lp = lt_plan(g, _CUDA_TYPE[dtype.name], _COMPUTE_TF32 if tf32 else _COMPUTE_32F)
@@ -190,14 +229,32 @@ GEMM = _Gemm()
 class _Geometry:
     """A GEMM problem's layout for cuBLAS (no addresses): sizes, transposes, leading dimensions."""
 
-    __slots__ = ("be", "m", "n", "k", "op_a", "op_b", "ld_a", "ld_b", "ld_c", "al_a", "al_b", "al_c", "swap",
-                 "lt", "lt_tried", "lt_call")
+    __slots__ = (
+        "al_a",
+        "al_b",
+        "al_c",
+        "be",
+        "k",
+        "ld_a",
+        "ld_b",
+        "ld_c",
+        "lt",
+        "lt_call",
+        "lt_tried",
+        "m",
+        "n",
+        "op_a",
+        "op_b",
+        "swap",
+    )
 
 
 def _refuse_overlap(ct: Tensor, a: Tensor, b: Tensor) -> None:
     for what, x in (("a", a), ("b", b)):
         if x.buffer is ct.buffer and x.size and ct.size and x._span[0] < ct._span[1] and ct._span[0] < x._span[1]:
-            raise UsageError(f"gemm(): c overlaps {what}; cuBLAS reads {what} while it writes c, so write into another tensor")
+            raise UsageError(
+                f"gemm(): c overlaps {what}; cuBLAS reads {what} while it writes c, so write into another tensor"
+            )
 
 
 def _geometry(args: tuple[Any, ...], opts: Any) -> _Geometry:
@@ -221,7 +278,9 @@ def _geometry(args: tuple[Any, ...], opts: Any) -> _Geometry:
         raise UsageError(f"gemm(tf32=True) applies to float32 only; these tensors are {dt.name}")
     (m, k), (k2, n) = a.shape, b.shape
     if k2 != k or ct.shape != (m, n):
-        raise ShapeError(f"gemm(): a {a.shape} @ b {b.shape} does not give c {ct.shape}; need a (m, k), b (k, n), c (m, n)")
+        raise ShapeError(
+            f"gemm(): a {a.shape} @ b {b.shape} does not give c {ct.shape}; need a (m, k), b (k, n), c (m, n)"
+        )
     _refuse_overlap(ct, a, b)
     g = _Geometry()
     g.be = ct.buffer.backend

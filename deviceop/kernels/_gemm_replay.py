@@ -22,9 +22,10 @@ direct then earns ``1 / COST``, so recording resumes slowly if the pattern chang
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["Replays", "HOT", "MAX", "COST"]
+__all__ = ["COST", "HOT", "MAX", "Replays"]
 
 #: calls of one exact problem before it is recorded (a problem seen once or twice is not worth it)
 HOT = 3

@@ -5,24 +5,39 @@ from __future__ import annotations
 import math
 import numbers
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .._core._launch import planned
-from .._core._op import DeviceOp
 from .._core._ledger import check_backend
+from .._core._op import DeviceOp
 from .._dtypes import DType, as_dtype
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device._tensor import Partition, Tensor
 from ._launch import (
-    SRC_SCALAR, SRC_TENSOR, T_F32, T_I32, T_I64, T_PTR, T_U8, T_U16, KernelCall, LaunchPlan, PlanCache, has_op, host_array,
-    launch, launch_host, tensor_of,
+    SRC_SCALAR,
+    SRC_TENSOR,
+    T_F32,
+    T_I32,
+    T_I64,
+    T_PTR,
+    T_U8,
+    T_U16,
+    KernelCall,
+    LaunchPlan,
+    PlanCache,
+    has_op,
+    host_array,
+    launch,
+    launch_host,
+    tensor_of,
 )
 from ._nvrtc import compile_cubin
 from ._params import TensorParam
 
-__all__ = ["Kernel", "CompiledFunctions", "check_scalar", "check_tensor"]
+__all__ = ["CompiledFunctions", "Kernel", "check_scalar", "check_tensor"]
 
 _FLOAT_MAX = {"float32": 3.4028234663852886e38, "float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 _INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1), "uint8": (0, 255)}
@@ -93,10 +108,17 @@ _SCALAR_CT = {"float32": T_F32, "int32": T_I32, "int64": T_I64, "uint8": T_U8, "
 class _UserPlan:
     """A user kernel's launch for one argument layout (cuda: a LaunchPlan; host: None)."""
 
-    __slots__ = ("be", "cuda", "empty", "tensor_idx", "scalar_idx", "writes")
+    __slots__ = ("be", "cuda", "empty", "scalar_idx", "tensor_idx", "writes")
 
-    def __init__(self, be: Any, cuda: Any, empty: bool, tensor_idx: tuple[int, ...], scalar_idx: tuple[int, ...],
-                 writes: tuple[bool, ...]) -> None:
+    def __init__(
+        self,
+        be: Any,
+        cuda: Any,
+        empty: bool,
+        tensor_idx: tuple[int, ...],
+        scalar_idx: tuple[int, ...],
+        writes: tuple[bool, ...],
+    ) -> None:
         self.be = be
         self.cuda = cuda
         self.empty = empty
@@ -118,11 +140,16 @@ class Kernel:
     """
 
     def __init__(
-        self, source: str, name: str, params: Sequence[Any], host: Callable[..., Any] | None = None,
-        block: Sequence[int] = (128,), options: Sequence[str] = (),
+        self,
+        source: str,
+        name: str,
+        params: Sequence[Any],
+        host: Callable[..., Any] | None = None,
+        block: Sequence[int] = (128,),
+        options: Sequence[str] = (),
     ) -> None:
         if not isinstance(source, str) or not isinstance(name, str) or not name.isidentifier():
-            raise UsageError("Kernel(source, name, ...) needs the CUDA C++ source and the kernel's extern \"C\" name")
+            raise UsageError('Kernel(source, name, ...) needs the CUDA C++ source and the kernel\'s extern "C" name')
         self.name = name
         self.params = tuple(p if isinstance(p, TensorParam) else as_dtype(p, f"parameter of {name}") for p in params)
         self.host = host
@@ -143,7 +170,11 @@ class Kernel:
             raise UsageError(f"{self.name}() takes {len(self.params)} arguments ({list(self.params)}), got {len(args)}")
         if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)) or not 0 <= shared_mem < 2**31:
             raise UsageError(f"shared_mem of {self.name}() must be an int of bytes >= 0, got {shared_mem!r}")
-        opts = (None if grid is None else _dim3(grid, "grid"), self.block if block is None else _dim3(block, "block"), int(shared_mem))
+        opts = (
+            None if grid is None else _dim3(grid, "grid"),
+            self.block if block is None else _dim3(block, "block"),
+            int(shared_mem),
+        )
         if has_op(args):
             return KernelCall(self, args, opts, True)
         return planned(self, args, self.plan(args, opts), 0, opts)  # bad input fails here
@@ -192,7 +223,9 @@ class Kernel:
                 if be is None:
                     be = a.buffer.backend
                 elif a.buffer.backend is not be:
-                    raise UsageError(f"{what} lives on {a.device}, the other tensors on {be.device_label}; move it first")
+                    raise UsageError(
+                        f"{what} lives on {a.device}, the other tensors on {be.device_label}; move it first"
+                    )
             else:
                 check_scalar(a, p, what)
         if grid is None and pgrid is None:
@@ -276,7 +309,9 @@ def _dim3(x: Any, what: str) -> tuple[int, int, int]:
         items = tuple(x)
     except TypeError:
         raise UsageError(f"{what} must be an int or 1 to 3 ints, got {x!r}") from None
-    if not 1 <= len(items) <= 3 or any(isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) for v in items):
+    if not 1 <= len(items) <= 3 or any(
+        isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) for v in items
+    ):
         raise UsageError(f"{what} must be an int or 1 to 3 ints, got {x!r}")
     t = tuple(int(v) for v in items) + (1,) * (3 - len(items))
     limit = _GRID_MAX if what == "grid" else _BLOCK_MAX

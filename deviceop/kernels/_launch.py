@@ -10,7 +10,8 @@ backend the numpy implementation is enqueued through the ledger's entry point.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -21,8 +22,23 @@ from ..device._tensor import Partition, Tensor
 from ..ops._base import DeviceOp
 
 __all__ = [
-    "KernelCall", "PlanCache", "LaunchPlan", "launch", "launch_host", "has_op", "host_array", "tensor_of",
-    "T_PTR", "T_F32", "T_I32", "T_I64", "T_U8", "T_U16", "SRC_TENSOR", "SRC_SCALAR", "SRC_FIXED",
+    "SRC_FIXED",
+    "SRC_SCALAR",
+    "SRC_TENSOR",
+    "T_F32",
+    "T_I32",
+    "T_I64",
+    "T_PTR",
+    "T_U8",
+    "T_U16",
+    "KernelCall",
+    "LaunchPlan",
+    "PlanCache",
+    "has_op",
+    "host_array",
+    "launch",
+    "launch_host",
+    "tensor_of",
 ]
 
 # a launch plan's parameter layout: (source, index, C type, fixed raw bits) per parameter
@@ -37,7 +53,7 @@ class KernelCall(DeviceOp[tuple]):
     validated when the call was made, before any GPU work.
     """
 
-    __slots__ = ("_k", "_args", "_opts", "_lazy", "_plan")
+    __slots__ = ("_args", "_k", "_lazy", "_opts", "_plan")
 
     def __init__(self, kernel: Any, args: tuple[Any, ...], opts: Any, lazy: bool, plan: Any = None) -> None:
         self._k = kernel
@@ -65,10 +81,7 @@ class KernelCall(DeviceOp[tuple]):
 
 def has_op(args: tuple[Any, ...]) -> bool:
     """True if any argument is an op (to be run before the launch)."""
-    for a in args:
-        if isinstance(a, DeviceOp):
-            return True
-    return False
+    return any(isinstance(a, DeviceOp) for a in args)
 
 
 def launch_host(

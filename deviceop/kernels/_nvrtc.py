@@ -21,19 +21,19 @@ import re
 import stat
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .._errors import CompileError
 from .._process import renew_at_fork
 
-__all__ = ["compile_cubin", "cache_dir", "cache_stats", "nvrtc_version"]
+__all__ = ["cache_dir", "cache_stats", "compile_cubin", "nvrtc_version"]
 
 _MAGIC = b"DEVICEOP-CUBIN-2\n"
 _stats = {"hits": 0, "misses": 0, "corrupt": 0}
 _memo: dict[str, bytes] = {}
 #: per cache folder: its key, or the reason it is not trusted (a str)
-_keys: dict[str, "bytes | str"] = {}
+_keys: dict[str, bytes | str] = {}
 _KEY_FILE = ".key"
 _lock = threading.Lock()
 renew_at_fork(globals(), _lock=threading.Lock)  # a thread may hold it at fork()
@@ -57,7 +57,7 @@ def nvrtc_version() -> tuple[int, int]:
     """The NVRTC version as (major, minor)."""
     from cuda.bindings import nvrtc
 
-    err, major, minor = nvrtc.nvrtcVersion()
+    _err, major, minor = nvrtc.nvrtcVersion()
     return (major, minor)
 
 
@@ -143,7 +143,7 @@ def _private(st: os.stat_result) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def _folder_key(d: Path) -> "bytes | str":
+def _folder_key(d: Path) -> bytes | str:
     """The per-user key of cache folder ``d``, made on first use; a str says why ``d`` is not used."""
     k = str(d)
     with _lock:
@@ -155,9 +155,11 @@ def _folder_key(d: Path) -> "bytes | str":
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.stat(d)
         if not stat.S_ISDIR(st.st_mode) or not _private(st):
-            got = (f"the kernel cache folder {d} is not private to this user (owner uid {st.st_uid}, mode "
-                   f"{stat.S_IMODE(st.st_mode):o}), so a cubin another user put there could be loaded; "
-                   f"make it yours with mode 700 (chmod 700 {d}) or set DEVICEOP_CACHE_DIR to a folder of yours")
+            got = (
+                f"the kernel cache folder {d} is not private to this user (owner uid {st.st_uid}, mode "
+                f"{stat.S_IMODE(st.st_mode):o}), so a cubin another user put there could be loaded; "
+                f"make it yours with mode 700 (chmod 700 {d}) or set DEVICEOP_CACHE_DIR to a folder of yours"
+            )
         else:
             got = _read_key(d / _KEY_FILE)
     except OSError as e:  # an unwritable cache only costs a compilation per process
@@ -172,7 +174,7 @@ def _folder_key(d: Path) -> "bytes | str":
     return got
 
 
-def _read_key(path: Path) -> "bytes | str":
+def _read_key(path: Path) -> bytes | str:
     """The key in ``path``, made (32 random bytes, mode 0600) if there is none."""
     import secrets
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from .._dtypes import DType, as_dtype
 
-__all__ = ["In", "Out", "InOut", "TensorParam"]
+__all__ = ["In", "InOut", "Out", "TensorParam"]
 
 
 @dataclass(frozen=True)

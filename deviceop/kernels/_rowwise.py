@@ -11,22 +11,35 @@ twice (the second time from cache) and written once.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from .._core._launch import BuiltinFront, KernelPlan, planned
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device._tensor import Partition
-from .._core._launch import BuiltinFront, KernelPlan, planned
 from ._elementwise import DTYPES, SFX
 from ._kernel import check_scalar, check_tensor
-from ._library import FUNCS
 from ._launch import (
-    SRC_FIXED, SRC_SCALAR, SRC_TENSOR, T_F32, T_I32, T_I64, T_PTR, KernelCall, LaunchPlan, PlanCache, has_op,
-    host_array, launch, launch_host,
+    SRC_FIXED,
+    SRC_SCALAR,
+    SRC_TENSOR,
+    T_F32,
+    T_I32,
+    T_I64,
+    T_PTR,
+    KernelCall,
+    LaunchPlan,
+    PlanCache,
+    has_op,
+    host_array,
+    launch,
+    launch_host,
 )
+from ._library import FUNCS
 
-__all__ = ["RowWise", "ROWWISE", "ROW_PRELUDE", "row_sum", "row_max", "softmax", "rms_norm", "matvec"]
+__all__ = ["ROWWISE", "ROW_PRELUDE", "RowWise", "matvec", "rms_norm", "row_max", "row_sum", "softmax"]
 
 ROW_PRELUDE = r"""
 #define INFINITY __int_as_float(0x7f800000)
@@ -191,7 +204,9 @@ class RowWise(BuiltinFront):
         if self.kind == "rms" and len(args) == 3:
             args = (*args, 1e-6)
         if len(args) != n:
-            raise UsageError(f"do.kernels.{self.name}() takes {n} arguments, got {len(args)}; see help(do.kernels.{self.name})")
+            raise UsageError(
+                f"do.kernels.{self.name}() takes {n} arguments, got {len(args)}; see help(do.kernels.{self.name})"
+            )
         if has_op(args):
             return KernelCall(self, args, None, True)
         p = self.plan(args, None)
@@ -223,7 +238,9 @@ class RowWise(BuiltinFront):
         out = args[0]
         name = self.name
         if type(out) is not Partition:
-            raise UsageError(f"the output of do.kernels.{name}() must be a Partition by rows (t.partition((rows_per_block, ...)))")
+            raise UsageError(
+                f"the output of do.kernels.{name}() must be a Partition by rows (t.partition((rows_per_block, ...)))"
+            )
         y = out.tensor
         if y.dtype not in DTYPES:
             raise DTypeError(f"do.kernels.{name}() supports float16, bfloat16 and float32, not {y.dtype.name}")
@@ -255,7 +272,9 @@ class RowWise(BuiltinFront):
             x = args[2]
             check_tensor(x, y.dtype, f"the vector of {name}()")
             if x.shape != (n,):
-                raise ShapeError(f"{name}(): the vector must have shape ({n},) to match a {src.shape} matrix, got {x.shape}")
+                raise ShapeError(
+                    f"{name}(): the vector must have shape ({n},) to match a {src.shape} matrix, got {x.shape}"
+                )
         for t in args[1 : self._n_t]:
             if t.buffer.backend is not y.buffer.backend:
                 raise UsageError(f"{name}(): {t!r} lives on {t.device}, the output on {y.device}; move it first")
@@ -274,8 +293,10 @@ class RowWise(BuiltinFront):
             vec = int(n * it % 16 == 0 and all(t.addr % 16 == 0 for t in vectored))
             r = out.tile[0]
             block = 256 if n >= 2048 else max(32, min(256, (((n + 7) // 8 if vec else n) + 31) // 32 * 32))
-            layout = self._layout + ((SRC_FIXED, 0, T_I64, n), (SRC_FIXED, 0, T_I64, r), (SRC_FIXED, 0, T_I32, vec))
-            cuda = LaunchPlan(be.driver, int(fn), (math.prod(out.grid[:1]), 1, 1), (block, 1, 1), 0, layout, self._writes, self)
+            layout = (*self._layout, (SRC_FIXED, 0, T_I64, n), (SRC_FIXED, 0, T_I64, r), (SRC_FIXED, 0, T_I32, vec))
+            cuda = LaunchPlan(
+                be.driver, int(fn), (math.prod(out.grid[:1]), 1, 1), (block, 1, 1), 0, layout, self._writes, self
+            )
         return KernelPlan(be, cuda, rows == 0)
 
     def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, p: KernelPlan) -> None:
@@ -283,7 +304,9 @@ class RowWise(BuiltinFront):
         if p.empty:
             return
         if p.be is not cx.backend:
-            raise UsageError(f"{self.name}(): its tensors live on {p.be.device_label}, not on {cx.backend.device_label}")
+            raise UsageError(
+                f"{self.name}(): its tensors live on {p.be.device_label}, not on {cx.backend.device_label}"
+            )
         tensors = (args[0].tensor, *args[1 : self._n_t])
         if p.cuda is not None:
             launch(cx, p.cuda, tensors, (float(args[3]),) if self.kind == "rms" else ())
@@ -325,7 +348,9 @@ row_sum = RowWise("sum", "reduce", _host_sum, "sum(out.partition((r,)), x): out[
 row_max = RowWise("max", "reduce", _host_max, "max(out.partition((r,)), x): out[i] = max of row i of the 2-D x")
 softmax = RowWise("softmax", "map", _host_softmax, "softmax(y.partition((r, n)), x): softmax of each row of x")
 rms_norm = RowWise(
-    "rms_norm", "rms", _host_rms_norm,
+    "rms_norm",
+    "rms",
+    _host_rms_norm,
     "rms_norm(y.partition((r, n)), x, w, eps=1e-6): y = x / sqrt(mean(x^2) + eps) * w, per row",
 )
 matvec = RowWise("matvec", "matvec", _host_matvec, "matvec(y.partition((r,)), a, x): y = a @ x for a 2-D a")

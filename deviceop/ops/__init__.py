@@ -4,4 +4,4 @@ from ._base import DeviceOp, is_op
 from ._leaf import empty, full, ones, value, zeros
 from ._transfer import from_numpy, to_numpy
 
-__all__ = ["DeviceOp", "is_op", "value", "zeros", "ones", "full", "empty", "from_numpy", "to_numpy"]
+__all__ = ["DeviceOp", "empty", "from_numpy", "full", "is_op", "ones", "to_numpy", "value", "zeros"]

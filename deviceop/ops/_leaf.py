@@ -12,7 +12,7 @@ from .._errors import DTypeError
 from ..device._tensor import Tensor
 from ._base import DeviceOp
 
-__all__ = ["Value", "Alloc", "value", "zeros", "ones", "full", "empty", "new_tensor", "refuse_allocation"]
+__all__ = ["Alloc", "Value", "empty", "full", "new_tensor", "ones", "refuse_allocation", "value", "zeros"]
 
 T = TypeVar("T")
 

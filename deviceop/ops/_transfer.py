@@ -14,7 +14,7 @@ from ..device._tensor import Partition, Tensor
 from ._base import DeviceOp
 from ._leaf import new_tensor
 
-__all__ = ["FromNumpy", "ToNumpy", "from_numpy", "to_numpy", "resolve_tensor"]
+__all__ = ["FromNumpy", "ToNumpy", "from_numpy", "resolve_tensor", "to_numpy"]
 
 
 class FromNumpy(DeviceOp[Tensor]):

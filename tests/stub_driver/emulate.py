@@ -26,8 +26,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint),
-                           ctypes.POINTER(ctypes.c_void_p))
+_LAUNCH = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_char_p,
+    ctypes.POINTER(ctypes.c_uint),
+    ctypes.POINTER(ctypes.c_uint),
+    ctypes.POINTER(ctypes.c_void_p),
+)
 _NPARAMS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p)
 _state: dict[str, Any] = {}
 
@@ -60,8 +65,14 @@ def _value(params: Any, i: int, ctype: Any) -> Any:
     return ctype.from_address(params[i]).value
 
 
-_SCALAR_CTYPES = {"float32": ctypes.c_float, "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
-                  "float16": ctypes.c_uint16, "bfloat16": ctypes.c_uint16}
+_SCALAR_CTYPES = {
+    "float32": ctypes.c_float,
+    "int32": ctypes.c_int32,
+    "int64": ctypes.c_int64,
+    "uint8": ctypes.c_uint8,
+    "float16": ctypes.c_uint16,
+    "bfloat16": ctypes.c_uint16,
+}
 
 
 def _tensor_array(addr: int, what: str) -> np.ndarray:

@@ -1,12 +1,13 @@
-"""``python -m deviceop bench [exec-modes|overlap|bimodal|kernels|all]``.
+"""``python experiments/bench.py [exec-modes|overlap|bimodal|kernels|all] [--out FOLDER]``.
 
-Runs the experiments of the source tree's ``experiments/`` folder, each in a fresh interpreter
+Runs the experiments of this folder, each in a fresh interpreter
 (so one's start-up or failure cannot skew another), with a progress bar; writes their JSON,
 logs and PNG figures to a new folder and prints it.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -25,39 +26,33 @@ BENCHES: dict[str, list[tuple[str, list[str]]]] = {
 }
 
 
-def _experiments_dir() -> Path | None:
-    d = Path(__file__).resolve().parent.parent / "experiments"
-    return d if (d / "plots.py").exists() else None
-
-
 def run_bench(which: str, out: str | None = None) -> int:
     """Run bench ``which`` (or ``all``); return a process exit code."""
     names = list(BENCHES) if which == "all" else [which]
-    exp = _experiments_dir()
-    if exp is None:
-        print("deviceop bench runs the experiments/ folder of a source checkout; clone the repository and "
-              "pip install -e '.[bench]' there", file=sys.stderr)
-        return 2
+    exp = Path(__file__).resolve().parent
     try:
         import matplotlib  # noqa: F401
         from tqdm import tqdm
     except ImportError as e:
-        print(f"deviceop bench needs matplotlib and tqdm ({e}); pip install -e '.[bench]'", file=sys.stderr)
+        print(f"the benchmarks need matplotlib and tqdm ({e}); pip install -e '.[bench]'", file=sys.stderr)
         return 2
     import deviceop as do
 
     if do.backend_name() != "cuda":
-        print("deviceop bench measures GPU work against CUDA references and needs a CUDA device; "
-              f"this process has the {do.backend_name()} backend", file=sys.stderr)
+        print(
+            "the benchmarks measure GPU work against CUDA references and needs a CUDA device; "
+            f"this process has the {do.backend_name()} backend",
+            file=sys.stderr,
+        )
         return 2
     folder = Path(out or f"deviceop-bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    print(f"deviceop bench {which}: results go to {folder}")
+    print(f"bench {which}: results go to {folder}")
     steps = [(n, script, args) for n in names for script, args in BENCHES[n]]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(exp.parent), os.environ.get("PYTHONPATH", "")]))
     failed = []
     with tqdm(steps, unit="experiment", file=sys.stderr) as bar:
-        for name, script, args in bar:
+        for _name, script, args in bar:
             bar.set_description(script)
             stem = script[: -len(".py")]
             cmd = [sys.executable, str(exp / script), "--out", str(folder / f"{stem}.json"), *args]
@@ -88,7 +83,36 @@ def _build_chain(exp: Path, folder: Path) -> tuple[str | None, str | None]:
     if shutil.which("nvcc") is None:
         return None, None
     exe, lib = folder / "chain", folder / "libgraphref.so"
-    r = subprocess.run(["nvcc", "-O3", "-arch=native", "-o", str(exe), str(exp / "ref" / "chain.cu")], capture_output=True)
-    r2 = subprocess.run(["nvcc", "-O3", "-arch=native", "-shared", "-Xcompiler", "-fPIC", "-o", str(lib),
-                         str(exp / "ref" / "graph_ref.cu")], capture_output=True)
+    r = subprocess.run(
+        ["nvcc", "-O3", "-arch=native", "-o", str(exe), str(exp / "ref" / "chain.cu")], capture_output=True
+    )
+    r2 = subprocess.run(
+        [
+            "nvcc",
+            "-O3",
+            "-arch=native",
+            "-shared",
+            "-Xcompiler",
+            "-fPIC",
+            "-o",
+            str(lib),
+            str(exp / "ref" / "graph_ref.cu"),
+        ],
+        capture_output=True,
+    )
     return (str(exe) if r.returncode == 0 else None), (str(lib) if r2.returncode == 0 else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python experiments/bench.py",
+        description="run the experiments (GPU): JSON, logs and PNG figures into a folder",
+    )
+    ap.add_argument("which", nargs="?", default="all", choices=[*BENCHES, "all"])
+    ap.add_argument("--out", default=None, help="folder for the results (default: a new dated folder here)")
+    a = ap.parse_args(argv)
+    return run_bench(a.which, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
