@@ -46,8 +46,11 @@ extensions = [
     for m in ("_base", "_ledger", "_op", "_alloc", "_launch", "_reactor", "_dlpack")
 ] + [
     Extension(
-        "deviceop.device._cuda_driver", ["deviceop/device/_cuda_driver.pyx"], extra_compile_args=_FLAGS,
-        include_dirs=_cuda_include(), language="c++",
+        "deviceop.device._cuda_driver",
+        ["deviceop/device/_cuda_driver.pyx"],
+        extra_compile_args=_FLAGS,
+        include_dirs=_cuda_include(),
+        language="c++",
     ),
 ]
 
