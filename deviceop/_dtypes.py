@@ -30,12 +30,12 @@ class DType:
         return f"deviceop.{self.name}"
 
 
-float16 = DType("float16", 2, np.dtype(np.float16), "__half", 2, True)
-bfloat16 = DType("bfloat16", 2, np.dtype(ml_dtypes.bfloat16), "__nv_bfloat16", 4, True)
-float32 = DType("float32", 4, np.dtype(np.float32), "float", 2, True)
-int32 = DType("int32", 4, np.dtype(np.int32), "int", 0, False)
-int64 = DType("int64", 8, np.dtype(np.int64), "long long", 0, False)
-uint8 = DType("uint8", 1, np.dtype(np.uint8), "unsigned char", 1, False)
+float16: DType = DType("float16", 2, np.dtype(np.float16), "__half", 2, True)
+bfloat16: DType = DType("bfloat16", 2, np.dtype(ml_dtypes.bfloat16), "__nv_bfloat16", 4, True)
+float32: DType = DType("float32", 4, np.dtype(np.float32), "float", 2, True)
+int32: DType = DType("int32", 4, np.dtype(np.int32), "int", 0, False)
+int64: DType = DType("int64", 8, np.dtype(np.int64), "long long", 0, False)
+uint8: DType = DType("uint8", 1, np.dtype(np.uint8), "unsigned char", 1, False)
 
 ALL = (float16, bfloat16, float32, int32, int64, uint8)
 _BY_NP = {d.np_dtype: d for d in ALL}

@@ -276,16 +276,18 @@ def _op(name: str, n_in: int, n_s: int, body: str, fn: Callable[..., np.ndarray]
     return Elementwise(name, n_in, n_s, body, host_fn(fn), doc)
 
 
-fill = _op("fill", 0, 1, "s0", lambda v: v, "fill(out_partition, value): out[:] = value")
-copy = _op("copy", 1, 0, "x0", lambda x: x, "copy(out_partition, x): out = x")
-scale = _op("scale", 1, 1, "x0 * s0", lambda x, g: x * g, "scale(out_partition, x, g): out = x * g")
-add = _op("add", 2, 0, "x0 + x1", lambda x, y: x + y, "add(out_partition, x, y): out = x + y")
-mul = _op("mul", 2, 0, "x0 * x1", lambda x, y: x * y, "mul(out_partition, x, y): out = x * y")
-axpy = _op("axpy", 2, 1, "fmaf(s0, x0, x1)", lambda x, y, a: a * x + y, "axpy(out_partition, x, y, a): out = a * x + y")
-relu = _op(
+fill: Elementwise = _op("fill", 0, 1, "s0", lambda v: v, "fill(out_partition, value): out[:] = value")
+copy: Elementwise = _op("copy", 1, 0, "x0", lambda x: x, "copy(out_partition, x): out = x")
+scale: Elementwise = _op("scale", 1, 1, "x0 * s0", lambda x, g: x * g, "scale(out_partition, x, g): out = x * g")
+add: Elementwise = _op("add", 2, 0, "x0 + x1", lambda x, y: x + y, "add(out_partition, x, y): out = x + y")
+mul: Elementwise = _op("mul", 2, 0, "x0 * x1", lambda x, y: x * y, "mul(out_partition, x, y): out = x * y")
+axpy: Elementwise = _op(
+    "axpy", 2, 1, "fmaf(s0, x0, x1)", lambda x, y, a: a * x + y, "axpy(out_partition, x, y, a): out = a * x + y"
+)
+relu: Elementwise = _op(
     "relu", 1, 0, "fmaxf(x0, 0.f)", lambda x: np.maximum(x, np.float32(0)), "relu(out_partition, x): out = max(x, 0)"
 )
-gelu = _op(
+gelu: Elementwise = _op(
     "gelu",
     1,
     0,
@@ -293,6 +295,6 @@ gelu = _op(
     _gelu_tanh,
     "gelu(out_partition, x): GELU, tanh approximation (as torch's approximate='tanh')",
 )
-silu = _op("silu", 1, 0, "silu(x0)", _silu, "silu(out_partition, x): out = x * sigmoid(x)")
+silu: Elementwise = _op("silu", 1, 0, "silu(x0)", _silu, "silu(out_partition, x): out = x * sigmoid(x)")
 
 ELEMENTWISE = (fill, copy, scale, add, mul, axpy, relu, gelu, silu)

@@ -344,15 +344,19 @@ def _host_matvec(out: np.ndarray, a: np.ndarray, x: np.ndarray) -> None:
 
 
 # exported as do.kernels.sum / max (named apart here so this module's max() stays the builtin)
-row_sum = RowWise("sum", "reduce", _host_sum, "sum(out.partition((r,)), x): out[i] = sum of row i of the 2-D x")
-row_max = RowWise("max", "reduce", _host_max, "max(out.partition((r,)), x): out[i] = max of row i of the 2-D x")
-softmax = RowWise("softmax", "map", _host_softmax, "softmax(y.partition((r, n)), x): softmax of each row of x")
-rms_norm = RowWise(
+row_sum: RowWise = RowWise(
+    "sum", "reduce", _host_sum, "sum(out.partition((r,)), x): out[i] = sum of row i of the 2-D x"
+)
+row_max: RowWise = RowWise(
+    "max", "reduce", _host_max, "max(out.partition((r,)), x): out[i] = max of row i of the 2-D x"
+)
+softmax: RowWise = RowWise("softmax", "map", _host_softmax, "softmax(y.partition((r, n)), x): softmax of each row of x")
+rms_norm: RowWise = RowWise(
     "rms_norm",
     "rms",
     _host_rms_norm,
     "rms_norm(y.partition((r, n)), x, w, eps=1e-6): y = x / sqrt(mean(x^2) + eps) * w, per row",
 )
-matvec = RowWise("matvec", "matvec", _host_matvec, "matvec(y.partition((r,)), a, x): y = a @ x for a 2-D a")
+matvec: RowWise = RowWise("matvec", "matvec", _host_matvec, "matvec(y.partition((r,)), a, x): y = a @ x for a 2-D a")
 
 ROWWISE = (row_sum, row_max, softmax, rms_norm, matvec)
