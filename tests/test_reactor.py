@@ -188,7 +188,7 @@ def test_awaits_from_several_loops_in_threads(backend) -> None:
 
 
 def test_cancelled_await_gives_its_slot_back_once_done(backend) -> None:
-    s = do.streams()[1]
+    s = pool_of(4)[1]  # (DEVICEOP_STREAMS=1: a pool of four is selected)
 
     async def main() -> None:
         t = await do.zeros(128, do.float32).wait(stream=s)
@@ -398,7 +398,7 @@ def test_policy_from_the_environment() -> None:
 def test_long_waits_are_pre_woken(backend) -> None:
     """Once a stream's durations are known, the reactor wakes the loop shortly before the
     predicted completion (a pre-wake), and the await still returns only once the work is done."""
-    s = do.streams()[2]
+    s = pool_of(4)[2]  # (DEVICEOP_STREAMS=1: a pool of four is selected)
 
     async def main() -> list[float]:
         t = await do.zeros(128, do.float32).wait(stream=s)
@@ -420,7 +420,7 @@ def test_cancelled_await_with_a_pre_wake_pending_leaves_the_scanner_idle(backend
     sleeps (it must not spin on the pre-wake it cannot deliver)."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs two cores: a spinning scanner would share one with this thread")
-    s = do.streams()[3]
+    s = pool_of(4)[3]  # (DEVICEOP_STREAMS=1: a pool of four is selected)
 
     async def main() -> None:
         t = await do.zeros(128, do.float32).wait(stream=s)
