@@ -12,9 +12,10 @@ import shutil
 import sys
 import tempfile
 
+# deviceop is imported from wherever it is installed (the checkout after the README's editable
+# install, or a wheel in site-packages): the checkout is not put on the path here, since its
+# sources hold no compiled core unless it was built in place
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 # before deviceop is imported (and long before anything compiles)
 _CACHE_DIR = tempfile.mkdtemp(prefix="deviceop-test-cache-")

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
 
 def test_bench_refuses_without_a_gpu(tmp_path):
-    env = dict(os.environ, DEVICEOP_BACKEND="host", PYTHONPATH=ROOT)
+    env = dict(os.environ, DEVICEOP_BACKEND="host", PYTHONPATH=os.pathsep.join(sys.path))
     r = subprocess.run(
         [sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "kernels", "--out", str(tmp_path / "b")],
         capture_output=True,
@@ -32,7 +32,7 @@ def test_bench_rejects_unknown_names():
         [sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "nope"],
         capture_output=True,
         text=True,
-        env=dict(os.environ, PYTHONPATH=ROOT),
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
         timeout=120,
     )
     assert r.returncode == 2 and "invalid choice" in r.stderr
@@ -119,7 +119,7 @@ def test_version_option():
         [sys.executable, "-m", "deviceop", "--version"],
         capture_output=True,
         text=True,
-        env=dict(os.environ, PYTHONPATH=ROOT),
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
         timeout=120,
     )
     assert r.returncode == 0 and r.stdout.strip() == f"deviceop {deviceop.__version__}"

@@ -155,14 +155,14 @@ def test_two_processes_compile_the_same_new_kernel_at_once(tmp_path):
     import json
 
     d = tmp_path / "shared-cache"
-    env = dict(os.environ, DEVICEOP_CACHE_DIR=str(d), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, DEVICEOP_CACHE_DIR=str(d), PYTHONPATH=os.pathsep.join(sys.path))
     src = _source(uuid.uuid4().hex)
     start_at = time.time() + 2.0  # both start compiling at the same moment, after their imports
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _CHILD, src, str(start_at)],
             env=env,
-            cwd=str(ROOT),
+            cwd=str(tmp_path),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

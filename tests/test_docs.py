@@ -33,7 +33,7 @@ def test_code_blocks_run(page, tmp_path):
     script = tmp_path / "page.py"
     script.write_text("\n".join(blocks), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEVICEOP_STUB")}
-    env.update(DEVICEOP_BACKEND="host", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    env.update(DEVICEOP_BACKEND="host", PYTHONPATH=os.pathsep.join(sys.path))
     r = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )

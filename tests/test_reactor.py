@@ -39,7 +39,7 @@ def policy():
 def _run(script: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
     e = dict(os.environ)
     e.update(env or {})
-    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    e["PYTHONPATH"] = os.pathsep.join(sys.path)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)], env=e, capture_output=True, text=True, timeout=timeout
     )
