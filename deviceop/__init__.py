@@ -87,7 +87,7 @@ def __dir__() -> list[str]:
     return sorted({n for n in globals() if n.startswith("_")} | set(__all__))
 
 
-def streams() -> list:
+def streams() -> list[Stream]:
     """The current device's stream pool."""
     return list(_current().streams)
 

@@ -11,8 +11,9 @@ import numpy as np
 
 def _info() -> int:
     import deviceop as do
+    from deviceop.device._select import current
 
-    be = do._current()
+    be = current()
     print(f"backend:            {be.name}")
     print(f"device:             {be.device_name}")
     print(f"compute capability: {be.compute_capability[0]}.{be.compute_capability[1]}")
@@ -26,10 +27,11 @@ def _info() -> int:
 
 def _demo() -> int:
     import deviceop as do
+    from deviceop.device._select import current
 
     K = do.kernels
     t0 = time.perf_counter()
-    be = do._current()
+    be = current()
     print(f"deviceop demo on the {be.name} backend ({be.device_name})")
 
     # the paper's Listing 1: z = x + y, the output partitioned into 128-element tiles

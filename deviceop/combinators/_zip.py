@@ -9,7 +9,7 @@ sequential run.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from .._core._op import Value
 from .._errors import UsageError
@@ -19,7 +19,13 @@ from ._shared import Shared
 __all__ = ["Zip", "zip_ops"]
 
 
-class Zip(DeviceOp[tuple]):
+A = TypeVar("A")
+B = TypeVar("B")
+C = TypeVar("C")
+D = TypeVar("D")
+
+
+class Zip(DeviceOp[tuple[Any, ...]]):
     """The tuple of its ops' outputs; branches may run concurrently on several pool streams."""
 
     __slots__ = ("_ops",)
@@ -31,7 +37,7 @@ class Zip(DeviceOp[tuple]):
     def __repr__(self) -> str:
         return f"<Zip of {len(self._ops)}>"
 
-    def _run(self, cx: Any) -> tuple:
+    def _run(self, cx: Any) -> tuple[Any, ...]:
         ops = self._ops
         streams = [s for s in cx.backend.streams if s is not cx.stream]
         forkable = [i for i, op in enumerate(ops) if i and type(op) is not Value]
@@ -40,7 +46,7 @@ class Zip(DeviceOp[tuple]):
         fork = cx.backend.new_event()
         cx.stream.record(fork)
         outs: list[Any] = []
-        children = []
+        children: list[Any] = []
         try:
             for i, op in enumerate(ops):
                 if i not in forkable:
@@ -55,7 +61,17 @@ class Zip(DeviceOp[tuple]):
         return tuple(outs)
 
 
-def zip_ops(*ops: DeviceOp[Any]) -> Zip:
+@overload
+def zip_ops(a: DeviceOp[A], /) -> DeviceOp[tuple[A]]: ...
+@overload
+def zip_ops(a: DeviceOp[A], b: DeviceOp[B], /) -> DeviceOp[tuple[A, B]]: ...
+@overload
+def zip_ops(a: DeviceOp[A], b: DeviceOp[B], c: DeviceOp[C], /) -> DeviceOp[tuple[A, B, C]]: ...
+@overload
+def zip_ops(a: DeviceOp[A], b: DeviceOp[B], c: DeviceOp[C], d: DeviceOp[D], /) -> DeviceOp[tuple[A, B, C, D]]: ...
+@overload
+def zip_ops(*ops: DeviceOp[Any]) -> DeviceOp[tuple[Any, ...]]: ...
+def zip_ops(*ops: DeviceOp[Any]) -> DeviceOp[tuple[Any, ...]]:
     """``do.zip(a, b, ...)``: a ``DeviceOp[tuple]`` of independent ops' outputs."""
     if not ops:
         raise UsageError("do.zip() needs at least one op")

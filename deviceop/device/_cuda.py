@@ -54,7 +54,7 @@ class CudaEvent:
     @property
     def handle(self) -> int:
         """The CUevent, as an int."""
-        return self.handle_int  # type: ignore[no-any-return]
+        return self.handle_int
 
     def query(self) -> bool:
         err = _nd.event_query(self.handle_int)
@@ -289,9 +289,10 @@ class CudaBackend:
             if st.handle_int == handle:
                 return st
         with self._mod_lock:
-            st = self._foreign_streams.get(handle)
-            if st is None:
-                st = self._foreign_streams[handle] = CudaStream.foreign(self, handle)
+            found = self._foreign_streams.get(handle)
+            if found is None:
+                found = self._foreign_streams[handle] = CudaStream.foreign(self, handle)
+            st = found
         return st
 
     def allocation_range(self, ptr: int) -> tuple[int, int] | None:

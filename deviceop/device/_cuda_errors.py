@@ -6,12 +6,12 @@ from typing import Any
 
 from .._errors import CudaError
 
-__all__ = ["check", "cuda_error"]
+__all__ = ["_drv", "check", "cuda_error"]  # _drv: the driver bindings module, shared by the cuda backend
 
 try:
     from cuda.bindings import driver as _drv
 except Exception:  # pragma: no cover - cuda-python is a dependency; kept for broken installs
-    _drv = None  # type: ignore[assignment]
+    _drv = None
 
 
 def _error_text(err: Any) -> tuple[str, str]:

@@ -387,7 +387,8 @@ class HostBackend:
     ) -> np.ndarray:
         """A numpy view of host-backend memory."""
         it = dtype.itemsize
-        return np.ndarray(shape, dtype, buffer=buf.host, offset=offset, strides=tuple(s * it for s in strides))
+        a: np.ndarray = np.ndarray(shape, dtype, buffer=buf.host, offset=offset, strides=tuple(s * it for s in strides))
+        return a
 
     def memset(self, buf: Buffer, offset: int, nbytes: int, pattern: bytes, stream: HostStream) -> None:
         dst = buf.host[offset : offset + nbytes]

@@ -68,7 +68,7 @@ def _make(name: str, streams: int) -> Any:
             raise BackendError(_FORKED_CUDA)
         from ._cuda import CudaBackend
 
-        be = CudaBackend(streams)
+        be: Any = CudaBackend(streams)
     elif name == "host":
         from ._host import HostBackend
 
@@ -136,14 +136,16 @@ def current() -> Any:
                         stacklevel=3,
                     )
                     _state["backend"] = _make("host", n)
-            if _state["backend"].name == "cuda":
-                _state["cuda"][n] = _state["backend"]
+            made: Any = _state["backend"]
+            if made.name == "cuda":
+                _state["cuda"][n] = made
         return _state["backend"]
 
 
 def backend_name() -> str:
     """``"cuda"`` or ``"host"``: the backend ops run on."""
-    return current().name
+    name: str = current().name
+    return name
 
 
 def next_stream() -> Any:

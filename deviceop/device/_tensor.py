@@ -62,12 +62,13 @@ class Tensor(TensorBase):
     @property
     def device(self) -> str:
         """Where the memory lives: ``"cuda:0"`` or ``"host"``."""
-        return self.buffer.backend.device_label
+        label: str = self.buffer.backend.device_label
+        return label
 
     @property
     def ptr(self) -> int:
         """Address of the first element (host backend: address in host memory)."""
-        return self.addr  # type: ignore[no-any-return]
+        return self.addr
 
     @property
     def span(self) -> tuple[int, int]:
@@ -194,7 +195,8 @@ class Tensor(TensorBase):
         return HOOKS["dlpack_export"](self, stream)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return self.buffer.backend.dlpack_device
+        dev: tuple[int, int] = self.buffer.backend.dlpack_device
+        return dev
 
 
 class Partition(PartitionBase):
@@ -236,12 +238,14 @@ class Partition(PartitionBase):
     @property
     def shape(self) -> tuple[int, ...]:
         """The partitioned tensor's shape."""
-        return self.tensor.shape
+        shape: tuple[int, ...] = self.tensor.shape
+        return shape
 
     @property
     def dtype(self) -> DType:
         """The partitioned tensor's dtype."""
-        return self.tensor.dtype
+        dt: DType = self.tensor.dtype
+        return dt
 
     def __repr__(self) -> str:
         return f"Partition({self.tensor!r}, tile={self.tile}, grid={self.grid})"

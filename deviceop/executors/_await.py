@@ -89,7 +89,7 @@ def _yielder(lib: str) -> Callable[[], Awaitable[None]]:
     if lib == "trio":
         import trio
 
-        return trio.lowlevel.checkpoint  # type: ignore[no-any-return]
+        return trio.lowlevel.checkpoint
     import asyncio
 
     return lambda: asyncio.sleep(0)

@@ -70,6 +70,12 @@ class WorkQueue:
     when they trickle in, batches are of one. Default 8.
     """
 
+    batch: int
+    streams: list[Any]
+    capacity: int
+    on_done: Any
+    poll: float | None
+
     def __init__(
         self,
         streams: int | Sequence[Any] | None = None,
@@ -173,10 +179,10 @@ class WorkQueue:
         """Put every item (an iterable or async iterable), wait for all; return the results."""
         async with self:
             if hasattr(items, "__aiter__"):
-                async for it in items:  # type: ignore[union-attr]
+                async for it in items:
                     await self.put(it)
             else:
-                for it in items:  # type: ignore[union-attr]
+                for it in items:
                     await self.put(it)
         return self.results()
 

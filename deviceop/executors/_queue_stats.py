@@ -105,7 +105,10 @@ class Recorder:
     def stats(self) -> QueueStats:
         done = [r for r in self.results if r.lane >= 0]
         lat = np.array([r.latency_s for r in done if r.error is None]) if done else np.zeros(0)
-        pct = (lambda q: float(np.percentile(lat, q))) if lat.size else (lambda q: 0.0)
+
+        def pct(q: float) -> float:
+            return float(np.percentile(lat, q)) if lat.size else 0.0
+
         secs = max(self.t1 - self.t0, 0.0)
         ok = sum(1 for r in done if r.error is None)
         return QueueStats(
@@ -146,6 +149,8 @@ def lanes_of(streams: int | Sequence[Any] | None) -> list[Any]:
             raise UsageError(f"a work queue needs at least one stream, got streams={streams}")
         be = current()
         return [be.streams[i] if i < len(be.streams) else _extra(be, i) for i in range(streams)]
+    if isinstance(streams, bool):
+        raise UsageError(f"streams must be a number of streams or a list of streams, got {streams!r}")
     out = [as_stream(s) for s in streams]
     if not out:
         raise UsageError("a work queue needs at least one stream; the list is empty")

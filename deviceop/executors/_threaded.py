@@ -40,6 +40,11 @@ class ThreadedQueue:
     runs them as one execution (default 8; 1 for one ``sync_on`` per item).
     """
 
+    batch: int
+    streams: list[Any]
+    capacity: int
+    on_done: Any
+
     def __init__(
         self,
         streams: int | Sequence[Any] | None = None,
@@ -123,7 +128,7 @@ class ThreadedQueue:
         clock = time.perf_counter
         busy = self._rec.busy
         q = self._q
-        stop = []
+        stop: list[bool] = []
 
         def more() -> Any:
             if stop:

@@ -113,6 +113,7 @@ def dispatcher(lib: str | None = None) -> Dispatcher:
             with _lock:
                 _trio[token] = d
             trio.lowlevel.spawn_system_task(_trio_pump, d, token, name="deviceop wake-ups")
+    assert d is not None
     return d
 
 

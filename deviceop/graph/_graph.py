@@ -20,6 +20,12 @@ class Recording:
     """What a scope recorded: the driver graph, the outputs and every region the work touches."""
 
     __slots__ = ("buffers", "nodes", "outputs", "raw", "regions", "stream")
+    raw: Any
+    outputs: list[Any]
+    buffers: list[Any]
+    regions: tuple[Any, ...]
+    nodes: int
+    stream: Any
 
     def __init__(
         self, raw: Any, outputs: list[Any], buffers: list[Any], regions: tuple[Any, ...], nodes: int, stream: Any
@@ -46,6 +52,11 @@ class CudaGraph(GraphBase, Generic[T]):
     time; a replay repeats only the GPU work.
     """
 
+    backend: Any
+    launches: int
+    last_update: str
+    updates: dict[str, int]
+
     def __init__(self, backend: Any, rec: Recording) -> None:
         self.backend = backend
         self.launches = 0
@@ -58,7 +69,7 @@ class CudaGraph(GraphBase, Generic[T]):
         self._rec = rec
         self._exec = ex
         outs = rec.outputs
-        self._output = outs[0] if len(outs) == 1 else tuple(outs)
+        self._output: Any = outs[0] if len(outs) == 1 else tuple(outs)
         # what a replay reads (compiled fields, set together under the ledger lock): the
         # executable graph, the regions its work touches, the output
         self._set_replay(ex, tuple(tuple(r) for r in rec.regions), self._output)
@@ -71,7 +82,8 @@ class CudaGraph(GraphBase, Generic[T]):
     @property
     def output(self) -> T:
         """What a replay yields (see the class docstring)."""
-        return self._output  # type: ignore[no-any-return]
+        out: T = self._output  # the recorded op's output, a T
+        return out
 
     def __repr__(self) -> str:
         return f"<CudaGraph {self.nodes} nodes on {self.backend.device_label}, {self.launches} launches>"

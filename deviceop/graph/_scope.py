@@ -112,7 +112,7 @@ class GraphScope:
                 cx.captured = None
                 cx.finish(ok=False)
                 return
-            regions = tuple(cx.captured.values())  # type: ignore[union-attr]
+            regions = tuple(cx.captured.values())
             cx.captured = None
             rec = Recording(raw, self._outputs, list(cx.buffers), regions, be.graphs.nodes(raw), stream)
             cx.buffers = []  # the recording holds them now; the context held no ledger entries

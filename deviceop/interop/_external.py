@@ -27,7 +27,7 @@ T = TypeVar("T")
 
 def _named(items: Any, what: str) -> tuple[Any, ...]:
     if type(items) is tuple:
-        return items  # type: ignore[no-any-return]
+        return items
     if items is None:
         return ()
     if isinstance(items, (Tensor, Partition)) or not isinstance(items, (list, tuple)):
@@ -113,7 +113,8 @@ class External(DeviceOp[T], Generic[T]):
                 check_backend(cx, xb, repr(self))
         if be.cuda_memory:
             return enqueue(cx, acc, lambda: self._call_now(cx, args), self)  # type: ignore[no-any-return]
-        return self._call_in_order(cx, args, acc)
+        out: T = self._call_in_order(cx, args, acc)
+        return out
 
     def _call_now(self, cx: Any, args: tuple[Any, ...]) -> Any:
         # under the ledger lock: fn's work is enqueued before any later registration on any

@@ -221,7 +221,11 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
         if is_torch:
             r.users.add(obj)  # the region lives as long as the tensor does
             k = (id(be), id(obj))
-            ref = weakref.ref(obj, lambda ref, k=k: _forget(k, ref))
+
+            def forget(ref: Any, k: tuple[int, int] = k) -> None:
+                _forget(k, ref)
+
+            ref = weakref.ref(obj, forget)
             _torch_seen[k] = (ref, ptr, obj.shape, r, lo - r.start, hi - r.start)
     return (buf, lo - buf.ptr, hi - buf.ptr, write)
 

@@ -98,7 +98,8 @@ def _create(stream: Any) -> int:
         call(m.set_stream, h, stream.handle_int)
         call(m.set_workspace, h, int(ws), WORKSPACE_BYTES)
         call(m.set_pointer_mode, h, m.PointerMode.HOST)
-    return h
+    handle: int = h
+    return handle
 
 
 def call(fn: Any, *args: Any) -> Any:

@@ -99,9 +99,9 @@ class Elementwise(BuiltinFront):
         self.body = body
         self.host_impl = host
         self.__doc__ = doc
-        self.plans = PlanCache()
-        self.n_args = 1 + n_in + n_scalar
-        self.n_tensors = 1 + n_in
+        self.plans: PlanCache = PlanCache()
+        self.n_args: int = 1 + n_in + n_scalar
+        self.n_tensors: int = 1 + n_in
         self._writes = (True,) + (False,) * n_in
         # parameter layout: out and inputs (pointers), scalars (float32), tile (int64), vec (int32)
         self._layout = tuple((SRC_TENSOR, i, T_PTR, 0) for i in range(1 + n_in)) + tuple(
@@ -179,7 +179,7 @@ class Elementwise(BuiltinFront):
         p = self.plans.get(key)
         if p is None:
             p = self.plans.put(key, self._make_plan(args))
-        return p  # type: ignore[no-any-return]
+        return p
 
     def _check_tensors(self, args: tuple[Any, ...]) -> None:
         out = args[0]
@@ -265,11 +265,13 @@ def host_fn(fn: Callable[..., np.ndarray]) -> Callable[..., None]:
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     c = np.float32(0.7978845608028654)
-    return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+    y: np.ndarray = np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+    return y
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1) + np.exp(-x))
+    y: np.ndarray = x / (np.float32(1) + np.exp(-x))
+    return y
 
 
 def _op(name: str, n_in: int, n_s: int, body: str, fn: Callable[..., np.ndarray], doc: str) -> Elementwise:

@@ -40,7 +40,9 @@ if _MODE[0] not in ("auto", "lt", "ex"):
 _FLOATS = (float16, bfloat16, float32)
 
 
-def gemm(c: Any, a: Any, b: Any, alpha: float = 1.0, beta: float = 0.0, *, tf32: bool = False) -> DeviceOp[tuple]:
+def gemm(
+    c: Any, a: Any, b: Any, alpha: float = 1.0, beta: float = 0.0, *, tf32: bool = False
+) -> DeviceOp[tuple[Tensor | Partition, Tensor, Tensor]]:
     """``c = alpha * a @ b + beta * c`` for 2-D float16, bfloat16 or float32 tensors.
 
     ``c`` is the output: a Tensor or a Partition of one (the tiling does not matter to cuBLAS);
@@ -178,7 +180,7 @@ class _Gemm:
             return
         replay = _MODE[0] == "auto" and cx.captured is None
 
-        def work() -> None:
+        def work() -> None:  # type: ignore[no-redef]  # (the other branch's work returned above)
             if replay:
                 ex = REPLAYS.get(
                     (st, alpha, beta, sh),
@@ -210,7 +212,8 @@ def _lt_call(g: _Geometry, dtype: DType, tf32: bool) -> tuple[int, ...] | None:
         return None
     g.lt = lp
     g.lt_call = (matmul_address(), lt_handle(), lp.desc, lp.layout_a, lp.layout_b, lp.layout_c, lp.algo)
-    return g.lt_call
+    call: tuple[int, ...] | None = g.lt_call
+    return call
 
 
 def _align(ptr: int) -> int:
@@ -247,6 +250,22 @@ class _Geometry:
         "op_b",
         "swap",
     )
+    m: int
+    n: int
+    k: int
+    ld_a: int
+    ld_b: int
+    ld_c: int
+    al_a: int
+    al_b: int
+    al_c: int
+    op_a: int
+    op_b: int
+    swap: bool
+    be: Any
+    lt: Any
+    lt_call: Any
+    lt_tried: bool
 
 
 def _refuse_overlap(ct: Tensor, a: Tensor, b: Tensor) -> None:

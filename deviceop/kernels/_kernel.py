@@ -49,7 +49,7 @@ class CompiledFunctions:
     def __init__(self, source: str, module: str, options: Sequence[str] = ()) -> None:
         self.source = source
         self.module = module
-        self.options = tuple(options)
+        self.options: tuple[str, ...] = tuple(options)
         self._fns: dict[tuple[int, str], Any] = {}
         self._lock = threading.Lock()
 
@@ -80,7 +80,7 @@ def check_scalar(v: Any, dtype: DType, what: str) -> Any:
             raise DTypeError(f"{what} = {v!r} is out of range for {dtype.name} (it would become inf)")
         return f
     if isinstance(v, numbers.Integral) or float(v).is_integer():
-        iv = int(v)
+        iv = int(v)  # type: ignore[call-overload]  # numbers.Real has no __int__ in typeshed; every Real here has one
         lo, hi = _INT_RANGE[dtype.name]
         if not lo <= iv <= hi:
             raise DTypeError(f"{what} = {iv} is out of range for {dtype.name} [{lo}, {hi}]")
@@ -119,12 +119,12 @@ class _UserPlan:
         scalar_idx: tuple[int, ...],
         writes: tuple[bool, ...],
     ) -> None:
-        self.be = be
-        self.cuda = cuda
-        self.empty = empty
-        self.tensor_idx = tensor_idx
-        self.scalar_idx = scalar_idx
-        self.writes = writes
+        self.be: Any = be
+        self.cuda: Any = cuda
+        self.empty: bool = empty
+        self.tensor_idx: tuple[int, ...] = tensor_idx
+        self.scalar_idx: tuple[int, ...] = scalar_idx
+        self.writes: tuple[bool, ...] = writes
 
 
 class Kernel:
@@ -150,12 +150,14 @@ class Kernel:
     ) -> None:
         if not isinstance(source, str) or not isinstance(name, str) or not name.isidentifier():
             raise UsageError('Kernel(source, name, ...) needs the CUDA C++ source and the kernel\'s extern "C" name')
-        self.name = name
-        self.params = tuple(p if isinstance(p, TensorParam) else as_dtype(p, f"parameter of {name}") for p in params)
+        self.name: str = name
+        self.params: tuple[Any, ...] = tuple(
+            p if isinstance(p, TensorParam) else as_dtype(p, f"parameter of {name}") for p in params
+        )
         self.host = host
-        self.block = _dim3(block, "block")
-        self.functions = CompiledFunctions(source, name, options)
-        self.plans = PlanCache()
+        self.block: tuple[int, int, int] = _dim3(block, "block")
+        self.functions: CompiledFunctions = CompiledFunctions(source, name, options)
+        self.plans: PlanCache = PlanCache()
 
     @property
     def source(self) -> str:
@@ -165,7 +167,10 @@ class Kernel:
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, params={list(self.params)})"
 
-    def __call__(self, *args: Any, grid: Any = None, block: Any = None, shared_mem: int = 0) -> DeviceOp[tuple]:
+    def __call__(
+        self, *args: Any, grid: Any = None, block: Any = None, shared_mem: int = 0
+    ) -> DeviceOp[tuple[Any, ...]]:
+        """Build the launch: an op whose output is ``args`` (ops among them replaced by their outputs)."""
         if len(args) != len(self.params):
             raise UsageError(f"{self.name}() takes {len(self.params)} arguments ({list(self.params)}), got {len(args)}")
         if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)) or not 0 <= shared_mem < 2**31:
@@ -264,7 +269,12 @@ class Kernel:
             from ..device._select import current
 
             be = current()
-        g = grid if grid is not None else pgrid + (1,) * (3 - len(pgrid))  # type: ignore[operator]
+        if grid is not None:
+            g = grid
+        elif pgrid is not None:
+            g = pgrid + (1,) * (3 - len(pgrid))
+        else:
+            raise UsageError(f"{self.name}(): no Partition argument gives the grid; pass grid=(x, y, z)")
         empty = 0 in g
         cuda = None
         if be.driver is not None and not empty:

@@ -46,7 +46,7 @@ SRC_TENSOR, SRC_SCALAR, SRC_FIXED = 0, 1, 2
 T_PTR, T_F32, T_I32, T_I64, T_U8, T_U16 = 0, 1, 2, 3, 4, 5
 
 
-class KernelCall(DeviceOp[tuple]):
+class KernelCall(DeviceOp[tuple[Any, ...]]):
     """The op returned by calling a kernel; its output is the (resolved) argument tuple.
 
     Arguments that are ops (``lazy``) run first, in the same execution; plain arguments were
@@ -69,7 +69,7 @@ class KernelCall(DeviceOp[tuple]):
     def __repr__(self) -> str:
         return f"<{self._k.name}() call>"
 
-    def _run(self, cx: Any) -> tuple:
+    def _run(self, cx: Any) -> tuple[Any, ...]:
         args = self._args
         plan = self._plan
         if self._lazy:

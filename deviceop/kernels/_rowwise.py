@@ -169,15 +169,15 @@ class RowWise(BuiltinFront):
         self.__doc__ = doc
         n_ptr = {"reduce": 2, "map": 2, "rms": 3, "matvec": 3}[kind]
         self._n_t = n_ptr
-        self.n_tensors = n_ptr
-        self.n_args = n_ptr + (1 if kind == "rms" else 0)
-        self.check_scalars = kind == "rms"  # eps must be > 0
+        self.n_tensors: int = n_ptr
+        self.n_args: int = n_ptr + (1 if kind == "rms" else 0)
+        self.check_scalars: bool = kind == "rms"  # eps must be > 0
         self._writes = (True,) + (False,) * (n_ptr - 1)
         # parameter layout: out and inputs (pointers), eps (float32, rms_norm), then n, r, vec
         self._layout = tuple((SRC_TENSOR, i, T_PTR, 0) for i in range(n_ptr)) + (
             ((SRC_SCALAR, 0, T_F32, 0),) if kind == "rms" else ()
         )
-        self.plans = PlanCache()
+        self.plans: PlanCache = PlanCache()
 
     def __repr__(self) -> str:
         return f"<built-in kernel {self.name}>"
@@ -231,7 +231,7 @@ class RowWise(BuiltinFront):
             p = self.plans.put(key, self._make_plan(args))
         elif self.kind == "rms":
             self._check_scalars(args)
-        return p  # type: ignore[no-any-return]
+        return p
 
     def check(self, args: tuple[Any, ...], opts: Any) -> None:
         """Validate the arguments (before any GPU work)."""

@@ -26,7 +26,8 @@ def new_tensor(cx: Any, shape: tuple[int, ...], dtype: DType, what: Any = "an al
     t = alloc_tensor(cx, shape, dtype, what)
     if fill is not None:
         enqueue(cx, ((t.buffer, 0, t.nbytes, True),), lambda: fill(t), what)
-    return t
+    out: Tensor = t
+    return out
 
 
 def zeros(shape: Any, dtype: Any = float32) -> DeviceOp[Tensor]:

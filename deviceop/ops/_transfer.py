@@ -57,7 +57,8 @@ def resolve_tensor(x: Any, what: str) -> Tensor:
     if type(x) is Tensor:
         return x
     if type(x) is Partition:
-        return x.tensor
+        t: Tensor = x.tensor
+        return t
     raise UsageError(f"{what} needs a Tensor (or a Partition of one), got {type(x).__name__}")
 
 
@@ -92,7 +93,8 @@ class ToNumpy(DeviceOp[np.ndarray]):
         )
         npdt = t.dtype.np_dtype
         if t.is_contiguous():
-            return raw.view(npdt).reshape(t.shape)
+            arr: np.ndarray = raw.view(npdt).reshape(t.shape)
+            return arr
         it = npdt.itemsize
         strided = np.lib.stride_tricks.as_strided(
             raw.view(npdt), shape=t.shape, strides=tuple(s * it for s in t.strides)

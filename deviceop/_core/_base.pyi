@@ -1,0 +1,64 @@
+"""Type stub of the compiled module ``deviceop._core._base``: buffers and the tensor and partition bases.
+
+Names not declared here are internal to the core and typed ``Any``.
+"""
+
+from typing import Any
+
+from .._dtypes import DType
+
+class Buffer:
+    """Device memory (or a host array on the host backend) and its access list."""
+
+    backend: Any
+    ptr: int
+    nbytes: int
+    host: Any
+    owner: Any
+    accesses: list[Any]
+    last_stream: Any
+    def __init__(
+        self, backend: Any, ptr: Any, nbytes: int, host: Any = None, owner: Any = None, stream: Any = None
+    ) -> None: ...
+    def describe(self) -> str: ...
+
+class TensorBase:
+    """Fields of a Tensor, declared once for the core."""
+
+    buffer: Buffer
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: DType
+    offset: int
+    size: int
+    addr: int
+    def __init__(
+        self,
+        buffer: Buffer,
+        shape: tuple[int, ...],
+        dtype: Any,
+        strides: tuple[int, ...] | None = None,
+        offset: int = 0,
+    ) -> None: ...
+    @property
+    def _span(self) -> tuple[int, int]:
+        """The byte range [lo, hi) of the buffer that this view can touch."""
+
+class PartitionBase:
+    """Fields of a Partition, declared once for the core."""
+
+    tensor: Any
+    tile: tuple[int, ...]
+    grid: tuple[int, ...]
+    def __init__(self, tensor: TensorBase, tile: tuple[int, ...], grid: tuple[int, ...]) -> None: ...
+
+class BlockCache:
+    """Idle device memory blocks kept for reuse."""
+
+    live: int
+    cached: int
+    def give_block(self, ptr: int, size: int) -> None: ...
+    def drain(self) -> list[tuple[int, int]]: ...
+
+def driver_alloc(driver: Any, be: Any, stream: Any, nbytes: int) -> Buffer: ...
+def __getattr__(name: str) -> Any: ...

@@ -1,0 +1,8 @@
+"""Type stub of the compiled module ``deviceop._core._reactor``: the completion reactor.
+
+Names not declared here are internal to the core and typed ``Any``.
+"""
+
+from typing import Any
+
+def __getattr__(name: str) -> Any: ...

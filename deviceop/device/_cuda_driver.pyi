@@ -1,0 +1,7 @@
+"""Type stub of the compiled module ``deviceop.device._cuda_driver``: the driver calls the cuda backend
+makes through ``cuda.bindings.cydriver``, typed ``Any``.
+"""
+
+from typing import Any
+
+def __getattr__(name: str) -> Any: ...
