@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ def _demo() -> int:
     for _ in range(n):
         op = op.then(lambda o: K.scale(*o))
     t2 = time.perf_counter()
-    out = op.map(lambda o: o[1]).sync()
+    out: Any = op.map(lambda o: o[1]).sync()  # the scaled tensor
     t_chain = time.perf_counter() - t2
     ref = a.astype(np.float32)
     for _ in range(n):

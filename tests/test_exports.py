@@ -69,3 +69,29 @@ def test_lazy_names_load_in_a_fresh_process():
         env={**__import__("os").environ, "DEVICEOP_BACKEND": "host"},
     )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+# compiled classes users do not construct (ops are made by functions, contexts and replays by
+# deviceop): their constructors are not part of the surface
+_NOT_CONSTRUCTED = {"DeviceOp", "ExecutionContext", "GraphLaunch"}
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_signatures_are_visible(name):
+    m = importlib.import_module(name)
+    for n in m.__all__:
+        v = getattr(m, n)
+        if n in _NOT_CONSTRUCTED or isinstance(v, types.ModuleType) or not callable(v):
+            continue
+        if isinstance(v, type) and issubclass(v, BaseException):
+            continue  # exceptions take any arguments
+        inspect.signature(v)  # raises ValueError / TypeError where none is visible
+
+
+def test_builtin_kernel_signatures_name_their_arguments():
+    import deviceop as do
+
+    assert list(inspect.signature(do.kernels.add).parameters) == ["out_partition", "x", "y"]
+    p = inspect.signature(do.kernels.rms_norm).parameters
+    assert list(p) == ["out", "x", "w", "eps"] and p["eps"].default == 1e-6
+    assert list(inspect.signature(do.Tensor).parameters)[:3] == ["buffer", "shape", "dtype"]

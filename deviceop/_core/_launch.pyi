@@ -35,6 +35,24 @@ class GraphBase:
 class GraphLaunch(DeviceOp[T], Generic[T]):
     """One replay of a recorded graph: an op whose output is the recorded op's output."""
 
+class LaunchPlan:
+    """A kernel's launch for one argument layout: function, geometry and parameter layout."""
+
+    def __init__(
+        self, driver: Any, fn: Any, grid: Any, block: Any, shmem: int, layout: Any, writes: Any, what: Any
+    ) -> None: ...
+
+class PlanCache:
+    """Launch plans by argument layout (bounded)."""
+
+    def __init__(self, max_size: int = 256) -> None: ...
+    def get(self, key: Any) -> Any: ...
+    def put(self, key: Any, plan: T) -> T: ...
+    def __len__(self) -> int: ...
+    def clear(self) -> None: ...
+
+def launch(cx: Any, p: LaunchPlan, tensors: tuple[Any, ...], scalars: tuple[Any, ...]) -> int: ...
+
 class Planned(DeviceOp[Any]):
     """A planned kernel launch: an op whose output is its arguments."""
 

@@ -35,7 +35,7 @@ class CudaEvent:
 
     __slots__ = ("backend", "handle_int")
 
-    _FLAGS = 0
+    _FLAGS: int = 0
     _FREE_MAX = 256
 
     def __init__(self, backend: CudaBackend) -> None:
@@ -274,7 +274,7 @@ class CudaBackend:
             1: int(_drv.CU_STREAM_LEGACY),
             2: int(_drv.CU_STREAM_PER_THREAD),
         }.get(stream, stream)
-        err = _nd.stream_wait(int(handle), event.handle_int)
+        err = _nd.stream_wait(int(handle or 0), event.handle_int)
         if err:
             raise cuda_error(err, "cuStreamWaitEvent (DLPack consumer stream)")
 

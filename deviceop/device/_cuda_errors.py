@@ -8,8 +8,9 @@ from .._errors import CudaError
 
 __all__ = ["_drv", "check", "cuda_error"]  # _drv: the driver bindings module, shared by the cuda backend
 
+_drv: Any  # the bindings module (untyped), or None
 try:
-    from cuda.bindings import driver as _drv
+    from cuda.bindings import driver as _drv  # type: ignore[no-redef]
 except Exception:  # pragma: no cover - cuda-python is a dependency; kept for broken installs
     _drv = None
 

@@ -194,10 +194,11 @@ def stream_of(obj: Any) -> Any:
     ``__cuda_stream__``, or a CUstream handle as an int."""
     if type(obj) in STREAM_TYPES:
         return obj
-    proto = getattr(obj, "__cuda_stream__", None)
+    proto: Any = getattr(obj, "__cuda_stream__", None)
     if proto is not None:
         try:
-            version, handle = proto() if callable(proto) else proto
+            got: Any = proto() if callable(proto) else proto
+            version, handle = got
         except (TypeError, ValueError):
             raise UsageError(
                 f"{type(obj).__name__}.__cuda_stream__ did not give (version, handle); it is not a CUDA stream"

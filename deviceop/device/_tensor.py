@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -197,6 +198,18 @@ class Tensor(TensorBase):
     def __dlpack_device__(self) -> tuple[int, int]:
         dev: tuple[int, int] = self.buffer.backend.dlpack_device
         return dev
+
+
+# the constructor is compiled (TensorBase), so inspect.signature cannot read it: say it here
+Tensor.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [
+        inspect.Parameter("buffer", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Buffer"),
+        inspect.Parameter("shape", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="tuple[int, ...]"),
+        inspect.Parameter("dtype", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="DType"),
+        inspect.Parameter("strides", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+        inspect.Parameter("offset", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=0),
+    ]
+)
 
 
 class Partition(PartitionBase):

@@ -178,7 +178,7 @@ class WorkQueue:
     async def run(self, items: Iterable[Any] | AsyncIterable[Any]) -> list[ItemResult]:
         """Put every item (an iterable or async iterable), wait for all; return the results."""
         async with self:
-            if hasattr(items, "__aiter__"):
+            if isinstance(items, AsyncIterable):
                 async for it in items:
                     await self.put(it)
             else:

@@ -91,6 +91,7 @@ def dispatcher(lib: str | None = None) -> Dispatcher:
     """The running event loop's dispatcher, installed on first use (``lib``: see :func:`current_lib`)."""
     if lib is None:
         lib = current_lib()
+    d: Dispatcher | None = None
     if lib == "asyncio":
         import asyncio
 
@@ -113,7 +114,8 @@ def dispatcher(lib: str | None = None) -> Dispatcher:
             with _lock:
                 _trio[token] = d
             trio.lowlevel.spawn_system_task(_trio_pump, d, token, name="deviceop wake-ups")
-    assert d is not None
+    if d is None:
+        raise UsageError(f"deviceop awaits under asyncio, uvloop or trio, not {lib!r}")
     return d
 
 

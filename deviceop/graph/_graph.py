@@ -92,6 +92,7 @@ class CudaGraph(GraphBase, Generic[T]):
 
         def launch(self) -> DeviceOp[T]:
             """An op that replays the graph once, on the stream of the terminal that drives it."""
+            ...
 
     def update(self, op: DeviceOp[Any]) -> str:
         """Re-record ``op`` and make this graph replay it instead; return what happened.

@@ -79,9 +79,12 @@ class GraphScope:
             raise UsageError("record() must be called on the thread that opened the scope")
         if not isinstance(op, DeviceOp):
             raise UsageError(f"record() takes a DeviceOp, got {type(op).__name__}; wrap values in do.value(x)")
+        cx = self._cx
+        if cx is None:
+            raise UsageError("record() needs an open scope: use it inside `with do.graph.scope() as s:`")
         op._take("graph record()")
         try:
-            out = op._run(self._cx)
+            out = op._run(cx)
         except BaseException as e:
             # part of the op may already be recorded: this recording cannot become a graph
             self._error = e

@@ -40,7 +40,7 @@ class _Region:
         self.start = start
         self.end = end
         self.accesses = accesses
-        self.users: weakref.WeakSet[Buffer] = weakref.WeakSet()
+        self.users: weakref.WeakSet[Any] = weakref.WeakSet()  # wrapper Buffers, and the foreign arrays
         self.host = host
 
 

@@ -40,6 +40,7 @@ from ._launch import (
     host_array,
     launch,
     launch_host,
+    signature_from_doc,
 )
 from ._library import FUNCS
 
@@ -99,6 +100,7 @@ class Elementwise(BuiltinFront):
         self.body = body
         self.host_impl = host
         self.__doc__ = doc
+        self.__signature__ = signature_from_doc(doc)
         self.plans: PlanCache = PlanCache()
         self.n_args: int = 1 + n_in + n_scalar
         self.n_tensors: int = 1 + n_in

@@ -205,7 +205,7 @@ class Kernel:
         if hit is not None:
             return hit  # type: ignore[no-any-return]
         self.check(args, opts)
-        return self.plans.put(k, self._make_plan(args, opts))  # type: ignore[no-any-return]
+        return self.plans.put(k, self._make_plan(args, opts))
 
     def check(self, args: tuple[Any, ...], opts: Any) -> None:
         """Validate every argument against the declared parameters (before any GPU work)."""
@@ -316,7 +316,7 @@ def _dim3(x: Any, what: str) -> tuple[int, int, int]:
     if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
         x = (x,)
     try:
-        items = tuple(x)
+        items = tuple(x)  # pyright: ignore[reportArgumentType] (a bool fails here as intended)
     except TypeError:
         raise UsageError(f"{what} must be an int or 1 to 3 ints, got {x!r}") from None
     if not 1 <= len(items) <= 3 or any(

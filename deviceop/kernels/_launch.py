@@ -10,6 +10,7 @@ backend the numpy implementation is enqueued through the ledger's entry point.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -106,3 +107,34 @@ def host_array(t: Tensor) -> np.ndarray:
 def tensor_of(x: Any) -> Tensor:
     """The tensor of a Partition, or ``x`` itself."""
     return x.tensor if type(x) is Partition else x  # type: ignore[no-any-return]
+
+
+def signature_from_doc(doc: str) -> inspect.Signature:
+    """The call signature a built-in's one-line doc gives (``"add(out_partition, x, y): ..."``), so
+    ``inspect.signature`` and IDEs show it: parameters are positional; an output written as
+    ``y.partition(...)`` is named ``out``; ``eps=1e-6`` keeps its default."""
+    head = doc.split(":", 1)[0]
+    inner = head[head.index("(") + 1 : head.rindex(")")]
+    parts: list[str] = []
+    depth, cur = 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch == "("
+        depth -= ch == ")"
+        cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    params: list[inspect.Parameter] = []
+    for i, p in enumerate(parts):
+        name, _, default = p.partition("=")
+        name = name.strip()
+        if not name.isidentifier():
+            name = "out" if i == 0 else f"arg{i}"
+        if default:
+            params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY, default=float(default)))
+        else:
+            params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY))
+    return inspect.Signature(params)

@@ -36,6 +36,7 @@ from ._launch import (
     host_array,
     launch,
     launch_host,
+    signature_from_doc,
 )
 from ._library import FUNCS
 
@@ -167,6 +168,7 @@ class RowWise(BuiltinFront):
         self.kind = kind  # "reduce" (one value per row), "map" (same shape), "rms", "matvec"
         self.host_impl = host
         self.__doc__ = doc
+        self.__signature__ = signature_from_doc(doc)
         n_ptr = {"reduce": 2, "map": 2, "rms": 3, "matvec": 3}[kind]
         self._n_t = n_ptr
         self.n_tensors: int = n_ptr

@@ -1,0 +1,5 @@
+"""``cuda.bindings.nvrtc`` (compiled, no type information): every name is ``Any``."""
+
+from typing import Any
+
+def __getattr__(name: str) -> Any: ...
