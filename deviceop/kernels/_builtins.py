@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..device._select import current
-from ._elementwise import DTYPES, ELEMENTWISE, PRELUDE, SFX
+from ._elementwise import DTYPES, ELEMENTWISE, PRELUDE, SFX, Elementwise
 from ._kernel import Kernel
 from ._library import FUNCS
-from ._rowwise import ROW_PRELUDE, ROWWISE
+from ._rowwise import ROW_PRELUDE, ROWWISE, RowWise
 
 __all__ = ["BUILTINS", "BUILTIN_SOURCE", "FUNCS", "builtin_names", "compile_builtins", "warmup"]
 
-BUILTINS = (*ELEMENTWISE, *ROWWISE)
+BUILTINS: tuple[Elementwise | RowWise, ...] = (*ELEMENTWISE, *ROWWISE)
 BUILTIN_SOURCE = PRELUDE + ROW_PRELUDE + "\n".join(k.source() for k in BUILTINS)
 FUNCS.source = BUILTIN_SOURCE
 

@@ -13,9 +13,10 @@ element; otherwise (views of different alignment) every access is one element.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from .._core._ledger import check_backend
 from .._dtypes import bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device._tensor import Partition, Tensor
+from ._calls import Axpy, Binary, Fill, Scale, Unary
 from ._kernel import check_scalar, check_tensor
 from ._launch import (
     SRC_FIXED,
@@ -100,7 +102,7 @@ class Elementwise(BuiltinFront):
         self.body = body
         self.host_impl = host
         self.__doc__ = doc
-        self.__signature__ = signature_from_doc(doc)
+        self.__signature__: inspect.Signature = signature_from_doc(doc)
         self.plans: PlanCache = PlanCache()
         self.n_args: int = 1 + n_in + n_scalar
         self.n_tensors: int = 1 + n_in
@@ -280,25 +282,41 @@ def _op(name: str, n_in: int, n_s: int, body: str, fn: Callable[..., np.ndarray]
     return Elementwise(name, n_in, n_s, body, host_fn(fn), doc)
 
 
-fill: Elementwise = _op("fill", 0, 1, "s0", lambda v: v, "fill(out_partition, value): out[:] = value")
-copy: Elementwise = _op("copy", 1, 0, "x0", lambda x: x, "copy(out_partition, x): out = x")
-scale: Elementwise = _op("scale", 1, 1, "x0 * s0", lambda x, g: x * g, "scale(out_partition, x, g): out = x * g")
-add: Elementwise = _op("add", 2, 0, "x0 + x1", lambda x, y: x + y, "add(out_partition, x, y): out = x + y")
-mul: Elementwise = _op("mul", 2, 0, "x0 * x1", lambda x, y: x * y, "mul(out_partition, x, y): out = x * y")
-axpy: Elementwise = _op(
-    "axpy", 2, 1, "fmaf(s0, x0, x1)", lambda x, y, a: a * x + y, "axpy(out_partition, x, y, a): out = a * x + y"
+fill: Fill = cast("Fill", _op("fill", 0, 1, "s0", lambda v: v, "fill(out_partition, value): out[:] = value"))
+copy: Unary = cast("Unary", _op("copy", 1, 0, "x0", lambda x: x, "copy(out_partition, x): out = x"))
+scale: Scale = cast(
+    "Scale", _op("scale", 1, 1, "x0 * s0", lambda x, g: x * g, "scale(out_partition, x, g): out = x * g")
 )
-relu: Elementwise = _op(
-    "relu", 1, 0, "fmaxf(x0, 0.f)", lambda x: np.maximum(x, np.float32(0)), "relu(out_partition, x): out = max(x, 0)"
+add: Binary = cast("Binary", _op("add", 2, 0, "x0 + x1", lambda x, y: x + y, "add(out_partition, x, y): out = x + y"))
+mul: Binary = cast("Binary", _op("mul", 2, 0, "x0 * x1", lambda x, y: x * y, "mul(out_partition, x, y): out = x * y"))
+axpy: Axpy = cast(
+    "Axpy",
+    _op("axpy", 2, 1, "fmaf(s0, x0, x1)", lambda x, y, a: a * x + y, "axpy(out_partition, x, y, a): out = a * x + y"),
 )
-gelu: Elementwise = _op(
-    "gelu",
-    1,
-    0,
-    "gelu_tanh(x0)",
-    _gelu_tanh,
-    "gelu(out_partition, x): GELU, tanh approximation (as torch's approximate='tanh')",
+relu: Unary = cast(
+    "Unary",
+    _op(
+        "relu",
+        1,
+        0,
+        "fmaxf(x0, 0.f)",
+        lambda x: np.maximum(x, np.float32(0)),
+        "relu(out_partition, x): out = max(x, 0)",
+    ),
 )
-silu: Elementwise = _op("silu", 1, 0, "silu(x0)", _silu, "silu(out_partition, x): out = x * sigmoid(x)")
+gelu: Unary = cast(
+    "Unary",
+    _op(
+        "gelu",
+        1,
+        0,
+        "gelu_tanh(x0)",
+        _gelu_tanh,
+        "gelu(out_partition, x): GELU, tanh approximation (as torch's approximate='tanh')",
+    ),
+)
+silu: Unary = cast("Unary", _op("silu", 1, 0, "silu(x0)", _silu, "silu(out_partition, x): out = x * sigmoid(x)"))
 
-ELEMENTWISE = (fill, copy, scale, add, mul, axpy, relu, gelu, silu)
+ELEMENTWISE: tuple[Elementwise, ...] = cast(
+    "tuple[Elementwise, ...]", (fill, copy, scale, add, mul, axpy, relu, gelu, silu)
+)

@@ -10,15 +10,17 @@ twice (the second time from cache) and written once.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from .._core._launch import BuiltinFront, KernelPlan, planned
 from .._errors import DTypeError, ShapeError, UsageError
 from ..device._tensor import Partition
+from ._calls import Binary, RmsNorm, Unary
 from ._elementwise import DTYPES, SFX
 from ._kernel import check_scalar, check_tensor
 from ._launch import (
@@ -168,7 +170,7 @@ class RowWise(BuiltinFront):
         self.kind = kind  # "reduce" (one value per row), "map" (same shape), "rms", "matvec"
         self.host_impl = host
         self.__doc__ = doc
-        self.__signature__ = signature_from_doc(doc)
+        self.__signature__: inspect.Signature = signature_from_doc(doc)
         n_ptr = {"reduce": 2, "map": 2, "rms": 3, "matvec": 3}[kind]
         self._n_t = n_ptr
         self.n_tensors: int = n_ptr
@@ -346,19 +348,26 @@ def _host_matvec(out: np.ndarray, a: np.ndarray, x: np.ndarray) -> None:
 
 
 # exported as do.kernels.sum / max (named apart here so this module's max() stays the builtin)
-row_sum: RowWise = RowWise(
-    "sum", "reduce", _host_sum, "sum(out.partition((r,)), x): out[i] = sum of row i of the 2-D x"
+row_sum: Unary = cast(
+    "Unary", RowWise("sum", "reduce", _host_sum, "sum(out.partition((r,)), x): out[i] = sum of row i of the 2-D x")
 )
-row_max: RowWise = RowWise(
-    "max", "reduce", _host_max, "max(out.partition((r,)), x): out[i] = max of row i of the 2-D x"
+row_max: Unary = cast(
+    "Unary", RowWise("max", "reduce", _host_max, "max(out.partition((r,)), x): out[i] = max of row i of the 2-D x")
 )
-softmax: RowWise = RowWise("softmax", "map", _host_softmax, "softmax(y.partition((r, n)), x): softmax of each row of x")
-rms_norm: RowWise = RowWise(
-    "rms_norm",
-    "rms",
-    _host_rms_norm,
-    "rms_norm(y.partition((r, n)), x, w, eps=1e-6): y = x / sqrt(mean(x^2) + eps) * w, per row",
+softmax: Unary = cast(
+    "Unary", RowWise("softmax", "map", _host_softmax, "softmax(y.partition((r, n)), x): softmax of each row of x")
 )
-matvec: RowWise = RowWise("matvec", "matvec", _host_matvec, "matvec(y.partition((r,)), a, x): y = a @ x for a 2-D a")
+rms_norm: RmsNorm = cast(
+    "RmsNorm",
+    RowWise(
+        "rms_norm",
+        "rms",
+        _host_rms_norm,
+        "rms_norm(y.partition((r, n)), x, w, eps=1e-6): y = x / sqrt(mean(x^2) + eps) * w, per row",
+    ),
+)
+matvec: Binary = cast(
+    "Binary", RowWise("matvec", "matvec", _host_matvec, "matvec(y.partition((r,)), a, x): y = a @ x for a 2-D a")
+)
 
-ROWWISE = (row_sum, row_max, softmax, rms_norm, matvec)
+ROWWISE: tuple[RowWise, ...] = cast("tuple[RowWise, ...]", (row_sum, row_max, softmax, rms_norm, matvec))
