@@ -37,10 +37,10 @@ PROGRAM = textwrap.dedent(
 EXPECTED = [
     "deviceop.device._tensor.Tensor",
     "tuple[deviceop.device._tensor.Partition, deviceop.device._tensor.Tensor, deviceop.device._tensor.Tensor]",
-    "deviceop._core._op.DeviceOp[tuple[deviceop.device._tensor.Partition, deviceop.device._tensor.Tensor, builtins.float]]",
+    "deviceop._core._op.DeviceOp[tuple[deviceop.device._tensor.Partition, deviceop.device._tensor.Tensor, float]]",
     "tuple[deviceop.device._tensor.Tensor | deviceop.device._tensor.Partition, deviceop.device._tensor.Tensor, "
     "deviceop.device._tensor.Tensor]",
-    "tuple[builtins.int, builtins.str]",
+    "tuple[int, str]",
     "numpy.ndarray[",
     "deviceop.executors._future.DeviceFuture[deviceop.device._tensor.Tensor]",
     "def (streams:",
@@ -63,5 +63,6 @@ def test_revealed_types(tmp_path):
     revealed = re.findall(r'Revealed type is "(.*)"', r.stdout)
     assert len(revealed) == len(EXPECTED), r.stdout + r.stderr
     for got, want in zip(revealed, EXPECTED):
+        got = got.replace("builtins.", "")  # (mypy releases differ in naming builtins)
         assert got.startswith(want), f"revealed {got!r}, expected {want!r}"
     assert "error:" not in r.stdout.replace("Revealed type", ""), r.stdout
