@@ -147,6 +147,9 @@ def test_work_queue_bad_arguments(backend):
         WorkQueue(streams=2, capacity=0)
     with pytest.raises(do.UsageError, match="not a deviceop stream"):
         WorkQueue(streams=["s0"])
+    for q in (WorkQueue, ThreadedQueue):  # a bool is neither a count nor a list (was a TypeError)
+        with pytest.raises(do.UsageError, match="number of streams or a list"):
+            q(streams=True)
 
     async def put_outside():
         await WorkQueue(streams=1).put(lambda lane: None)
