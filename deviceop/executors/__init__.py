@@ -1,5 +1,6 @@
 """Executors: execution contexts, the stream pool, terminals, futures, the await path and work
-queues (``WorkQueue``: S streams from one host thread; ``ThreadedQueue``: a thread per stream)."""
+queues (``WorkQueue``: S streams from one host thread; ``ThreadedQueue``: a thread per stream) and
+``Batcher`` (concurrent requests gathered into batched ops)."""
 
 from typing import TYPE_CHECKING
 
@@ -9,11 +10,13 @@ from ._await import poll_budget, set_poll_budget, set_wait_policy, wait_policy
 from ._future import DeviceFuture
 
 if TYPE_CHECKING:
+    from ._batcher import Batcher
     from ._queue import WorkQueue
     from ._queue_stats import ItemResult, QueueCancelled, QueueStats
     from ._threaded import ThreadedQueue
 
 __all__ = [
+    "Batcher",
     "DeviceFuture",
     "ExecutionContext",
     "ItemResult",
@@ -30,6 +33,7 @@ __all__ = [
 # the work queues load on first use: every millisecond of import is start-up time
 _LAZY = {
     "WorkQueue": "._queue",
+    "Batcher": "._batcher",
     "ThreadedQueue": "._threaded",
     "ItemResult": "._queue_stats",
     "QueueStats": "._queue_stats",

@@ -1,0 +1,183 @@
+"""Batcher: concurrent requests gathered into one batched op (dynamic batching).
+
+``await b(x)`` adds ``x`` to the batch being gathered and waits for its own result. A batch is
+run when it holds ``max_batch`` requests, or ``max_delay`` seconds after its first request
+arrived, whichever comes first: ``fn(items)`` builds one op whose output is a list with one
+result per item, in order; the batch's op is awaited on the next pool stream while the next
+batch gathers, so batches overlap on the stream pool. This is Triton's dynamic batcher and Ray
+Serve's ``@serve.batch`` for deviceop ops.
+
+    b = Batcher(lambda xs: model_op(stack(xs)).map(split), max_batch=32, max_delay=0.002)
+    y = await b(x)          # from each request handler
+
+No background task is needed: the first request of a batch leads it (waits for it to fill or
+for its delay, runs it, hands out the results). Errors stay per request where they can: a
+result that is an exception instance is raised to its own caller only; ``fn`` raising, or the
+batch's op failing, fails every request of that batch (and none of the next). A cancelled
+caller gets no result; the others of its batch are not affected (a cancelled leader still runs
+its batch for the others, then raises its cancellation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import anyio
+
+from .._core._op import DeviceOp
+from .._errors import UsageError
+from ._wake import current_lib
+
+__all__ = ["Batcher"]
+
+X = TypeVar("X")
+R = TypeVar("R")
+
+_PENDING = object()
+
+
+class _Request:
+    __slots__ = ("done", "error", "item", "result")
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+        self.result: Any = _PENDING
+        self.error: BaseException | None = None
+        self.done = anyio.Event()
+
+
+class _Batch:
+    __slots__ = ("full", "requests", "started")
+
+    def __init__(self) -> None:
+        self.requests: list[_Request] = []
+        self.full = anyio.Event()
+        self.started = False
+
+
+class Batcher(Generic[X, R]):
+    """Gather concurrent ``await b(x)`` calls into batches of at most ``max_batch``, each run as
+    one op ``fn(items)`` whose output is a list of ``len(items)`` results (see the module doc).
+
+    ``max_delay``: seconds a batch waits for more requests after its first (0: run at once with
+    whatever has arrived). A Batcher belongs to the event loop (asyncio, uvloop or trio) that
+    first calls it; it is not thread-safe. ``stats()`` gives batches, requests and sizes.
+    """
+
+    fn: Callable[[list[X]], DeviceOp[Sequence[R]]]
+    max_batch: int
+    max_delay: float
+
+    def __init__(
+        self, fn: Callable[[list[X]], DeviceOp[Sequence[R]]], max_batch: int = 32, max_delay: float = 0.002
+    ) -> None:
+        if not callable(fn):
+            raise UsageError(f"Batcher(fn, ...) needs a callable fn(items) -> op of a list, got {type(fn).__name__}")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise UsageError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        if (
+            isinstance(max_delay, bool)
+            or not isinstance(max_delay, (int, float))
+            or not math.isfinite(max_delay)
+            or not 0 <= max_delay <= 60
+        ):
+            raise UsageError(f"max_delay must be 0 to 60 seconds, got {max_delay!r}")
+        self.fn = fn
+        self.max_batch = max_batch
+        self.max_delay = float(max_delay)
+        self._open: _Batch | None = None
+        self._loop: object = None
+        self._batches = 0
+        self._requests = 0
+        self._largest = 0
+        self._failed = 0
+
+    def _check_loop(self) -> None:
+        lib = current_lib()
+        if lib == "trio":
+            import trio
+
+            loop: object = trio.lowlevel.current_trio_token()
+        else:
+            import asyncio
+
+            loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop  # (held, not its id: a later loop could reuse the address)
+        elif self._loop is not loop:
+            raise UsageError("a Batcher belongs to the event loop that first called it; make one per loop")
+
+    async def __call__(self, item: X) -> R:
+        """Add ``item`` to the gathering batch and wait for its result."""
+        self._check_loop()
+        req = _Request(item)
+        b = self._open
+        if b is None or b.started or len(b.requests) >= self.max_batch:
+            b = self._open = _Batch()
+        b.requests.append(req)
+        self._requests += 1
+        if len(b.requests) == 1:
+            await self._lead(b)
+        elif len(b.requests) >= self.max_batch:
+            b.full.set()
+        await req.done.wait()
+        if req.error is not None:
+            raise req.error
+        result: R = req.result
+        return result
+
+    async def _lead(self, b: _Batch) -> None:
+        # the first request runs its batch; shielded so that its own cancellation cannot strand
+        # the others (it is raised at the next checkpoint once the batch has been handed out)
+        with anyio.CancelScope(shield=True):
+            if len(b.requests) < self.max_batch and self.max_delay > 0:
+                with anyio.move_on_after(self.max_delay):
+                    await b.full.wait()
+            b.started = True
+            if self._open is b:
+                self._open = None
+            reqs = b.requests
+            self._batches += 1
+            self._largest = max(self._largest, len(reqs))
+            try:
+                op = self.fn([r.item for r in reqs])
+                if not isinstance(op, DeviceOp):
+                    raise UsageError(f"Batcher fn returned {type(op).__name__}, not a DeviceOp of a list")
+                out = await op
+                try:
+                    results = list(out)
+                except TypeError:
+                    raise UsageError(
+                        f"Batcher fn's op gave {type(out).__name__}; its output must be a list of results"
+                    ) from None
+                if len(results) != len(reqs):
+                    raise UsageError(
+                        f"Batcher fn's op gave {len(results)} results for a batch of {len(reqs)}; give one per item"
+                    )
+            except Exception as e:
+                self._failed += 1
+                for r in reqs:
+                    r.error = e
+                    r.done.set()
+                return
+            for r, v in zip(reqs, results):
+                if isinstance(v, BaseException):
+                    r.error = v
+                else:
+                    r.result = v
+                r.done.set()
+
+    def stats(self) -> dict[str, float]:
+        """``batches``, ``requests``, ``mean_batch``, ``largest_batch`` and ``failed_batches`` so far."""
+        return {
+            "batches": self._batches,
+            "requests": self._requests,
+            "mean_batch": self._requests / self._batches if self._batches else 0.0,
+            "largest_batch": self._largest,
+            "failed_batches": self._failed,
+        }
+
+    def __repr__(self) -> str:
+        return f"Batcher(max_batch={self.max_batch}, max_delay={self.max_delay})"

@@ -1,0 +1,202 @@
+"""Batcher: concurrent requests gathered into batched ops, per-request results and errors, on
+asyncio, uvloop and trio (anyio.run with each), on every backend."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+import deviceop as do
+from deviceop.executors import Batcher
+
+K = do.kernels
+LOOPS = [
+    pytest.param(("asyncio", {}), id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    pytest.param(("trio", {}), id="trio"),
+]
+
+
+def _run(loop, main):
+    name, opts = loop
+    if name == "trio":
+        pytest.importorskip("trio")
+    if opts.get("use_uvloop"):
+        pytest.importorskip("uvloop")
+    return anyio.run(main, backend=name, backend_options=opts)
+
+
+def _scale_rows(sizes: list[int]):
+    """fn(items): one batched GPU op for the batch (rows stacked, scaled by 2 on the device),
+    its output one numpy row per item."""
+
+    def fn(items: list[np.ndarray]) -> do.DeviceOp[list[np.ndarray]]:
+        sizes.append(len(items))
+        x = np.stack(items)
+        out = do.empty(x.shape, do.float32).sync()
+        op = do.from_numpy(x).then(lambda t: K.scale(out.partition((1, x.shape[1])), t, 2.0))
+        return op.then(lambda _: do.to_numpy(out)).map(list)
+
+    return fn
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_concurrent_requests_are_batched_and_each_gets_its_result(backend, loop):
+    sizes: list[int] = []
+    b = Batcher(_scale_rows(sizes), max_batch=4, max_delay=0.05)
+    got: dict[int, np.ndarray] = {}
+
+    async def one(i: int) -> None:
+        got[i] = await b(np.full(64, i, np.float32))
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for i in range(10):
+                tg.start_soon(one, i)
+
+    _run(loop, main)
+    assert sorted(got) == list(range(10))
+    for i, row in got.items():
+        np.testing.assert_array_equal(row, np.full(64, 2 * i, np.float32))
+    assert sum(sizes) == 10 and max(sizes) <= 4 and len(sizes) <= 4, sizes  # gathered, never beyond max_batch
+    st = b.stats()
+    assert st["batches"] == len(sizes) and st["requests"] == 10 and st["largest_batch"] == max(sizes)
+
+
+def test_a_lone_request_runs_after_max_delay(backend):
+    sizes: list[int] = []
+    b = Batcher(_scale_rows(sizes), max_batch=8, max_delay=0.05)
+
+    async def main() -> float:
+        t0 = time.perf_counter()
+        await b(np.ones(8, np.float32))
+        return time.perf_counter() - t0
+
+    dt = anyio.run(main)
+    assert sizes == [1]
+    assert 0.045 <= dt < 2.0  # waited for company, then ran alone
+
+
+def test_a_full_batch_runs_without_waiting_for_its_delay(backend):
+    sizes: list[int] = []
+    b = Batcher(_scale_rows(sizes), max_batch=3, max_delay=30.0)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(b, np.full(8, i, np.float32))
+
+    t0 = time.perf_counter()
+    anyio.run(main)
+    assert sizes == [3] and time.perf_counter() - t0 < 10
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_errors_stay_with_their_requests(host_backend, loop):
+    def fn(items: list[int]) -> do.DeviceOp[list[object]]:
+        if 13 in items:
+            raise ValueError("thirteen")  # fails its whole batch
+        return do.value([ValueError(f"odd {x}") if x % 2 else x * 10 for x in items])
+
+    b = Batcher(fn, max_batch=2, max_delay=0.01)
+    out: dict[int, object] = {}
+
+    async def one(i: int) -> None:
+        try:
+            out[i] = await b(i)
+        except ValueError as e:
+            out[i] = str(e)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for i in (2, 3):  # one batch: a result and a per-request error
+                tg.start_soon(one, i)
+        async with anyio.create_task_group() as tg:
+            for i in (13, 4):  # fn raises: both fail
+                tg.start_soon(one, i)
+        out[6] = await b(6)  # the Batcher goes on
+
+    _run(loop, main)
+    assert out == {2: 20, 3: "odd 3", 13: "thirteen", 4: "thirteen", 6: 60}
+    assert b.stats()["failed_batches"] == 1
+
+
+def test_a_wrong_number_of_results_is_refused(host_backend):
+    b = Batcher(lambda items: do.value(items[:-1]), max_batch=4, max_delay=0.0)
+
+    async def main() -> None:
+        await b(1)
+
+    with pytest.raises(do.UsageError, match="0 results for a batch of 1"):
+        anyio.run(main)
+    b2 = Batcher(lambda items: 3, max_delay=0.0)
+    with pytest.raises(do.UsageError, match="not a DeviceOp"):
+        anyio.run(lambda: b2(1))
+    b3 = Batcher(lambda items: do.value(5), max_delay=0.0)
+    with pytest.raises(do.UsageError, match="must be a list"):
+        anyio.run(lambda: b3(1))
+
+
+def test_bad_arguments():
+    with pytest.raises(do.UsageError, match="callable"):
+        Batcher(3)  # type: ignore[arg-type]
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(do.UsageError, match="max_batch"):
+            Batcher(lambda xs: do.value(xs), max_batch=bad)  # type: ignore[arg-type]
+    for bad in (-0.1, float("nan"), float("inf"), "1", 61):
+        with pytest.raises(do.UsageError, match="max_delay"):
+            Batcher(lambda xs: do.value(xs), max_delay=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_cancelled_requests_do_not_disturb_their_batch(host_backend, loop):
+    calls: list[list[int]] = []
+
+    def fn(items: list[int]) -> do.DeviceOp[list[int]]:
+        calls.append(list(items))
+        return do.value([x + 1 for x in items])
+
+    b = Batcher(fn, max_batch=8, max_delay=0.1)
+    out: dict[int, int] = {}
+
+    async def one(i: int) -> None:
+        out[i] = await b(i)
+
+    async def main() -> None:
+        with anyio.fail_after(20):  # a stranded batch would hang its requests: fail instead
+            await requests()
+
+    async def requests() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, 0)  # the leader
+            await anyio.sleep(0.01)
+            with anyio.CancelScope() as cs:  # a follower, cancelled while its batch gathers
+                cs.cancel()
+                await one(1)
+            tg.start_soon(one, 2)
+
+        # the leader itself cancelled: its batch still runs for the others
+        async def late(i: int) -> None:
+            await anyio.sleep(0.01)
+            await one(i)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(late, 11)
+            with anyio.move_on_after(0.02):
+                await one(10)
+
+    _run(loop, main)
+    assert out == {0: 1, 2: 3, 11: 12}
+    assert calls[0] == [0, 1, 2] and calls[1] == [10, 11]
+
+
+def test_one_batcher_belongs_to_one_loop(host_backend):
+    b = Batcher(lambda xs: do.value(list(xs)), max_delay=0.0)
+    assert anyio.run(lambda: b(1)) == 1
+    with pytest.raises(do.UsageError, match="event loop that first called it"):
+        anyio.run(lambda: b(2))
+    with pytest.raises(do.UsageError, match="event loop"):
+        b(3).send(None)  # outside a loop: refused before anything runs
