@@ -200,3 +200,33 @@ def test_one_batcher_belongs_to_one_loop(host_backend):
         anyio.run(lambda: b(2))
     with pytest.raises(do.UsageError, match="event loop"):
         b(3).send(None)  # outside a loop: refused before anything runs
+
+
+def test_an_interrupted_batch_tells_its_other_requests(host_backend):
+    def fn(items: list[int]) -> do.DeviceOp[list[int]]:
+        raise SystemExit(3)  # (KeyboardInterrupt alike) raised by the leading request
+
+    b = Batcher(fn, max_batch=8, max_delay=0.05)
+    seen: dict[str, object] = {}
+
+    async def leader() -> None:
+        try:
+            await b(1)
+        except SystemExit as e:
+            seen["leader"] = e.code
+
+    async def follower() -> None:
+        await anyio.sleep(0.01)
+        try:
+            await b(2)
+        except do.UsageError as e:
+            seen["follower"] = str(e)
+
+    async def main() -> None:
+        with anyio.fail_after(20):  # a follower left waiting would hang: fail instead
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(leader)
+                tg.start_soon(follower)
+
+    anyio.run(main)
+    assert seen["leader"] == 3 and "interrupted (SystemExit" in str(seen["follower"])

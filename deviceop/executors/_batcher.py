@@ -162,6 +162,15 @@ class Batcher(Generic[X, R]):
                     r.error = e
                     r.done.set()
                 return
+            except BaseException as e:  # KeyboardInterrupt, SystemExit in fn: raised by the leader,
+                self._failed += 1  # and the others told instead of left waiting
+                err = UsageError(
+                    f"this request's batch was interrupted ({type(e).__name__} in the request leading it); retry it"
+                )
+                for r in reqs:
+                    r.error = err
+                    r.done.set()
+                raise
             for r, v in zip(reqs, results):
                 if isinstance(v, BaseException):
                     r.error = v
