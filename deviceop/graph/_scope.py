@@ -80,8 +80,7 @@ class GraphScope:
         if not isinstance(op, DeviceOp):
             raise UsageError(f"record() takes a DeviceOp, got {type(op).__name__}; wrap values in do.value(x)")
         cx = self._cx
-        if cx is None:
-            raise UsageError("record() needs an open scope: use it inside `with do.graph.scope() as s:`")
+        assert cx is not None  # set while the scope is recording (checked above)
         op._take("graph record()")
         try:
             out = op._run(cx)

@@ -271,10 +271,9 @@ class Kernel:
             be = current()
         if grid is not None:
             g = grid
-        elif pgrid is not None:
-            g = pgrid + (1,) * (3 - len(pgrid))
         else:
-            raise UsageError(f"{self.name}(): no Partition argument gives the grid; pass grid=(x, y, z)")
+            assert pgrid is not None  # check() refused a call with neither grid= nor a Partition
+            g = pgrid + (1,) * (3 - len(pgrid))
         empty = 0 in g
         cuda = None
         if be.driver is not None and not empty:

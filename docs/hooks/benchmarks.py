@@ -108,16 +108,13 @@ def _overlap(d: dict) -> str:
 
 
 def _bimodal(d: dict) -> str:
-    ceil = d.get("ceiling_best_wu_per_ms")
-    best = d.get("async_best") or {}
-    b1 = d.get("async_batch1_best") or {}
-    bw = best.get("wu_per_ms") if isinstance(best, dict) else best
-    b1w = b1.get("wu_per_ms") if isinstance(b1, dict) else b1
-    ser = d.get("serial")
-    serw = ser.get("wu_per_ms") if isinstance(ser, dict) else ser
+    ceil = d["ceiling_best_wu_per_ms"]
+    bw = d["async_best"]["wu_per_ms"]
+    b1w = d["async_batch1_best"]["wu_per_ms"]
+    serw = d["serial"]["wu_per_ms"]
     return (
         f"{d['items']} GEMMs ({d['mix']}) from one host thread. GPU ceiling (graphs replayed) {_f(ceil, 1)} WU/ms; "
-        f"one-thread async queue best {_f(bw, 1)} WU/ms ({_f(100 * bw / ceil if bw and ceil else None, 1)} % of it); "
+        f"one-thread async queue best {_f(bw, 1)} WU/ms ({_f(100 * bw / ceil, 1)} % of it); "
         f"`batch=1` {_f(b1w, 1)} WU/ms; serial {_f(serw, 1)} WU/ms."
     )
 
