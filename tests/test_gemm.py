@@ -312,3 +312,21 @@ def test_gemm_replays_stop_recording_calls_that_do_not_repeat():
     for _ in range(100):
         assert r.get(hot, be, None, lambda s: 0)
     assert r.credit >= before + 99 and r.replays >= 101
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (256, 2048, 2048)])
+def test_gemm_row_results_do_not_depend_on_the_other_rows(backend, m, k, n):
+    # batch invariance, which a batching service needs (identical requests, identical answers):
+    # the same 16 rows at every place of an (m, k) input, among other rows, give the same bits
+    rng = np.random.default_rng(11)
+    block = (rng.standard_normal((16, k)) / np.sqrt(k)).astype(np.float16)
+    b = do.from_numpy((rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)).sync()
+    outs = []
+    for place in range(0, m, 16):
+        a = (rng.standard_normal((m, k)) / np.sqrt(k)).astype(np.float16)
+        a[place : place + 16] = block
+        c = do.empty((m, n), do.float16).sync()
+        K.gemm(c, do.from_numpy(a).sync(), b).sync()
+        outs.append(c.numpy()[place : place + 16])
+    for place, o in zip(range(0, m, 16), outs):
+        assert np.array_equal(o, outs[0]), f"rows at {place} differ from rows at 0"

@@ -598,7 +598,39 @@ def test_cache_bad_input(backend) -> None:
         alloc(do.zeros((2, 4)).sync()).sync()
 
 
-def test_graph_cache_from_several_threads_gives_each_call_its_own_result(backend, monkeypatch) -> None:
+def test_cache_copies_are_recorded_once_each_and_used_in_turn(backend) -> None:
+    inputs = []
+
+    def build(inp: do.Tensor) -> do.DeviceOp:
+        inputs.append(inp)
+        return _double_rows(inp)
+
+    c = do.graph.GraphCache(build, buckets=[4], copies=3)
+    streams = do.streams()
+    for i in range(7):
+        x = do.full((2 + i % 3, 8), float(i), do.float32).sync()
+        y = c(x).sync_on(streams[i % len(streams)])
+        assert y.shape == (2 + i % 3, 8) and np.all(y.numpy() == 2 * i)
+    s = c.stats()
+    assert (s["calls"], s["misses"], s["hits"]) == (7, 3, 4)
+    assert len(inputs) == 3 and len({id(t.buffer) for t in inputs}) == 3  # three recordings
+    assert "copies=3 graphs=3" in repr(c)
+    # calls in flight at once on several streams: each gets its own result
+    outs = [c(do.full((3, 8), float(k), do.float32).sync()).submit(stream=streams[k % len(streams)]) for k in range(9)]
+    for k, f in enumerate(outs):
+        assert np.all(f.result(timeout=30).numpy() == 2 * k)
+    c.clear()
+    assert "graphs=0" in repr(c)
+
+
+@pytest.mark.parametrize("copies", [0, -1, 65, 1.0, True, None])
+def test_cache_copies_out_of_range_are_refused(copies) -> None:
+    with pytest.raises(do.UsageError, match="copies must be an int from 1 to 64"):
+        do.graph.GraphCache(_double_rows, buckets=[4], copies=copies)
+
+
+@pytest.mark.parametrize("copies", [1, 3])
+def test_graph_cache_from_several_threads_gives_each_call_its_own_result(backend, monkeypatch, copies) -> None:
     # a call is three enqueues on the bucket's shared buffers (copy in, replay, copy out);
     # another thread's call must never slip between them (it used to: its replay then fed this
     # call's copy out). The window is widened: the copy out's allocation waits 1 ms.
@@ -620,7 +652,7 @@ def test_graph_cache_from_several_threads_gives_each_call_its_own_result(backend
         out = do.empty(inp.shape, inp.dtype).sync()
         return K.scale(out.partition((1, inp.shape[1])), inp, 2.0).map(lambda a: a[0].tensor)
 
-    cache = do.graph.GraphCache(build, max_size=8)
+    cache = do.graph.GraphCache(build, max_size=8, copies=copies)
     wrong = []
 
     def worker(k: int) -> None:

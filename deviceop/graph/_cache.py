@@ -3,7 +3,9 @@
 As serving engines do for batch sizes (the CUDA-graphs article's ``capture_num_tokens``): the
 first input of a bucket records ``build(static_input)`` into a graph; every input is copied
 into its bucket's static input, padded to the bucket size, and the graph replayed. Inputs
-larger than the largest bucket run eagerly and are counted.
+larger than the largest bucket run eagerly and are counted. ``copies=N`` keeps N recordings of
+each bucket, used in turn, so that calls from concurrent requests on different streams do not
+wait for each other on one recording's buffers.
 """
 
 from __future__ import annotations
@@ -60,7 +62,14 @@ class GraphCache:
     first ``len(x)`` rows of the output, copied to a new tensor (``copy_out=False``: a view of
     the bucket's static output, overwritten by the next call in that bucket).
 
-    ``stats()`` reports hits, misses (recordings), eager runs and padding waste.
+    The calls of one recording are ordered by the ledger in issue order (they share its
+    buffers), so concurrent calls on several streams would run one after another.
+    ``copies=N`` records up to N copies of each bucket (the first N calls of a bucket each
+    record one) and hands calls to them in turn: N calls of a bucket can run at once on N
+    streams. Memory grows N-fold; 1 (the default) suits one stream or sequential calls.
+
+    ``stats()`` reports hits, misses (recordings), eager runs and padding waste. Thread-safe:
+    calls from several threads each get their own result.
     """
 
     def __init__(
@@ -69,6 +78,7 @@ class GraphCache:
         buckets: Sequence[int] | None = None,
         max_size: int | None = None,
         copy_out: bool = True,
+        copies: int = 1,
     ) -> None:
         if not callable(build):
             raise UsageError(f"GraphCache needs a callable build(x) -> DeviceOp, got {type(build).__name__}")
@@ -79,15 +89,21 @@ class GraphCache:
         bs = sorted(set(buckets))
         if not bs or any(type(b) is not int or b < 1 for b in bs):
             raise UsageError(f"buckets must be positive ints, got {list(buckets)!r}")
+        if type(copies) is not int or not 1 <= copies <= 64:
+            raise UsageError(f"copies must be an int from 1 to 64 (recordings per bucket), got {copies!r}")
         self.buckets = bs
+        self.copies = copies
         self._build = build
         self._copy_out = bool(copy_out)
-        self._entries: dict[tuple[Any, ...], _Entry] = {}
+        # per bucket: its recordings (up to `copies`) and the count of calls, which picks the next
+        self._entries: dict[tuple[Any, ...], list[_Entry]] = {}
+        self._turns: dict[tuple[Any, ...], int] = {}
         self._lock = threading.Lock()
         self._stats = {"calls": 0, "hits": 0, "misses": 0, "eager": 0, "rows": 0, "padded_rows": 0}
 
     def __repr__(self) -> str:
-        return f"<GraphCache buckets={self.buckets} graphs={len(self._entries)}>"
+        n = sum(len(v) for v in self._entries.values())
+        return f"<GraphCache buckets={self.buckets} copies={self.copies} graphs={n}>"
 
     def bucket_for(self, n: int) -> int | None:
         """The bucket an input of ``n`` rows is padded to (None: larger than every bucket)."""
@@ -119,6 +135,7 @@ class GraphCache:
         """Drop every recorded graph (their memory goes when no work uses it) and the counters."""
         with self._lock:
             self._entries.clear()
+            self._turns.clear()
             for k in self._stats:
                 self._stats[k] = 0
 
@@ -157,12 +174,18 @@ class GraphCache:
             return out
         key = (b, x.shape[1:], x.dtype.name, cx.backend)
         with self._lock:
-            e = self._entries.get(key)
+            lst = self._entries.setdefault(key, [])
+            turn = self._turns.get(key, 0)
+            self._turns[key] = turn + 1
+            e = lst[turn % self.copies] if len(lst) == self.copies else None
         hit = e is not None
         if e is None:
-            e = self._record(cx, key, b, x)
+            e = self._record(cx, key, b, x)  # (outside the lock: recording runs build and waits)
+            with self._lock:
+                if len(lst) < self.copies:
+                    lst.append(e)
+                # else: other threads filled the copies meanwhile; this recording serves this call
         with self._lock:
-            e = self._entries.setdefault(key, e)  # (two threads may record one bucket; one wins)
             st["calls"] += 1
             st["hits" if hit else "misses"] += 1
             st["rows"] += n

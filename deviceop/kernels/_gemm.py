@@ -334,8 +334,12 @@ def _layout(x: Tensor, what: str) -> tuple[bool, int]:
 
 
 def _host_gemm(c: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float, beta: float) -> None:
-    """numpy twin: float32 products and accumulation, one rounding to c's dtype."""
-    acc = np.float32(alpha) * (a.astype(np.float32) @ b.astype(np.float32))
+    """numpy twin: float64 products and accumulation, one rounding to c's dtype.
+
+    float64, not cuBLAS's float32: BLAS's float32 sums of a row change with the row's place in
+    the matrix (its blocking), and rounding a float64 sum to c's dtype hides that, so a row's
+    result does not depend on the other rows (a batched request gets the bits it gets alone)."""
+    acc = alpha * (a.astype(np.float64) @ b.astype(np.float64))
     if beta != 0.0:
-        acc += np.float32(beta) * c.astype(np.float32)
+        acc += beta * c.astype(np.float64)
     c[...] = acc.astype(c.dtype)

@@ -1,0 +1,350 @@
+"""Load test of the inference service: every variant of ``server.py`` under the same HTTP load.
+
+One command starts one server process per variant (``--impls``), checks that they agree (the
+same inputs through each; PyTorch's results are the reference within float16 tolerance) and
+then, in alternating rounds, loads each one from ``--procs`` client processes holding
+``--clients`` connections in all (aiohttp, keep-alive, loopback), each sending requests back
+to back for ``--seconds`` (closed loop: the saturated throughput), then under one offered load
+for all (open loop, ``--rate``: by default 80 % of the best PyTorch variant's saturated
+throughput, a request on a fixed schedule whatever is in flight). Reported per variant and
+load (medians over rounds): requests per second, latency p50 / p99, the server's event-loop lag
+p50 / p99, its CPU time per request (all its threads), errors, and responses that differ from
+that server's first answer to the same input.
+
+    python examples/service/loadtest.py                       # every variant, the H100 model
+    python examples/service/loadtest.py --impls deviceop-batch,torch-blocking --seconds 5
+    python examples/service/loadtest.py --width 128 --steps 2 --seconds 2 --rounds 1  # small
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import hashlib
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from server import IMPLS  # noqa: E402
+
+
+def _post(url: str, data: bytes = b"", timeout: float = 60) -> bytes:
+    req = urllib.request.Request(url, data=data, method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read()  # type: ignore[no-any-return]
+
+
+def _get_json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def start_server(
+    impl: str, model_args: list[str], env: dict[str, str], profile: str | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """Start ``server.py --impl impl`` on a free port; returns the process and its base URL."""
+    extra = ["--profile", f"{profile}.{impl}.prof"] if profile else []
+    p = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "server.py"), "--impl", impl, "--port", "0", *model_args, *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert p.stdout is not None
+    line = p.stdout.readline()  # blocks until the server listens (or dies)
+    if not line.startswith("listening on "):
+        p.kill()
+        raise SystemExit(f"server {impl} did not start (exit {p.wait()}): {line!r}")
+    return p, f"http://127.0.0.1:{int(line.split()[-1])}"
+
+
+def _client(
+    url: str, inputs: list[bytes], digests: list[str], conns: int, t_start: float, t_end: float, rate: float
+) -> dict:
+    """One client process. ``rate`` 0 (closed loop): ``conns`` connections, each sending requests
+    back to back. ``rate`` > 0 (open loop): a request every 1/rate seconds on a fixed schedule,
+    whatever is in flight; its latency counts from its scheduled time, so a server that falls
+    behind is charged for the wait. Only requests sent and answered within [t_start, t_end] count."""
+    import aiohttp
+
+    async def run() -> dict:
+        lat: list[float] = []
+        errors = 0
+        mismatches = 0
+        cpu0 = time.process_time()
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn) as session:
+
+            async def loop(k: int) -> None:
+                nonlocal errors, mismatches
+                i = k
+                while True:
+                    t0 = time.time()
+                    if t0 >= t_end:
+                        return
+                    i = (i + conns) % len(inputs)
+                    try:
+                        async with session.post(url + "/infer", data=inputs[i]) as resp:
+                            body = await resp.read()
+                            status = resp.status
+                    except aiohttp.ClientError:
+                        status, body = 0, b""
+                    t1 = time.time()
+                    if t0 < t_start or t1 > t_end:
+                        continue
+                    if status != 200:
+                        errors += 1
+                    elif hashlib.sha1(body).hexdigest() != digests[i]:
+                        mismatches += 1
+                    else:
+                        lat.append(t1 - t0)
+
+            async def one(i: int, due: float) -> None:
+                nonlocal errors, mismatches
+                try:
+                    async with session.post(url + "/infer", data=inputs[i]) as resp:
+                        body = await resp.read()
+                        status = resp.status
+                except aiohttp.ClientError:
+                    status, body = 0, b""
+                t1 = time.time()
+                if due < t_start or t1 > t_end:
+                    return
+                if status != 200:
+                    errors += 1
+                elif hashlib.sha1(body).hexdigest() != digests[i]:
+                    mismatches += 1
+                else:
+                    lat.append(t1 - due)
+
+            async def schedule() -> None:
+                tasks = set()
+                due = t_start - 0.5  # a half second of the same load before the window
+                k = 0
+                while due < t_end:
+                    await asyncio.sleep(max(0.0, due - time.time()))
+                    t = asyncio.ensure_future(one(k % len(inputs), due))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                    k += 1
+                    due += 1.0 / rate
+                await asyncio.gather(*tasks)
+
+            await asyncio.sleep(max(0.0, t_start - 0.5 - time.time()))
+            if rate:
+                await schedule()
+            else:
+                await asyncio.gather(*(loop(k) for k in range(conns)))
+        return {"latencies": lat, "errors": errors, "mismatches": mismatches, "cpu_s": time.process_time() - cpu0}
+
+    return asyncio.run(run())
+
+
+def load(
+    url: str, inputs: list[bytes], digests: list[str], clients: int, procs: int, seconds: float, rate: float = 0.0
+) -> dict:
+    """``clients`` connections from ``procs`` processes for ``seconds`` (closed loop), or
+    ``rate`` requests per second in all (open loop); the server's counters are reset when the
+    window opens and read when it closes."""
+    per = [clients // procs + (1 if k < clients % procs else 0) for k in range(procs)]
+    t_start = time.time() + 2.0  # the client processes start and connect before the window
+    t_end = t_start + seconds
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(procs) as pool:
+        active = [n for n in per if n]
+        jobs = [
+            pool.apply_async(_client, (url, inputs, digests, n, t_start, t_end, rate / len(active))) for n in active
+        ]
+        time.sleep(max(0.0, t_start - time.time()))
+        _post(url + "/reset")
+        time.sleep(max(0.0, t_end - time.time()))
+        server = _get_json(url + "/stats")
+        parts = [j.get(timeout=seconds + 120) for j in jobs]
+    lat = sorted(v for p in parts for v in p["latencies"])
+    n = len(lat)
+    return {
+        "req_s": n / seconds,
+        "latency_ms_p50": 1e3 * statistics.median(lat) if lat else None,
+        "latency_ms_p99": 1e3 * lat[min(n - 1, int(0.99 * n))] if lat else None,
+        "ok": n,
+        "errors": sum(p["errors"] for p in parts) + server["errors"],
+        "mismatches": sum(p["mismatches"] for p in parts),
+        "lag_ms_p50": server["lag_ms_p50"],
+        "lag_ms_p99": server["lag_ms_p99"],
+        "lag_ms_max": server["lag_ms_max"],
+        "server_cpu_us_per_req": 1e6 * server["cpu_s"] / max(1, server["requests"]),
+        "server_cpu_cores": server["cpu_s"] / server["seconds"],
+        "client_cpu_cores": sum(p["cpu_s"] for p in parts) / (seconds + 2.5),
+        "server": server,
+    }
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        info["gpu"] = out.stdout.strip() or None
+    except OSError:
+        info["gpu"] = None
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--impls", default="all", help=f"comma-separated, of {', '.join(IMPLS)}; all: those that can run")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--inputs", type=int, default=64, help="distinct request inputs, sent in turn")
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--width", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--max-delay", type=float, default=0.001)
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="offered load (requests/s) of the open-loop rounds; 0: 80%% of the best PyTorch variant's "
+        "saturated throughput (of the slowest variant's without PyTorch); -1: no open-loop rounds",
+    )
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--profile", default=None, help="profile each server's event loop into PREFIX.IMPL.prof")
+    a = ap.parse_args(argv)
+    if a.impls == "all":
+        impls = list(IMPLS)
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                impls.remove("torch-streams")
+        except ImportError:
+            impls = [i for i in impls if not i.startswith("torch")]
+    else:
+        impls = [i for i in a.impls.split(",") if i]
+        bad = [i for i in impls if i not in IMPLS]
+        if bad:
+            ap.error(f"unknown --impls {bad}; choose from {', '.join(IMPLS)}")
+    model_args = ["--rows", str(a.rows), "--width", str(a.width), "--steps", str(a.steps)]
+    model_args += ["--max-batch", str(a.max_batch), "--max-delay", str(a.max_delay)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((a.rows, a.width)).astype(np.float16) for _ in range(a.inputs)]
+    inputs = [x.tobytes() for x in xs]
+    servers = {impl: start_server(impl, model_args, env, a.profile) for impl in impls}
+    doc: dict[str, Any] = {"experiment": "service", "machine": machine(), "config": vars(a), "impls": impls}
+    try:
+        # every server answers every input once: its digests (for the identity check) and its
+        # agreement with the reference (PyTorch's answer if it runs, else the first server's)
+        answers = {i: [_post(u + "/infer", b) for b in inputs] for i, (_, u) in servers.items()}
+        ref_impl = next((i for i in impls if i.startswith("torch")), impls[0])
+        ref = [np.frombuffer(b, np.float16).astype(np.float32) for b in answers[ref_impl]]
+        doc["check"] = {"reference": ref_impl}
+        for impl, bs in answers.items():
+            got = [np.frombuffer(b, np.float16).astype(np.float32) for b in bs]
+            err = max(float(np.max(np.abs(g - r)) / (np.max(np.abs(r)) + 1e-6)) for g, r in zip(got, ref))
+            doc["check"][impl] = err
+            if not err < 2e-2:
+                raise SystemExit(f"{impl} disagrees with {ref_impl}: relative max error {err:.3g}")
+        digests = {i: [hashlib.sha1(b).hexdigest() for b in bs] for i, bs in answers.items()}
+        for impl, (_, u) in servers.items():  # warm-up under load: pools, plans, graphs, allocators
+            load(u, inputs, digests[impl], a.clients, a.procs, a.warmup)
+        rows = []
+        for r in range(a.rounds):
+            for impl, (_, u) in servers.items():
+                res = load(u, inputs, digests[impl], a.clients, a.procs, a.seconds)
+                res.update(impl=impl, round=r)
+                rows.append(res)
+                print(
+                    f"round {r} {impl:<15} {res['req_s']:8.1f} req/s  p50 {res['latency_ms_p50'] or 0:7.2f} ms  "
+                    f"p99 {res['latency_ms_p99'] or 0:7.2f} ms  lag p99 {res['lag_ms_p99']:7.2f} ms  "
+                    f"CPU {res['server_cpu_us_per_req']:7.1f} us/req  errors {res['errors']}  "
+                    f"mismatches {res['mismatches']}",
+                    flush=True,
+                )
+        doc["rounds"] = rows
+        # open loop: every variant under the same offered load, below saturation, where a
+        # service runs: latency from the scheduled send time, and the event loop's lag
+        rate = a.rate
+        if rate == 0:
+            sat = {i: statistics.median(x["req_s"] for x in rows if x["impl"] == i) for i in impls}
+            torch_sat = [v for i, v in sat.items() if i.startswith("torch")]
+            rate = 0.8 * (max(torch_sat) if torch_sat else min(sat.values()))
+        at_rate = []
+        if rate > 0:
+            doc["rate"] = rate
+            for r in range(a.rounds):
+                for impl, (_, u) in servers.items():
+                    res = load(u, inputs, digests[impl], a.clients, a.procs, a.seconds, rate=rate)
+                    res.update(impl=impl, round=r)
+                    at_rate.append(res)
+                    print(
+                        f"at {rate:.0f} req/s, round {r} {impl:<15} {res['req_s']:8.1f} req/s  "
+                        f"p50 {res['latency_ms_p50'] or 0:7.2f} ms  p99 {res['latency_ms_p99'] or 0:7.2f} ms  "
+                        f"lag p99 {res['lag_ms_p99']:7.2f} ms  CPU {res['server_cpu_us_per_req']:7.1f} us/req  "
+                        f"errors {res['errors']}  mismatches {res['mismatches']}",
+                        flush=True,
+                    )
+        doc["at_rate"] = at_rate
+    finally:
+        for p, _ in servers.values():
+            p.terminate()
+        for p, _ in servers.values():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    keys = ("req_s", "latency_ms_p50", "latency_ms_p99", "lag_ms_p50", "lag_ms_p99", "server_cpu_us_per_req")
+    summary: dict[str, Any] = {}
+    for impl in impls:
+        mine = [x for x in rows if x["impl"] == impl]
+        summary[impl] = {k: statistics.median(x[k] for x in mine) for k in keys if all(x[k] is not None for x in mine)}
+        opened = [x for x in at_rate if x["impl"] == impl]
+        if opened:
+            summary[impl]["at_rate"] = {
+                k: statistics.median(x[k] for x in opened) for k in keys if all(x[k] is not None for x in opened)
+            }
+        summary[impl]["errors"] = sum(x["errors"] for x in mine + opened)
+        summary[impl]["mismatches"] = sum(x["mismatches"] for x in mine + opened)
+    torch_impls = [i for i in impls if i.startswith("torch")]
+    for impl in impls:
+        if impl.startswith("deviceop") and torch_impls:
+            best = max(torch_impls, key=lambda i: summary[i]["req_s"])
+            summary[impl]["vs_best_torch"] = {"impl": best, "ratio": summary[impl]["req_s"] / summary[best]["req_s"]}
+            if "torch-blocking" in summary:
+                summary[impl]["vs_torch_blocking"] = summary[impl]["req_s"] / summary["torch-blocking"]["req_s"]
+    doc["summary"] = summary
+    print(json.dumps(summary, indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    bad = sum(s["errors"] + s["mismatches"] for s in summary.values())
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""An HTTP inference service (aiohttp on uvloop) whose handler runs the model of ``model.py``.
+
+``POST /infer`` takes a request's ``(rows, width)`` float16 array as raw bytes and answers the
+model's output the same way. ``--impl`` picks how the handler runs the GPU work:
+
+  deviceop-batch  ``await batcher(x)``: concurrent requests gathered into one op (Batcher),
+                  replayed from a recorded graph (GraphCache with a copy per stream)
+  deviceop        ``await model.request(x)``: one op per request, fresh buffers, no batching
+  torch-blocking  PyTorch in the handler, ``.cpu()`` blocking the event loop
+  torch-thread    ``await asyncio.to_thread(...)`` of the blocking PyTorch request
+  torch-streams   PyTorch on a pool of streams, the result copied to pinned memory, an event
+                  recorded and polled (``event.query()`` every ``--poll`` seconds)
+
+``GET /stats`` reports, since the last ``POST /reset``: requests, the process's CPU seconds (all
+threads), the event loop's lag (a heartbeat timer every 5 ms; lag is how late it fires), the
+garbage collector's pauses and the Batcher's counters. After start-up the server calls
+``gc.freeze()`` (``--no-gc-freeze`` leaves it out), as services do, for every variant. The server prints ``listening on PORT`` once it accepts requests.
+
+    python examples/service/server.py --impl deviceop-batch --port 8080
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import os
+import signal
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+IMPLS = ("deviceop-batch", "deviceop", "torch-blocking", "torch-thread", "torch-streams")
+HEARTBEAT_S = 0.005
+
+
+class Stats:
+    """What /stats reports: requests, CPU time and the event loop's lag since the last reset."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.gc_pauses: list[float] = []
+        self.requests = 0
+        self.errors = 0
+        self.cpu0 = time.process_time()
+        self.t0 = time.perf_counter()
+        self.lag: list[float] = []
+
+    def report(self, extra: dict[str, Any]) -> dict[str, Any]:
+        lag = sorted(self.lag) or [0.0]
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "seconds": time.perf_counter() - self.t0,
+            "cpu_s": time.process_time() - self.cpu0,
+            "lag_ms_p50": 1e3 * statistics.median(lag),
+            "lag_ms_p99": 1e3 * lag[min(len(lag) - 1, int(0.99 * len(lag)))],
+            "lag_ms_max": 1e3 * lag[-1],
+            "heartbeats": len(self.lag),
+            "gc_collections": len(self.gc_pauses),
+            "gc_pause_ms_max": 1e3 * max(self.gc_pauses, default=0.0),
+            "gc_pause_ms_total": 1e3 * sum(self.gc_pauses),
+            **extra,
+        }
+
+
+async def heartbeat(stats: Stats) -> None:
+    """How late a 5 ms timer fires: the delay any ready callback of this loop waits."""
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(HEARTBEAT_S)
+        stats.lag.append(max(0.0, time.perf_counter() - t - HEARTBEAT_S))
+
+
+def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[np.ndarray]], Callable[[], dict]]:
+    """The handler's GPU step for ``--impl``, and a function giving its counters."""
+    if a.impl.startswith("deviceop"):
+        from model import DeviceopModel
+
+        import deviceop as do
+
+        m = DeviceopModel(a.width, a.steps)
+        if a.impl == "deviceop":
+
+            async def infer(x: np.ndarray) -> np.ndarray:
+                return await m.request(x)
+
+            return infer, lambda: {"backend": do.backend_name()}
+        copies = a.copies or len(do.streams())
+        batcher = m.batched(a.rows, a.max_batch, a.max_delay, copies)
+
+        async def infer_batched(x: np.ndarray) -> np.ndarray:
+            return await batcher(x)
+
+        return infer_batched, lambda: {
+            "backend": do.backend_name(),
+            "batcher": batcher.stats(),
+            "graph_cache": m.cache.stats(),
+        }
+
+    import torch
+    from model import TorchModel
+
+    tm = TorchModel(a.width, a.steps)
+    info = lambda: {"backend": "torch-" + tm.device}  # noqa: E731
+    if a.impl == "torch-blocking":
+
+        async def infer_blocking(x: np.ndarray) -> np.ndarray:
+            return tm.request(x.copy())
+
+        return infer_blocking, info
+    if a.impl == "torch-thread":
+
+        async def infer_thread(x: np.ndarray) -> np.ndarray:
+            return await asyncio.to_thread(tm.request, x.copy())
+
+        return infer_thread, info
+    if tm.device != "cuda":
+        raise SystemExit("torch-streams needs a CUDA device")
+    streams = [torch.cuda.Stream() for _ in range(a.streams)]
+    turn = itertools.count()
+
+    async def infer_streams(x: np.ndarray) -> np.ndarray:
+        s = streams[next(turn) % len(streams)]
+        with torch.cuda.stream(s):
+            y = tm.work(x.copy())
+            out = torch.empty(y.shape, dtype=y.dtype, pin_memory=True)
+            out.copy_(y, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(s)
+        while not ev.query():
+            await asyncio.sleep(a.poll)
+        return out.numpy()
+
+    return infer_streams, info
+
+
+def watch_gc(stats: Stats) -> None:
+    """Time every collection of the garbage collector (a pause of the event loop's thread)."""
+    started = [0.0]
+
+    def cb(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            stats.gc_pauses.append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(cb)
+
+
+async def serve(a: argparse.Namespace) -> None:
+    infer, counters = make_infer(a)
+    stats = Stats()
+    watch_gc(stats)
+    if a.gc_freeze:
+        # what the process holds after start-up (modules, the model) is never collected again:
+        # the collector's full passes then walk only what requests made
+        gc.collect()
+        gc.freeze()
+    nbytes = a.rows * a.width * 2
+
+    async def handle_infer(request: web.Request) -> web.Response:
+        body = await request.read()
+        if len(body) != nbytes:
+            stats.errors += 1
+            return web.Response(status=400, text=f"expected {nbytes} bytes ({a.rows} x {a.width} float16)")
+        x = np.frombuffer(body, np.float16).reshape(a.rows, a.width)
+        try:
+            y = await infer(x)
+        except Exception as e:  # a failed request answers 500 and is counted; the service goes on
+            stats.errors += 1
+            return web.Response(status=500, text=f"{type(e).__name__}: {e}")
+        stats.requests += 1
+        return web.Response(body=y.tobytes(), content_type="application/octet-stream")
+
+    async def handle_reset(request: web.Request) -> web.Response:
+        stats.reset()
+        return web.Response(text="ok")
+
+    async def handle_stats(request: web.Request) -> web.Response:
+        return web.json_response(stats.report({"impl": a.impl, **counters()}))
+
+    async def handle_health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application(client_max_size=max(1 << 20, 2 * nbytes))
+    app.add_routes(
+        [
+            web.post("/infer", handle_infer),
+            web.post("/reset", handle_reset),
+            web.get("/stats", handle_stats),
+            web.get("/health", handle_health),
+        ]
+    )
+    hb = asyncio.ensure_future(heartbeat(stats))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((a.host, a.port))
+    await web.SockSite(runner, sock, backlog=1024).start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)  # terminate: a clean exit
+    print(f"listening on {sock.getsockname()[1]}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        hb.cancel()
+        await runner.cleanup()
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--impl", choices=IMPLS, default="deviceop-batch")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
+    ap.add_argument("--rows", type=int, default=16, help="rows of one request")
+    ap.add_argument("--width", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=8, help="blocks of (gemm, gelu, gemm)")
+    ap.add_argument("--max-batch", type=int, default=16, help="deviceop-batch: requests per batch")
+    ap.add_argument("--max-delay", type=float, default=0.001, help="deviceop-batch: seconds a batch waits")
+    ap.add_argument("--copies", type=int, default=0, help="deviceop-batch: graph copies (0: one per stream)")
+    ap.add_argument("--streams", type=int, default=8, help="torch-streams: streams in the pool")
+    ap.add_argument("--poll", type=float, default=0.0002, help="torch-streams: seconds between event polls")
+    ap.add_argument(
+        "--no-gc-freeze", dest="gc_freeze", action="store_false", help="leave gc.freeze() out after start-up"
+    )
+    ap.add_argument("--profile", default=None, help="write the event loop thread's cProfile stats here on exit")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse(argv)
+    prof = None
+    if a.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(a))
+    else:
+        uvloop.run(serve(a))
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(a.profile)
+
+
+if __name__ == "__main__":
+    main()

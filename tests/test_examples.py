@@ -1,0 +1,88 @@
+"""The example programs of ``examples/`` run as a user runs them, each briefly, on the backend."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, needs_gpu
+
+EXAMPLES = os.path.join(ROOT, "examples")
+
+
+def _run(backend: str, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DEVICEOP_BACKEND": backend, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_service_load_test(backend, tmp_path) -> None:
+    pytest.importorskip("aiohttp")
+    needs_gpu(backend, "the service's model runs cuBLAS GEMMs")
+    impls = ["deviceop-batch", "deviceop"]
+    if importlib.util.find_spec("torch") is not None:
+        impls.append("torch-blocking")
+    out = tmp_path / "service.json"
+    r = _run(
+        backend,
+        [
+            os.path.join(EXAMPLES, "service", "loadtest.py"),
+            "--impls",
+            ",".join(impls),
+            "--width",
+            "64",
+            "--steps",
+            "2",
+            "--rows",
+            "4",
+            "--inputs",
+            "8",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0.5",
+            "--rounds",
+            "1",
+            "--clients",
+            "8",
+            "--procs",
+            "1",
+            "--out",
+            str(out),
+        ],
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["impls"] == impls
+    for impl in impls:
+        s = doc["summary"][impl]
+        assert s["errors"] == 0 and s["mismatches"] == 0, (impl, s)
+        assert s["req_s"] > 0 and s["latency_ms_p99"] >= s["latency_ms_p50"] > 0
+        assert doc["check"][impl] < 2e-2
+    (batched,) = [x for x in doc["rounds"] if x["impl"] == "deviceop-batch"]
+    assert batched["server"]["backend"] == backend
+    assert batched["server"]["batcher"]["requests"] >= batched["ok"]
+    assert batched["server"]["graph_cache"]["misses"] >= 1
+
+
+def test_gemm_queue(backend, tmp_path) -> None:
+    needs_gpu(backend, "cuBLAS GEMMs")
+    out = tmp_path / "queue.json"
+    args = ["--items", "100", "--small", "32", "--large", "96", "--streams", "2", "--repeats", "1", "--check", "10"]
+    r = _run(backend, [os.path.join(EXAMPLES, "gemm_queue", "run.py"), *args, "--out", str(out)], timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["backend"] == backend
+    (q,) = doc["queue"]
+    assert doc["checked"] == 10 and doc["max_rel_err"] < 2e-2
+    assert len(q["busy_fraction"]) == 2 and q["gemms_per_ms"] > 0
+    assert "GEMMs/ms" in r.stdout
+
+
+def test_gemm_queue_refuses_bad_arguments(tmp_path) -> None:
+    r = _run("host", [os.path.join(EXAMPLES, "gemm_queue", "run.py"), "--items", "0"], timeout=120)
+    assert r.returncode == 2 and "--items must be at least 1" in r.stderr
