@@ -157,6 +157,47 @@ def _soak(d: dict) -> str:
     )
 
 
+def _service(d: dict) -> str:
+    s = d["summary"]
+    rows = [
+        "| variant | req/s | p50 / p99 ms | loop lag p99 ms | CPU µs/req | at the open-loop rate: p50 / p99 ms, lag p99 ms |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for impl in d["impls"]:
+        r = s[impl]
+        o = r.get("at_rate", {})
+        at = (
+            f"{_f(o.get('latency_ms_p50'), 1)} / {_f(o.get('latency_ms_p99'), 1)}, {_f(o.get('lag_ms_p99'), 1)}"
+            if o
+            else "—"
+        )
+        rows.append(
+            f"| {impl} | {_f(r['req_s'], 0)} | {_f(r['latency_ms_p50'], 1)} / {_f(r['latency_ms_p99'], 1)} | "
+            f"{_f(r['lag_ms_p99'], 1)} | {_f(r['server_cpu_us_per_req'], 0)} | {at} |"
+        )
+    c = d["config"]
+    best = s.get("deviceop-batch", {}).get("vs_best_torch")
+    head = (
+        f"`examples/service`: {c['clients']} HTTP clients from {c['procs']} processes, ({c['rows']}, {c['width']}) "
+        f"float16 requests through {c['steps']} blocks of (gemm, gelu, gemm); medians over {c['rounds']} rounds; "
+        f"open loop at {_f(d.get('rate'), 0)} req/s."
+    )
+    if best:
+        head += f" deviceop-batch serves {_f(best['ratio'])}x the best PyTorch variant ({best['impl']})."
+    return head + "\n\n" + "\n".join(rows)
+
+
+def _gemm_queue(d: dict) -> str:
+    q = max(d["queue"], key=lambda r: r["gemms_per_ms"])
+    p = max(d["one_at_a_time"], key=lambda r: r["gemms_per_ms"])
+    c = d["config"]
+    return (
+        f"`examples/gemm_queue`: {c['items']} GEMMs ({c['small']}³, every {c['large_every']}th {c['large']}³), fresh "
+        f"outputs: the one-thread queue {_f(q['gemms_per_ms'])} GEMMs/ms ({_f(q['tflops'], 1)} TFLOP/s), one at a time "
+        f"{_f(p['gemms_per_ms'])} GEMMs/ms: {_f(d['speedup'])}x."
+    )
+
+
 RENDER = {
     "pipeline_cost": ("Request pipeline", _pipeline),
     "exec_modes": ("Execution modes", _exec_modes),
@@ -166,6 +207,8 @@ RENDER = {
     "kernels": ("Kernels and GEMM", _kernels),
     "external_cost": ("Other libraries' work", _external),
     "soak": ("Soak", _soak),
+    "service": ("Inference service (example)", _service),
+    "gemm_queue": ("GEMM queue (example)", _gemm_queue),
 }
 
 

@@ -1,0 +1,476 @@
+"""A streaming speech-recognition loop: audio in real time, a voice-activity detector on the host,
+log-mel features and an acoustic encoder on the GPU per voiced chunk, partial results published,
+and barge-in: an interrupt cancels the chunk work in flight.
+
+The audio (``speech.wav`` here, synthesised with espeak-ng; ``--wav`` takes any 16-bit mono WAV)
+is streamed in ``--chunk`` second chunks at the pace of real time (``--speed`` plays it faster).
+Each chunk is split into 20 ms frames for WebRTC's voice-activity detector (webrtcvad); a chunk
+with enough voiced frames is encoded: the last ``--context`` seconds of audio go through a
+short-time Fourier transform, a mel filterbank and a log, then an encoder of ``--layers``
+residual GELU layers of ``--width`` features, and per-frame logits over 29 symbols, decoded
+greedily (CTC) on the host. The encoder's weights are random (no model ships offline), so the
+text published is not English: the loop, its timing and its cancellations are what is real.
+An interrupt (the user speaking over the system) arrives ``--interrupt-after`` seconds after
+every ``--interrupt-every``-th voiced chunk has arrived, so while that chunk's GPU work runs;
+each cancels the chunk work in flight.
+
+The same loop, three ways, one after the other over the same audio:
+
+  deviceop        one thread, one event loop (uvloop where installed): the encoder is PyTorch
+                  code run on deviceop's stream through ``do.external``; each voiced chunk's op is
+                  awaited in a task while the next chunk is ingested; an interrupt cancels the
+                  awaiting tasks
+  torch-blocking  one thread: PyTorch called in the loop, blocking until each chunk's result is
+                  on the host; an interrupt is seen when the call returns
+  torch-threaded  an ingest thread and a GPU thread joined by a queue; an interrupt drops the
+                  queued chunks and is acknowledged when the GPU thread's call returns
+
+Reported for each: chunk latency (from the moment a chunk's audio has arrived to its result
+published) p50 / p99, interrupt reaction (from the interrupt to the work in flight cancelled and
+the loop free again) p50 / p99, host CPU time per second of audio, and the threads it used.
+
+    python examples/asr_stream/run.py
+    python examples/asr_stream/run.py --speed 8 --width 128 --layers 2   # quick, small
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import queue
+import statistics
+import sys
+import threading
+import time
+import wave
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import deviceop as do
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SR = 16000
+FRAME = SR // 50  # 20 ms, a frame size webrtcvad takes
+N_FFT, HOP, N_MELS = 400, 160, 80
+SYMBOLS = "_ abcdefghijklmnopqrstuvwxyz'"  # "_": the CTC blank
+
+
+def read_wav(path: str) -> np.ndarray:
+    """A 16-bit mono WAV as int16 samples at 16 kHz (resampled linearly if it is not)."""
+    with wave.open(path) as w:
+        if w.getsampwidth() != 2 or w.getnchannels() != 1:
+            raise SystemExit(
+                f"{path}: need a 16-bit mono WAV (got {w.getnchannels()} channels of {w.getsampwidth()} bytes)"
+            )
+        sr = w.getframerate()
+        x = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+    if sr != SR:
+        n = int(len(x) * SR / sr)
+        x = np.round(np.interp(np.arange(n) * sr / SR, np.arange(len(x)), x.astype(np.float64))).astype(np.int16)
+    return x
+
+
+def mel_filterbank() -> np.ndarray:
+    """(N_MELS, N_FFT // 2 + 1) triangular filters on the mel scale (HTK's formula)."""
+    mel = lambda f: 2595 * np.log10(1 + f / 700)  # noqa: E731
+    hz = lambda m: 700 * (10 ** (m / 2595) - 1)  # noqa: E731
+    edges = hz(np.linspace(mel(0), mel(SR / 2), N_MELS + 2))
+    bins = np.linspace(0, SR / 2, N_FFT // 2 + 1)
+    fb = np.zeros((N_MELS, len(bins)), np.float32)
+    for m in range(N_MELS):
+        lo, c, hi = edges[m : m + 3]
+        fb[m] = np.clip(np.minimum((bins - lo) / (c - lo), (hi - bins) / (hi - c)), 0, None)
+    return fb
+
+
+class Encoder:
+    """Log-mel features and a residual GELU encoder in PyTorch, random weights (seeded)."""
+
+    def __init__(self, device: str, width: int, layers: int, seed: int = 0) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = device
+        dt = torch.float16 if device == "cuda" else torch.float32
+        g = torch.Generator().manual_seed(seed)
+        w = lambda *s: (torch.randn(*s, generator=g) / np.sqrt(s[0])).to(device, dt)  # noqa: E731
+        self.window = torch.hann_window(N_FFT).to(device)
+        self.mel = torch.from_numpy(mel_filterbank()).to(device)
+        self.w_in, self.w_out = w(N_MELS, width), w(width, len(SYMBOLS))
+        self.layers = [w(width, width) for _ in range(layers)]
+        self.dtype = dt
+
+    def __call__(self, audio: Any) -> Any:
+        """float32 audio samples (on the encoder's device) -> (frames, symbols) float32 logits."""
+        import torch.nn.functional as F
+
+        torch = self.torch
+        spec = torch.stft(audio, N_FFT, HOP, window=self.window, return_complex=True).abs() ** 2
+        feats = torch.log(self.mel @ spec + 1e-6).T.contiguous()
+        feats = (feats - feats.mean()) / (feats.std() + 1e-5)
+        h = feats.to(self.dtype) @ self.w_in
+        for w in self.layers:
+            h = h + F.gelu(h @ w, approximate="tanh")
+        return (h @ self.w_out).float()
+
+    def frames(self, samples: int) -> int:
+        return samples // HOP + 1
+
+
+def ctc_greedy(logits: np.ndarray) -> str:
+    ids = logits.argmax(axis=1)
+    out, prev = [], -1
+    for i in ids:
+        if i != prev and i != 0:
+            out.append(SYMBOLS[i])
+        prev = i
+    return "".join(out)
+
+
+@dataclass
+class Chunk:
+    index: int
+    arrives: float  # seconds of audio from the start when the chunk is complete
+    audio: np.ndarray  # the chunk's int16 samples
+    context: np.ndarray  # float32 samples of the last --context seconds, this chunk included
+
+
+@dataclass
+class Report:
+    name: str
+    threads: int
+    latencies: list[float] = field(default_factory=list)
+    reactions: list[float] = field(default_factory=list)
+    partials: list[str] = field(default_factory=list)
+    voiced: int = 0
+    cancelled: int = 0
+    cpu_s: float = 0.0
+    audio_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        def pct(v: list[float], q: float) -> float | None:
+            if not v:
+                return None
+            s = sorted(v)
+            return 1e3 * s[min(len(s) - 1, int(q * len(s)))]
+
+        return {
+            "loop": self.name,
+            "host_threads": self.threads,
+            "voiced_chunks": self.voiced,
+            "published": len(self.latencies),
+            "cancelled": self.cancelled,
+            "interrupts": len(self.reactions),
+            "chunk_latency_ms_p50": 1e3 * statistics.median(self.latencies) if self.latencies else None,
+            "chunk_latency_ms_p99": pct(self.latencies, 0.99),
+            "reaction_ms_p50": 1e3 * statistics.median(self.reactions) if self.reactions else None,
+            "reaction_ms_p99": pct(self.reactions, 0.99),
+            "cpu_s_per_audio_s": self.cpu_s / self.audio_s if self.audio_s else None,
+            "last_partial": self.partials[-1] if self.partials else "",
+        }
+
+
+class Stream:
+    """The audio as chunks, their arrival times, the VAD's verdicts and the interrupt times."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        import webrtcvad
+
+        x = read_wav(a.wav)
+        n = int(a.chunk * SR) // FRAME * FRAME
+        ctx = int(a.context * SR)
+        vad = webrtcvad.Vad(a.vad_mode)
+        self.chunks: list[Chunk] = []
+        self.voiced: list[bool] = []
+        for k in range(len(x) // n):
+            audio = x[k * n : (k + 1) * n]
+            self.chunks.append(
+                Chunk(k, (k + 1) * n / SR, audio, x[max(0, (k + 1) * n - ctx) : (k + 1) * n].astype(np.float32) / 32768)
+            )
+            frames = [vad.is_speech(audio[i : i + FRAME].tobytes(), SR) for i in range(0, n, FRAME)]
+            self.voiced.append(sum(frames) >= a.voiced_fraction * len(frames))
+        self.seconds = len(self.chunks) * n / SR
+        voiced = [c for c, v in zip(self.chunks, self.voiced) if v]
+        hit = voiced[:: a.interrupt_every] if a.interrupt_every else []
+        self.interrupted = {c.index for c in hit}  # chunks during whose work an interrupt comes
+        self.interrupt_after = a.interrupt_after
+        self.interrupts = [c.arrives + a.interrupt_after for c in hit]
+        self.speed = a.speed
+
+    def at(self, t0: float, audio_t: float) -> float:
+        """Wall-clock time (perf_counter) at which ``audio_t`` seconds of audio have arrived."""
+        return t0 + audio_t / self.speed
+
+    def is_voiced(self, c: Chunk) -> bool:
+        # the detector already ran when the stream was read; here it runs again, as the loop
+        # would on audio arriving, so its host time is part of the loop's
+        return self.voiced[c.index]
+
+
+def vad_again(vad: Any, c: Chunk) -> None:
+    for i in range(0, len(c.audio), FRAME):
+        vad.is_speech(c.audio[i : i + FRAME].tobytes(), SR)
+
+
+# -- deviceop: one thread, one event loop -------------------------------------------------------
+def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
+    import webrtcvad
+
+    rep = Report("deviceop", threads=1)
+    vad = webrtcvad.Vad(a.vad_mode)
+    cuda = do.backend_name() == "cuda"
+
+    def encode(stream: Any, x: Any, out: Any) -> None:
+        # PyTorch on deviceop's stream: the op's tensors are exported without a copy
+        torch = enc.torch
+        if cuda:
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream.handle_int)):
+                torch.from_dlpack(out).copy_(enc(torch.from_dlpack(x)))
+        else:  # the host backend hands numpy arrays
+            out[...] = enc(torch.from_numpy(x)).numpy()
+
+    def chunk_op(c: Chunk) -> do.DeviceOp[np.ndarray]:
+        frames = enc.frames(len(c.context))
+        return do.zip(do.from_numpy(c.context), do.empty((frames, len(SYMBOLS)), do.float32)).then(
+            lambda xo: do.external(encode, xo[0], xo[1], reads=(xo[0],), writes=(xo[1],)).then(
+                lambda _: do.to_numpy(xo[1])
+            )
+        )
+
+    chunk_op(st.chunks[0]).sync()  # warm-up: deviceop's pools and the export to PyTorch
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        inflight: set[asyncio.Task[None]] = set()
+        t0 = time.perf_counter()
+
+        async def process(c: Chunk, ready: float) -> None:
+            try:
+                logits = await chunk_op(c)
+            except asyncio.CancelledError:
+                rep.cancelled += 1
+                raise
+            rep.partials.append(ctc_greedy(logits))
+            rep.latencies.append(time.perf_counter() - ready)
+
+        async def interrupt(due: float) -> None:
+            for t in list(inflight):
+                t.cancel()
+            await asyncio.gather(*inflight, return_exceptions=True)  # cancelled: the loop is free
+            rep.reactions.append(time.perf_counter() - due)
+
+        for c in st.chunks:
+            ready = st.at(t0, c.arrives)
+            await asyncio.sleep(max(0.0, ready - time.perf_counter()))
+            vad_again(vad, c)
+            if st.is_voiced(c):
+                rep.voiced += 1
+                task = asyncio.ensure_future(process(c, ready))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+            if c.index in st.interrupted:
+                due = ready + st.interrupt_after / st.speed
+                loop.call_at(
+                    loop.time() + (due - time.perf_counter()), lambda due=due: loop.create_task(interrupt(due))
+                )
+        await asyncio.gather(*inflight, return_exceptions=True)
+        await asyncio.sleep(max(0.0, st.at(t0, st.seconds) - time.perf_counter()))
+
+    run: Callable[[Any], Any] = asyncio.run
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        pass
+    c0 = time.process_time()
+    run(main())
+    rep.cpu_s, rep.audio_s = time.process_time() - c0, st.seconds
+    return rep
+
+
+# -- PyTorch, blocking, one thread ---------------------------------------------------------------
+def _torch_chunk(enc: Encoder, c: Chunk) -> np.ndarray:
+    torch = enc.torch
+    x = torch.from_numpy(c.context).to(enc.device, non_blocking=False)
+    return enc(x).cpu().numpy()  # type: ignore[no-any-return]
+
+
+def run_torch_blocking(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
+    import webrtcvad
+
+    rep = Report("torch-blocking", threads=1)
+    vad = webrtcvad.Vad(a.vad_mode)
+    pending = list(st.interrupts)
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+
+    def notice_interrupts() -> None:
+        # nothing is in flight between calls: an interrupt is handled when the loop sees it
+        now = time.perf_counter()
+        while pending and st.at(t0, pending[0]) <= now:
+            rep.reactions.append(now - st.at(t0, pending.pop(0)))
+
+    for c in st.chunks:
+        ready = st.at(t0, c.arrives)
+        while time.perf_counter() < ready:
+            notice_interrupts()
+            time.sleep(min(0.001, max(0.0, ready - time.perf_counter())))
+        notice_interrupts()
+        vad_again(vad, c)
+        if st.is_voiced(c):
+            rep.voiced += 1
+            logits = _torch_chunk(enc, c)
+            before = len(rep.reactions)
+            notice_interrupts()
+            if len(rep.reactions) > before:  # barge-in during the call: its result is dropped
+                rep.cancelled += 1
+                continue
+            rep.partials.append(ctc_greedy(logits))
+            rep.latencies.append(time.perf_counter() - ready)
+    while time.perf_counter() < st.at(t0, st.seconds):
+        notice_interrupts()
+        time.sleep(0.001)
+    notice_interrupts()
+    rep.cpu_s, rep.audio_s = time.process_time() - c0, st.seconds
+    return rep
+
+
+# -- PyTorch, an ingest thread and a GPU thread --------------------------------------------------
+def run_torch_threaded(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
+    import webrtcvad
+
+    rep = Report("torch-threaded", threads=2)
+    vad = webrtcvad.Vad(a.vad_mode)
+    work: queue.Queue[tuple[Chunk, float] | None] = queue.Queue()
+    lock = threading.Lock()
+    generation = [0]  # bumped by an interrupt: work of an older generation is dropped
+    busy = threading.Event()
+    free = threading.Condition(lock)
+
+    def gpu_thread() -> None:
+        while True:
+            item = work.get()
+            if item is None:
+                return
+            c, ready = item
+            with lock:
+                gen = generation[0]
+                busy.set()
+            logits = _torch_chunk(enc, c)
+            with lock:
+                busy.clear()
+                free.notify_all()
+                if gen != generation[0]:
+                    rep.cancelled += 1
+                    continue
+            rep.partials.append(ctc_greedy(logits))
+            rep.latencies.append(time.perf_counter() - ready)
+
+    worker = threading.Thread(target=gpu_thread, name="gpu")
+    worker.start()
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    pending = list(st.interrupts)
+
+    def interrupt(due: float) -> None:
+        with lock:
+            generation[0] += 1
+            while True:  # drop what is queued
+                try:
+                    work.get_nowait()
+                except queue.Empty:
+                    break
+                rep.cancelled += 1
+            while busy.is_set():  # the call in flight cannot be stopped: wait for it
+                free.wait()
+        rep.reactions.append(time.perf_counter() - due)
+
+    for c in [*st.chunks, None]:
+        ready = st.at(t0, c.arrives if c else st.seconds)
+        while True:
+            nxt = st.at(t0, pending[0]) if pending else float("inf")
+            if nxt > ready:
+                break
+            time.sleep(max(0.0, nxt - time.perf_counter()))
+            interrupt(st.at(t0, pending.pop(0)))
+        time.sleep(max(0.0, ready - time.perf_counter()))
+        if c is None:
+            break
+        vad_again(vad, c)
+        if st.is_voiced(c):
+            rep.voiced += 1
+            work.put((c, ready))
+    work.put(None)
+    worker.join()
+    rep.cpu_s, rep.audio_s = time.process_time() - c0, st.seconds
+    return rep
+
+
+LOOPS = {"deviceop": run_deviceop, "torch-blocking": run_torch_blocking, "torch-threaded": run_torch_threaded}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--wav", default=os.path.join(HERE, "speech.wav"))
+    ap.add_argument("--loops", default=",".join(LOOPS), help=f"comma-separated, of {', '.join(LOOPS)}")
+    ap.add_argument("--chunk", type=float, default=0.32, help="seconds of audio per chunk")
+    ap.add_argument("--context", type=float, default=2.0, help="seconds of audio the encoder sees per chunk")
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--speed", type=float, default=1.0, help="audio seconds per wall second (1: real time)")
+    ap.add_argument("--interrupt-every", type=int, default=3, help="voiced chunks per interrupt (0: none)")
+    ap.add_argument("--interrupt-after", type=float, default=0.001, help="seconds from the chunk's arrival")
+    ap.add_argument("--vad-mode", type=int, default=2, choices=range(4))
+    ap.add_argument("--voiced-fraction", type=float, default=0.3)
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    a = ap.parse_args(argv)
+    loops = [n for n in a.loops.split(",") if n]
+    bad = [n for n in loops if n not in LOOPS]
+    if bad:
+        ap.error(f"unknown --loops {bad}; choose from {', '.join(LOOPS)}")
+    ok = a.chunk > 0 and a.context >= a.chunk and a.speed > 0 and a.width > 0 and a.layers >= 0
+    if not (ok and a.interrupt_every >= 0 and 0 <= a.interrupt_after < a.chunk):
+        ap.error(
+            "need --chunk > 0, --context >= --chunk, --speed > 0, --width > 0, --layers >= 0, "
+            "--interrupt-every >= 0 and 0 <= --interrupt-after < --chunk"
+        )
+
+    import torch
+
+    st = Stream(a)
+    enc = Encoder("cuda" if do.backend_name() == "cuda" else "cpu", a.width, a.layers)
+    for c in st.chunks[:3]:  # warm-up: PyTorch's kernels and allocator, deviceop's pools
+        _torch_chunk(enc, c)
+    if enc.device == "cuda":
+        torch.cuda.synchronize()
+    reports = [LOOPS[n](st, enc, a) for n in loops]
+    doc = {
+        "backend": do.backend_name(),
+        "audio_s": st.seconds,
+        "chunks": len(st.chunks),
+        "voiced_chunks": sum(st.voiced),
+        "config": vars(a),
+        "loops": [r.summary() for r in reports],
+    }
+    print(f"{st.seconds:.1f} s of audio, {len(st.chunks)} chunks ({sum(st.voiced)} voiced), on {do.backend_name()}")
+    for s in doc["loops"]:
+        print(
+            f"  {s['loop']:<15} chunk latency p50 {s['chunk_latency_ms_p50'] or 0:7.2f} ms p99 "
+            f"{s['chunk_latency_ms_p99'] or 0:7.2f} ms  interrupt reaction p50 {s['reaction_ms_p50'] or 0:6.2f} ms "
+            f"p99 {s['reaction_ms_p99'] or 0:6.2f} ms  CPU {s['cpu_s_per_audio_s']:.3f} s per audio s  "
+            f"{s['host_threads']} thread(s)  published {s['published']}, cancelled {s['cancelled']}"
+        )
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
