@@ -35,9 +35,9 @@ from .device import (
     use_backend,
 )
 from .device import _tensor as _tensor_mod
-from .device._select import Stream
+from .device._select import Stream, device, devices
 from .device._select import current as _current
-from .ops import DeviceOp, empty, from_numpy, full, ones, to_numpy, value, zeros
+from .ops import DeviceOp, empty, from_numpy, full, ones, to_device, to_numpy, value, zeros
 
 if TYPE_CHECKING:
     from . import executors, graph, interop, kernels
@@ -149,6 +149,8 @@ __all__ = [
     "backend_name",
     "bfloat16",
     "borrow_policy",
+    "device",
+    "devices",
     "empty",
     "empty_cache",
     "executors",
@@ -171,6 +173,7 @@ __all__ = [
     "set_poll_budget",
     "set_wait_policy",
     "streams",
+    "to_device",
     "to_numpy",
     "uint8",
     "use_backend",

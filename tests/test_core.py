@@ -12,6 +12,7 @@ from conftest import STUB_DRIVER, needs_gpu
 from helpers import pool_of, run_threads
 
 import deviceop as do
+from deviceop.device import current as current_backend
 
 K = do.kernels
 
@@ -22,7 +23,7 @@ def test_to_numpy_is_ordered_before_a_later_write_from_another_thread(backend, m
     # must still land after the copy (the ledger's entry point holds the lock across both)
     s0, s1 = pool_of(2)[:2]
     x = do.full(4096, 1.0, do.float32).sync_on(s0)
-    be = do.device.current()
+    be = current_backend()
     real = be.dtoh
     started = threading.Event()
 
@@ -168,7 +169,7 @@ def test_launch_plans_refuse_bad_layouts_and_arguments(backend):
     from deviceop._core._launch import MAX_PARAMS, LaunchPlan, launch
     from deviceop._core._ledger import ExecutionContext
 
-    be = do.device.current()
+    be = current_backend()
     if be.driver is None:  # the host backend launches no kernels through plans
         with pytest.raises(do.UsageError, match="launches kernels"):
             LaunchPlan(None, 1, (1, 1, 1), (32, 1, 1), 0, (), (), "k")

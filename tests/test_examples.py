@@ -72,14 +72,14 @@ def test_service_load_test(backend, tmp_path) -> None:
 def test_gemm_queue(backend, tmp_path) -> None:
     needs_gpu(backend, "cuBLAS GEMMs")
     out = tmp_path / "queue.json"
-    args = ["--items", "100", "--small", "32", "--large", "96", "--streams", "2", "--repeats", "1", "--check", "10"]
+    args = ["--items", "100", "--small", "32", "--large", "96", "--repeats", "1", "--check", "10"]  # the whole pool
     r = _run(backend, [os.path.join(EXAMPLES, "gemm_queue", "run.py"), *args, "--out", str(out)], timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["backend"] == backend
     (q,) = doc["queue"]
     assert doc["checked"] == 10 and doc["max_rel_err"] < 2e-2
-    assert len(q["busy_fraction"]) == 2 and q["gemms_per_ms"] > 0
+    assert len(q["busy_fraction"]) == doc["config"]["streams"] >= 1 and q["gemms_per_ms"] > 0
     assert "GEMMs/ms" in r.stdout
 
 

@@ -12,7 +12,7 @@ DT_IDS = [d.name for d in ALL_DTYPES]
 
 
 def _expected_device(backend: str) -> str:
-    return "host" if backend == "host" else "cuda:0"
+    return "host:0" if backend == "host" else "cuda:0"
 
 
 @pytest.mark.parametrize("dt", ALL_DTYPES, ids=DT_IDS)

@@ -467,6 +467,12 @@ cdef int make_current(Driver d) except -1:
     return 0
 
 
+def set_current(Driver d):
+    """Make ``d``'s context current on the calling thread (see :func:`make_current`): the one
+    record of the current context, which every device's backend goes through."""
+    make_current(d)
+
+
 cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nbytes):
     """A buffer of ``nbytes`` on ``stream``: a cached idle block of its size class, else one from
     the driver's pool (``d.mem_alloc``); when the pool is out of memory the backend's cached

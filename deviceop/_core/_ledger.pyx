@@ -125,7 +125,7 @@ cdef class ExecutionContext:
 
     def join(self, ExecutionContext child):
         """Make our stream wait for everything the child enqueued so far."""
-        ev = self.backend.new_event()
+        ev = child.backend.new_event()  # (the child's device records it: a copy to another device)
         child.stream.record(ev)
         self.stream.wait(ev)
         child._event = ev

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core._base import BlockCache, Buffer, driver_alloc, register_stream_type, size_class
+from .._core._base import BlockCache, Buffer, driver_alloc, register_stream_type, set_current, size_class
 from .._errors import BackendError, CudaError
 from . import _capture
 from . import _cuda_driver as _nd
@@ -200,7 +200,9 @@ class CudaBackend:
         self.device = check(_drv.cuDeviceGet(ordinal), "cuDeviceGet")
         self.ordinal = ordinal
         self.context = check(_drv.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
-        self._tls = threading.local()
+        self.blocks = BlockCache()
+        # the compiled core's entry points into the driver, for this context
+        self.driver = _nd.make_driver(int(self.context), cuda_error, self.blocks)
         self.make_current()
         self.device_label = f"cuda:{ordinal}"
         self.dlpack_device = (2, ordinal)  # kDLCUDA
@@ -237,23 +239,24 @@ class CudaBackend:
             _drv.CUevent_flags.CU_EVENT_BLOCKING_SYNC
         )
         self.pinned = _PinnedPool()
-        self.blocks = BlockCache()
         self.free_events: list[int] = []  # handles of dropped events
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
         self._modules: dict[bytes, Any] = {}
         self._mod_lock = threading.Lock()
         self._foreign_streams: dict[int, CudaStream] = {}
         self.graphs = CudaGraphs(self, lambda: CudaStream(self, -1))
-        # the compiled core's entry points into the driver, for this context
-        self.driver = _nd.make_driver(int(self.context), cuda_error, self.blocks)
+
+    @staticmethod
+    def device_count() -> int:
+        """CUDA devices present (``cuDeviceGetCount``)."""
+        return int(check(_drv.cuDeviceGetCount(), "cuDeviceGetCount"))
 
     # -- context -------------------------------------------------------------------------------
     def make_current(self) -> None:
-        """Make the primary context current on the calling thread (once per thread)."""
-        tls = self._tls
-        if not getattr(tls, "ok", False):
-            check(_drv.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-            tls.ok = True
+        """Make this device's primary context current on the calling thread: the compiled
+        core's check (one thread-local record of the current context, shared by every device's
+        backend, so switching between devices on one thread is always seen)."""
+        set_current(self.driver)
 
     def raise_if_error(self) -> None:
         """Raise CudaError if the context has a sticky error."""
@@ -372,6 +375,19 @@ class CudaBackend:
         err = _nd.memcpy_dtod_async(dst.ptr + doff, src.ptr + soff, nbytes, stream.handle_int)
         if err:
             raise cuda_error(err, "cuMemcpyDtoDAsync")
+
+    def copy_peer(self, dst: Buffer, doff: int, src: Buffer, soff: int, nbytes: int, stream: CudaStream) -> None:
+        """Copy from ``src`` on another device into ``dst`` on this one, on ``stream``
+        (``cuMemcpyPeerAsync``: direct where the devices have peer access, staged otherwise)."""
+        if src.backend is self:
+            self.dtod(dst, doff, src, soff, nbytes, stream)
+            return
+        check(
+            _drv.cuMemcpyPeerAsync(
+                dst.ptr + doff, self.context, src.ptr + soff, src.backend.context, nbytes, stream.handle
+            ),
+            "cuMemcpyPeerAsync",
+        )
 
     # -- modules -------------------------------------------------------------------------------
     def load_function(self, cubin: bytes, name: str) -> Any:

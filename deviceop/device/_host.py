@@ -21,7 +21,7 @@ import numpy as np
 
 from .._core._base import Buffer, register_stream_type
 from .._core._ledger import abandon
-from .._errors import CudaError, DTypeError, SettingError, UsageError
+from .._errors import BackendError, CudaError, DTypeError, SettingError, UsageError
 
 __all__ = ["HostBackend", "set_host_chaos"]
 
@@ -95,8 +95,8 @@ class HostStream:
 
     def __repr__(self) -> str:
         if self.index < 0:
-            return "<capture stream of host>"
-        return f"<Stream {self.index} of host>"
+            return f"<capture stream of {self.backend.device_label}>"
+        return f"<Stream {self.index} of {self.backend.device_label}>"
 
     def enqueue(self, fn: Callable[[], Any], always: bool = False) -> None:
         """Queue ``fn``; ``always`` items (event markers) run even after a context error."""
@@ -241,14 +241,16 @@ class HostBackend:
     driver = None
     #: memory is host memory (no __cuda_array_interface__, DLPack as numpy)
     cuda_memory = False
-    device_label = "host"
+    device_label = "host:0"
     dlpack_device = (1, 0)  # kDLCPU
     device_name = "host (emulated device)"
     compute_capability = (0, 0)
     driver_version = "none"
     arch = "sm_90"  # what built-in kernels are compiled for when asked, e.g. in CI
 
-    def __init__(self, pool_size: int = 4) -> None:
+    def __init__(self, pool_size: int = 4, ordinal: int = 0) -> None:
+        self.ordinal = ordinal
+        self.device_label = f"host:{ordinal}"
         env = os.environ.get("DEVICEOP_HOST_CHAOS", "").strip()
         if env:
             try:
@@ -265,6 +267,18 @@ class HostBackend:
         threading.Thread(target=self._callback_loop, name="deviceop-host-callbacks", daemon=True).start()
         self.streams = [HostStream(self, i) for i in range(pool_size)]
         self.graphs = HostGraphs(self)
+
+    @staticmethod
+    def device_count() -> int:
+        """Emulated devices: ``$DEVICEOP_HOST_DEVICES`` (default 1), each with its own streams."""
+        env = os.environ.get("DEVICEOP_HOST_DEVICES", "1").strip() or "1"
+        try:
+            n = int(env)
+        except ValueError:
+            raise BackendError(f"DEVICEOP_HOST_DEVICES must be a number of devices from 1 to 16, got {env!r}") from None
+        if not 1 <= n <= 16:
+            raise BackendError(f"DEVICEOP_HOST_DEVICES={n} is out of range; use 1 to 16 devices")
+        return n
 
     def close(self, reason: str) -> None:
         """Run nothing more: work already queued completes, then every thread of this device
@@ -415,6 +429,10 @@ class HostBackend:
         d = dst.host[doff : doff + nbytes]
         s = src.host[soff : soff + nbytes]
         stream.enqueue(lambda: np.copyto(d, s))
+
+    def copy_peer(self, dst: Buffer, doff: int, src: Buffer, soff: int, nbytes: int, stream: HostStream) -> None:
+        """Copy between two emulated devices (their memory is host memory), in ``stream``'s order."""
+        self.dtod(dst, doff, src, soff, nbytes, stream)
 
     def launch_host_kernel(self, fn: Callable[..., Any], arrays: tuple[Any, ...], stream: HostStream) -> None:
         stream.enqueue(lambda: fn(*arrays))

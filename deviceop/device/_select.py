@@ -1,8 +1,15 @@
-"""Backend selection: ``DEVICEOP_BACKEND`` / ``use_backend``; cuda when present, else host."""
+"""Backend and device selection: ``DEVICEOP_BACKEND`` / ``use_backend``, cuda when present, else
+host; ``devices()`` and ``device(i)``, a device for the calling thread or task.
+
+A backend object is one device (a CUDA device, or one emulated host device). The process has a
+default device (``use_backend``); ``with device(i):`` selects another for the code inside, in
+this thread or asyncio/trio task only (a context variable: tasks started inside inherit it,
+other threads do not)."""
 
 from __future__ import annotations
 
 import abc
+import contextvars
 import itertools
 import os
 import threading
@@ -13,15 +20,31 @@ from typing import Any
 from .._core._base import STREAM_TYPES
 from .._core._ledger import abandon
 from .._errors import BackendError, UsageError
+from . import _tensor
 
-__all__ = ["DeviceOpWarning", "Stream", "backend_name", "current", "next_stream", "stream_of", "use_backend"]
+__all__ = [
+    "DeviceOpWarning",
+    "Stream",
+    "backend_name",
+    "current",
+    "device",
+    "device_backend",
+    "devices",
+    "next_stream",
+    "stream_of",
+    "use_backend",
+]
 
 
 class DeviceOpWarning(UserWarning):
     """Warnings from deviceop (e.g. falling back to the host backend)."""
 
 
-_state: dict[str, Any] = {"backend": None, "rr": itertools.count(), "cuda": {}, "forked_cuda": False}
+# backend: the default device; cuda: CUDA backends by (ordinal, pool size), one context per
+# device per process; host: the other emulated devices of the default host device, by ordinal
+_state: dict[str, Any] = {"backend": None, "rr": itertools.count(), "cuda": {}, "host": {}, "forked_cuda": False}
+#: the device selected by ``with device(i):`` in this thread or task (None: the default)
+_selected: contextvars.ContextVar[Any] = contextvars.ContextVar("deviceop_device", default=None)
 _lock = threading.Lock()
 #: every backend made in this process (abandoned in a forked child)
 _made: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -45,7 +68,11 @@ def _after_fork_in_child() -> None:
         abandon(be, _FORKED_CUDA if be.name == "cuda" else _FORKED, notify=False)
     _made.clear()
     _state.update(
-        backend=None, rr=itertools.count(), forked_cuda=_state["forked_cuda"] or bool(_state["cuda"]), cuda={}
+        backend=None,
+        rr=itertools.count(),
+        forked_cuda=_state["forked_cuda"] or bool(_state["cuda"]),
+        cuda={},
+        host={},
     )
 
 
@@ -62,58 +89,89 @@ def _pool_size() -> int:
     return n
 
 
-def _make(name: str, streams: int) -> Any:
+def _make(name: str, streams: int, ordinal: int = 0) -> Any:
     if name == "cuda":
         if _state["forked_cuda"]:
             raise BackendError(_FORKED_CUDA)
         from ._cuda import CudaBackend
 
-        be: Any = CudaBackend(streams)
+        be: Any = CudaBackend(streams, ordinal)
     elif name == "host":
         from ._host import HostBackend
 
-        be = HostBackend(streams)
+        be = HostBackend(streams, ordinal)
     else:
         raise BackendError(f"backend {name!r} is not known; use 'cuda' or 'host'")
     _made.add(be)
     return be
 
 
-def use_backend(name: str, streams: int | None = None) -> Any:
-    """Select the backend (``"cuda"`` or ``"host"``) and return it.
+def use_backend(name: str, streams: int | None = None, device: int = 0) -> Any:
+    """Select the backend (``"cuda"`` or ``"host"``) and its default device; return it.
 
     Selecting ``"host"`` always starts a fresh emulated device (useful after a deliberate fault)
-    and closes the host device it replaces: its queued work completes, its threads end, and
-    work on its tensors or streams afterwards raises :class:`BackendError`. Selecting
-    ``"cuda"`` again reuses the backend of that pool size. ``streams`` sets the pool size
-    (default ``$DEVICEOP_STREAMS`` or 4).
+    and closes the host devices it replaces: their queued work completes, their threads end,
+    and work on their tensors or streams afterwards raises :class:`BackendError`. Selecting
+    ``"cuda"`` again reuses the backend of that device and pool size. ``streams`` sets the
+    pool size (default ``$DEVICEOP_STREAMS`` or 4); ``device`` the default device's ordinal
+    (``do.devices()`` lists them; the host backend has ``$DEVICEOP_HOST_DEVICES``).
     """
     if not isinstance(name, str):
         raise BackendError(f"backend name must be 'cuda' or 'host', got {name!r}")
     if streams is not None and (isinstance(streams, bool) or not isinstance(streams, int)):
         raise BackendError(f"streams must be an int from 1 to 256, got {streams!r}")
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise BackendError(f"device must be a device ordinal (an int >= 0), got {device!r}")
     n = _pool_size() if streams is None else int(streams)
     if not 1 <= n <= 256:
         raise BackendError(f"streams={n} is out of range; use 1 to 256")
     with _lock:
-        if name == "cuda":  # one context per process: keep one backend per pool size
-            be = _state["cuda"].get(n)
+        if name == "cuda":  # one context per device per process: one backend per pool size
+            be = _state["cuda"].get((device, n))
             if be is None:
-                be = _state["cuda"][n] = _make(name, n)
+                be = _state["cuda"][device, n] = _make(name, n, device)
         else:
-            be = _make(name, n)
+            if name == "host":
+                count = _host_count()
+                if device >= count:
+                    raise BackendError(
+                        f"host device {device} requested but DEVICEOP_HOST_DEVICES gives {count}; "
+                        "set DEVICEOP_HOST_DEVICES to emulate more"
+                    )
+            be = _make(name, n, device)
             old = _state["backend"]
+            reason = (
+                "this host backend was replaced by do.use_backend('host'); use tensors and "
+                "streams of the current backend (do.next_stream())"
+            )
             if old is not None and old.name == "host":
-                old.close(
-                    "this host backend was replaced by do.use_backend('host'); use tensors and "
-                    "streams of the current backend (do.next_stream())"
-                )
+                old.close(reason)
+            for other in _state["host"].values():
+                other.close(reason)
+            _state["host"] = {device: be}
         _state["backend"] = be
         return be
 
 
+def _host_count() -> int:
+    from ._host import HostBackend
+
+    return HostBackend.device_count()
+
+
 def current() -> Any:
-    """The selected backend, initializing the default on first use."""
+    """The device selected in this thread or task (``with device(i):``), else the default one,
+    initializing the default on first use."""
+    be = _selected.get()
+    if be is not None:
+        return be
+    return _default()
+
+
+_tensor.HOOKS["current"] = current
+
+
+def _default() -> Any:
     be = _state["backend"]
     if be is not None:
         return be
@@ -138,8 +196,84 @@ def current() -> Any:
                     _state["backend"] = _make("host", n)
             made: Any = _state["backend"]
             if made.name == "cuda":
-                _state["cuda"][n] = made
+                _state["cuda"][0, n] = made
+            else:
+                _state["host"] = {0: made}
         return _state["backend"]
+
+
+def devices() -> list[str]:
+    """The labels of the devices of the selected backend: ``["cuda:0", "cuda:1"]``, or the
+    emulated ``["host:0", ...]`` (``$DEVICEOP_HOST_DEVICES``, default 1)."""
+    be = _default()
+    return [f"{be.name}:{i}" for i in range(type(be).device_count())]
+
+
+def device_backend(spec: Any) -> Any:
+    """The backend of device ``spec``: an ordinal, or a label such as ``"cuda:1"`` (made on
+    first use, with the default device's pool size)."""
+    base = _default()
+    if isinstance(spec, str):
+        kind, _, num = spec.strip().lower().partition(":")
+        if kind != base.name:
+            raise UsageError(
+                f"device {spec!r} is not one of the selected backend's ({base.name}): use "
+                f"do.devices() ({', '.join(devices())}), or do.use_backend({kind!r}) first"
+            )
+        try:
+            ordinal = int(num) if num else 0
+        except ValueError:
+            raise UsageError(f"device label {spec!r} is not like '{base.name}:1'") from None
+    elif isinstance(spec, bool) or not isinstance(spec, int):
+        raise UsageError(f"a device is an ordinal or a label such as '{base.name}:1', got {spec!r}")
+    else:
+        ordinal = spec
+    count = type(base).device_count()
+    if not 0 <= ordinal < count:
+        raise UsageError(
+            f"device {spec!r} does not exist: the {base.name} backend has {count} "
+            f"({', '.join(devices())})"
+            + ("; DEVICEOP_HOST_DEVICES sets how many are emulated" if base.name == "host" else "")
+        )
+    if ordinal == base.ordinal:
+        return base
+    n = len(base.streams)
+    with _lock:
+        reg = _state["cuda"] if base.name == "cuda" else _state["host"]
+        key = (ordinal, n) if base.name == "cuda" else ordinal
+        be = reg.get(key)
+        if be is None:
+            be = reg[key] = _make(base.name, n, ordinal)
+        return be
+
+
+class device:
+    """``with do.device(i):`` selects device ``i`` (an ordinal or a label such as ``"cuda:1"``)
+    for the code inside, in this thread or task: allocations, ``next_stream()``, ``streams()``
+    and terminals run there. Tasks started inside inherit it; other threads keep their own.
+    ``as`` gives the device's label. A device that does not exist is refused here, before any
+    work. Scopes nest; each may be entered once at a time."""
+
+    __slots__ = ("_be", "_tok")
+
+    def __init__(self, spec: Any) -> None:
+        self._be = device_backend(spec)
+        self._tok: contextvars.Token[Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"<device {self._be.device_label}>"
+
+    def __enter__(self) -> str:
+        if self._tok is not None:
+            raise UsageError(f"{self!r} is already entered; make one do.device(...) per with block")
+        self._tok = _selected.set(self._be)
+        label: str = self._be.device_label
+        return label
+
+    def __exit__(self, *exc: object) -> None:
+        tok, self._tok = self._tok, None
+        if tok is not None:
+            _selected.reset(tok)
 
 
 def backend_name() -> str:

@@ -62,7 +62,7 @@ class Tensor(TensorBase):
 
     @property
     def device(self) -> str:
-        """Where the memory lives: ``"cuda:0"`` or ``"host"``."""
+        """Where the memory lives: its device's label, ``"cuda:0"`` or ``"host:0"``."""
         label: str = self.buffer.backend.device_label
         return label
 
@@ -168,9 +168,14 @@ class Tensor(TensorBase):
             )
 
     def numpy(self) -> np.ndarray:
-        """Copy to a new numpy array (blocking). Raises BorrowError while the tensor is in flight."""
+        """Copy to a new numpy array (blocking), on a stream of the tensor's own device (whatever
+        device is selected). Raises BorrowError while the tensor is in flight."""
         self.check_host_access()
-        return HOOKS["to_numpy"](self).sync()  # type: ignore[no-any-return]
+        op = HOOKS["to_numpy"](self)
+        be = self.buffer.backend
+        if be is HOOKS["current"]():
+            return op.sync()  # type: ignore[no-any-return]
+        return op.sync_on(be.streams[0])  # type: ignore[no-any-return]
 
     # ---- interop --------------------------------------------------------------------------
     @property

@@ -1,0 +1,194 @@
+"""Several devices in one process: listing and selecting them (per thread, per task), copies
+between them, the ledger's ordering across them, and refusals. On the host backend two devices
+are emulated (``DEVICEOP_HOST_DEVICES=2``); on cuda the tests that need two GPUs skip on one."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import deviceop as do
+from deviceop.device import current as current_backend
+
+K = do.kernels
+
+
+@pytest.fixture
+def two(backend, monkeypatch):
+    """The backend with two devices (emulated on host); skips on a machine with one GPU."""
+    monkeypatch.setenv("DEVICEOP_HOST_DEVICES", "2")
+    if len(do.devices()) < 2:
+        pytest.skip("needs two devices")
+    return backend
+
+
+def test_devices_are_listed_by_label(backend, monkeypatch) -> None:
+    monkeypatch.setenv("DEVICEOP_HOST_DEVICES", "3")
+    labels = do.devices()
+    assert labels[0] == f"{backend}:0" and all(lab == f"{backend}:{i}" for i, lab in enumerate(labels))
+    if backend == "host":
+        assert len(labels) == 3
+    assert do.zeros(2).sync().device == f"{backend}:0"
+
+
+def test_device_selects_allocation_streams_and_terminals(two) -> None:
+    with do.device(1) as label:
+        assert label == f"{two}:1"
+        t = do.full(8, 2.0).sync()
+        assert t.device == label and do.next_stream().backend.device_label == label
+        assert all(s.backend.device_label == label for s in do.streams())
+        with do.device(0):  # scopes nest
+            assert do.zeros(1).sync().device == f"{two}:0"
+        assert do.zeros(1).sync().device == label
+        np.testing.assert_array_equal(do.to_numpy(t).sync(), np.full(8, 2.0, np.float32))
+    assert do.zeros(1).sync().device == f"{two}:0"
+    with do.device(f"{two}:1"):  # by label
+        assert do.zeros(1).sync().device == f"{two}:1"
+
+
+def test_device_is_per_thread(two) -> None:
+    seen = {}
+
+    def other() -> None:
+        seen["other"] = do.zeros(1).sync().device  # a thread starts on the default device
+
+    with do.device(1):
+        th = threading.Thread(target=other)
+        th.start()
+        th.join()
+        seen["here"] = do.zeros(1).sync().device
+    assert seen == {"other": f"{two}:0", "here": f"{two}:1"}
+
+
+def test_device_is_per_task_and_inherited(two) -> None:
+    async def on(i: int) -> list[str]:
+        with do.device(i):
+            await asyncio.sleep(0.01)  # the other task runs meanwhile, on its own device
+            t = await do.full(4, float(i))
+            inner = await asyncio.create_task(label_of_new())  # a task started inside inherits it
+            return [t.device, inner, (await do.to_numpy(t)).tolist()[0]]
+
+    async def label_of_new() -> str:
+        return (await do.zeros(1)).device
+
+    async def main() -> list[list[str]]:
+        return await asyncio.gather(on(0), on(1))
+
+    a, b = asyncio.run(main())
+    assert a == [f"{two}:0", f"{two}:0", 0.0] and b == [f"{two}:1", f"{two}:1", 1.0]
+
+
+def test_to_device_copies_both_ways(two) -> None:
+    x = np.arange(1000, dtype=np.float32)
+    t = do.from_numpy(x).sync()
+    y = do.to_device(t, 1).sync()
+    assert y.device == f"{two}:1" and y.shape == t.shape and y.dtype == t.dtype
+    np.testing.assert_array_equal(y.numpy(), x)  # numpy() reads on the tensor's own device
+    z = do.to_device(y, f"{two}:0").sync()
+    np.testing.assert_array_equal(z.numpy(), x)
+    assert do.to_device(z, 0).sync() is z  # already there: no copy
+    # from an op, and run from a stream of either device
+    w = do.to_device(do.full(16, 3.0), 1).sync()
+    assert w.device == f"{two}:1" and (w.numpy() == 3).all()
+    with do.device(1):
+        v = do.to_device(do.full(16, 5.0), 1).sync()  # made on device 1: already there
+        u = do.to_device(z, 1).sync()
+    assert v.device == u.device == f"{two}:1" and (v.numpy() == 5).all()
+    np.testing.assert_array_equal(u.numpy(), x)
+
+
+def test_ledger_orders_work_across_devices(two) -> None:
+    # under the host backend's chaos every queued item is delayed at random: a copy that did
+    # not wait for the source's writer, or a later write that did not wait for the copy, shows
+    # up as a wrong value
+    rng = np.random.default_rng(5)
+    for trial in range(20):
+        n = 4096
+        src = do.zeros(n).sync()
+        s0 = do.streams()[trial % len(do.streams())]
+        p = src.partition((256,))
+        for _ in range(5):  # a chain of writes in flight on device 0
+            K.add(p, src, do.full(n, 1.0).sync()).submit(stream=s0)
+        y = do.to_device(src, 1).submit()  # another stream: the ledger orders it after the adds
+        K.fill(p, float(rng.integers(100, 200))).submit(stream=s0)  # write after the copy's read
+        got = y.result(timeout=30).numpy()
+        assert (got == 5.0).all(), f"trial {trial}: the copy saw {np.unique(got)}"
+
+
+def test_work_on_the_other_device_orders_against_this_one(two) -> None:
+    x = do.full(2048, 1.0).sync()
+    with do.device(1):
+        y = do.to_device(x, 1).sync()
+        p = y.partition((256,))
+        for _ in range(4):
+            K.add(p, y, y).submit()  # 16.0 in the end, in flight on device 1
+    back = do.to_device(y, 0).sync()  # from device 0's stream: waits for device 1's work
+    assert (back.numpy() == 16.0).all()
+
+
+def test_mixed_device_kernel_is_refused(two) -> None:
+    a = do.zeros(8).sync()
+    with do.device(1):
+        b = do.zeros(8).sync()
+    with pytest.raises(do.UsageError, match=f"lives on {two}:1"):
+        K.add(do.zeros(8).sync().partition((8,)), a, b).sync()
+    with pytest.raises(do.UsageError, match="another device"):
+        do.to_numpy(b).sync()  # the terminal runs on device 0: say where the tensor is
+
+
+@pytest.mark.parametrize("spec", [5, -1, "host:9", "cuda:7", 1.0, None, True, "gpu", "host:x"])
+def test_bad_devices_are_refused_before_any_work(backend, monkeypatch, spec) -> None:
+    monkeypatch.setenv("DEVICEOP_HOST_DEVICES", "2")
+    if backend == "cuda" and spec == 1:
+        pytest.skip("a real second device")
+    with pytest.raises(do.UsageError):
+        do.device(spec)
+    with pytest.raises(do.UsageError):
+        do.to_device(do.zeros(2), spec)
+
+
+def test_to_device_bad_input(two) -> None:
+    with pytest.raises(do.UsageError, match="needs a Tensor"):
+        do.to_device(np.ones(3), 1)  # type: ignore[arg-type]
+    t = do.zeros((4, 4)).sync()
+    with pytest.raises(do.ShapeError, match="contiguous"):
+        do.to_device(t[:, 1:3], 1).sync()
+    with pytest.raises(do.CaptureError), do.graph.scope() as s:
+        s.record(do.to_device(t, 1))
+
+
+def test_a_device_scope_is_entered_once(two) -> None:
+    d = do.device(1)
+    with d, pytest.raises(do.UsageError, match="already entered"):
+        with d:
+            pass
+    assert "device" in repr(d)
+
+
+def test_bad_host_device_counts_are_refused(monkeypatch) -> None:
+    from deviceop.device._host import HostBackend
+
+    for bad in ("0", "17", "two", "-1"):
+        monkeypatch.setenv("DEVICEOP_HOST_DEVICES", bad)
+        with pytest.raises(do.BackendError, match="DEVICEOP_HOST_DEVICES"):
+            HostBackend.device_count()
+
+
+def test_use_backend_host_with_a_default_device(host_backend, monkeypatch) -> None:
+    monkeypatch.setenv("DEVICEOP_HOST_DEVICES", "2")
+    old1 = do.device(1)._be
+    be = do.use_backend("host", device=1)
+    try:
+        assert be.device_label == "host:1" and do.zeros(1).sync().device == "host:1"
+        with pytest.raises(do.BackendError):  # the devices it replaced are closed
+            do.zeros(1).sync_on(old1.streams[0])
+        with pytest.raises(do.BackendError, match="DEVICEOP_HOST_DEVICES"):
+            do.use_backend("host", device=2)
+        with pytest.raises(do.BackendError, match="device ordinal"):
+            do.use_backend("host", device=-1)
+    finally:
+        do.use_backend("host")
+    assert current_backend().device_label == "host:0"
