@@ -192,3 +192,44 @@ def test_use_backend_host_with_a_default_device(host_backend, monkeypatch) -> No
     finally:
         do.use_backend("host")
     assert current_backend().device_label == "host:0"
+
+
+def _item(i: int):
+    def make(lane: int) -> do.DeviceOp:
+        t = do.full(256, float(i)).sync()  # made by the factory: on the lane's device
+        out = do.empty(256).sync()
+        return K.scale(out.partition((128,)), t, 2.0).map(lambda r: (r[0].tensor, t.device))
+
+    return make
+
+
+@pytest.mark.parametrize("kind", ["WorkQueue", "ThreadedQueue"])
+def test_queues_spread_lanes_over_devices(two, kind) -> None:
+    from deviceop.executors import ThreadedQueue, WorkQueue
+
+    if kind == "WorkQueue":
+        q = WorkQueue(devices="all", streams=2, batch=1)
+        res = asyncio.run(q.run([_item(i) for i in range(60)]))
+    else:
+        q = ThreadedQueue(devices=[0, f"{two}:1"], streams=2, batch=1)
+        res = q.run([_item(i) for i in range(60)])
+    assert [s.backend.device_label for s in q.streams] == [f"{two}:{d}" for d in (0, 1, 0, 1)]
+    for r in res:
+        out, made_on = r.unwrap()
+        lane_dev = q.streams[r.lane].backend.device_label
+        assert out.device == made_on == lane_dev  # the factory ran with its lane's device selected
+        assert (out.numpy() == 2.0 * r.index).all()
+    per = q.stats().per_device()
+    assert set(per) == {f"{two}:0", f"{two}:1"}
+    assert sum(d["items"] for d in per.values()) == 60 and all(d["lanes"] == 2 for d in per.values())
+    assert all(0.0 <= d["busy_fraction"] <= 1.0 for d in per.values())
+
+
+@pytest.mark.parametrize("devices", ["some", [], [0, 0], 3.0, [9]])
+def test_queue_devices_bad_input(two, devices) -> None:
+    from deviceop.executors import WorkQueue
+
+    with pytest.raises(do.UsageError):
+        WorkQueue(devices=devices)
+    with pytest.raises(do.UsageError, match="per device"):
+        WorkQueue(devices="all", streams=[do.streams()[0]])

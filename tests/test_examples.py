@@ -105,3 +105,23 @@ def test_asr_stream(backend, tmp_path) -> None:
         assert s["published"] + s["cancelled"] == s["voiced_chunks"]  # each chunk published or cancelled
         assert s["published"] > 0 and s["interrupts"] == -(-doc["voiced_chunks"] // 3) and s["chunk_latency_ms_p50"] > 0
     assert loops["deviceop"]["host_threads"] == 1
+
+
+@pytest.mark.parametrize("runtime", ["ray", "processes"])
+def test_ray_replicas(backend, tmp_path, runtime) -> None:
+    if runtime == "ray":
+        pytest.importorskip("ray")
+    needs_gpu(backend, "cuBLAS GEMMs in the replicas")
+    out = tmp_path / "ray.json"
+    args = ["--requests", "48", "--width", "64", "--steps", "2", "--rows", "4", "--repeats", "1", "--check", "8"]
+    if backend == "host":
+        args += ["--gpus-per-replica", "0"]
+    if runtime == "processes":
+        args.append("--no-ray")
+    r = _run(backend, [os.path.join(EXAMPLES, "ray_replicas", "run.py"), *args, "--out", str(out)], timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["runtime"] == runtime and doc["replicas"] == 2 and doc["checked"] == 8
+    assert doc["max_rel_err"] < 2e-2 and doc["req_s_one"] > 0 and doc["req_s_all"] > 0
+    assert len({w.split(" pid ")[1] for w in doc["where"]}) == 2  # two processes
+    assert all(w.startswith(backend) for w in doc["where"])

@@ -30,6 +30,8 @@ __all__ = [
     "device",
     "device_backend",
     "devices",
+    "enter_device",
+    "leave_device",
     "next_stream",
     "stream_of",
     "use_backend",
@@ -144,9 +146,10 @@ def use_backend(name: str, streams: int | None = None, device: int = 0) -> Any:
                 "this host backend was replaced by do.use_backend('host'); use tensors and "
                 "streams of the current backend (do.next_stream())"
             )
+            replaced = {id(b): b for b in _state["host"].values()}
             if old is not None and old.name == "host":
-                old.close(reason)
-            for other in _state["host"].values():
+                replaced[id(old)] = old
+            for other in replaced.values():  # each once
                 other.close(reason)
             _state["host"] = {device: be}
         _state["backend"] = be
@@ -245,6 +248,17 @@ def device_backend(spec: Any) -> Any:
         if be is None:
             be = reg[key] = _make(base.name, n, ordinal)
         return be
+
+
+def enter_device(be: Any) -> contextvars.Token[Any]:
+    """Select backend ``be`` in this thread or task until :func:`leave_device` (a queue lane's
+    device while it makes the lane's items)."""
+    return _selected.set(be)
+
+
+def leave_device(tok: contextvars.Token[Any]) -> None:
+    """Undo :func:`enter_device`."""
+    _selected.reset(tok)
 
 
 class device:

@@ -68,6 +68,10 @@ class WorkQueue:
     and errors stay per item; an item's latency then includes the rest of its batch. When
     items arrive faster than the GPU drains them this removes most of the per-item host work;
     when they trickle in, batches are of one. Default 8.
+    ``devices``: ``"all"`` or a list of devices (ordinals or labels) to spread the lanes over:
+    ``streams`` (a count, default the pool) on each, interleaved. A factory ``f(lane)`` runs
+    with its lane's device selected, so what it allocates lives there; ``stats().per_device()``
+    gives items and busy time per device.
     """
 
     batch: int
@@ -83,6 +87,7 @@ class WorkQueue:
         on_done: Any = None,
         poll: float | None = None,
         batch: int = 8,
+        devices: Any = None,
     ) -> None:
         self.batch = check_batch(batch)
         if poll is not None and (isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0 <= poll <= 1):
@@ -92,9 +97,9 @@ class WorkQueue:
         if on_done is not None and not callable(on_done):
             raise UsageError(f"on_done must be an async callable f(result), got {type(on_done).__name__}")
         self.on_done = on_done
-        self.streams = lanes_of(streams)
+        self.streams = lanes_of(streams, devices)
         self.capacity = check_capacity(capacity, len(self.streams))
-        self._rec = Recorder(len(self.streams), host_threads=1)
+        self._rec = Recorder(self.streams, host_threads=1)
         self._tg: Any = None
         # the queue itself: a deque, and events only for whoever must wait (an idle worker, a
         # put at capacity); anyio's memory streams and semaphores checkpoint on every call,
@@ -212,7 +217,7 @@ class WorkQueue:
                 continue
             batch = take_batch(items.popleft(), more, self.batch)
             t0 = clock()
-            ops, run = start_batch(batch, lane, t0, "a WorkQueue")
+            ops, run = start_batch(batch, lane, t0, "a WorkQueue", stream)
             try:
                 if run is not None:
                     budget = self.poll if self.poll is not None else min(max(2e-3, 3.0 * self._lat), 20e-3)

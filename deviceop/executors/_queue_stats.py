@@ -14,6 +14,8 @@ import numpy as np
 from .._core._op import as_stream
 from .._errors import DeviceOpError, UsageError
 from .._process import renew_at_fork
+from ..device._select import device_backend, enter_device, leave_device
+from ..device._select import devices as all_devices
 from ..ops._base import DeviceOp  # the queues load on first use, after deviceop.ops
 
 __all__ = ["ItemResult", "QueueCancelled", "QueueStats", "Recorder", "resolve"]
@@ -66,6 +68,21 @@ class QueueStats:
     busy_s: tuple[float, ...]  # per lane: time with an item in flight
     cpu_s: float  # process CPU time (all threads) during the run
     host_threads: int  # threads the queue drove the streams from
+    lane_devices: tuple[str, ...] = ()  # per lane: its stream's device
+    lane_items: tuple[int, ...] = ()  # per lane: items it ran
+
+    def per_device(self) -> dict[str, dict[str, float]]:
+        """Per device: its lanes, the items they ran, their busy time (summed) and busy
+        fraction (busy time over lanes times the run's wall time)."""
+        out: dict[str, dict[str, float]] = {}
+        for dev, busy, n in zip(self.lane_devices, self.busy_s, self.lane_items):
+            d = out.setdefault(dev, {"lanes": 0, "items": 0, "busy_s": 0.0})
+            d["lanes"] += 1
+            d["items"] += n
+            d["busy_s"] += busy
+        for d in out.values():
+            d["busy_fraction"] = d["busy_s"] / (d["lanes"] * self.seconds) if self.seconds else 0.0
+        return out
 
     @property
     def busy_fraction(self) -> tuple[float, ...]:
@@ -76,9 +93,10 @@ class QueueStats:
 class Recorder:
     """Collects results while a queue runs (one thread or the loop's thread writes each slot)."""
 
-    def __init__(self, lanes: int, host_threads: int) -> None:
+    def __init__(self, streams: list[Any], host_threads: int) -> None:
         self.results: list[ItemResult] = []
-        self.busy = [0.0] * lanes
+        self.busy = [0.0] * len(streams)
+        self.devices = tuple(s.backend.device_label for s in streams)
         self.host_threads = host_threads
         self.t0 = self.t1 = 0.0
         self.cpu0 = self.cpu1 = 0.0
@@ -123,6 +141,8 @@ class Recorder:
             busy_s=tuple(self.busy),
             cpu_s=self.cpu1 - self.cpu0,
             host_threads=self.host_threads,
+            lane_devices=self.devices,
+            lane_items=tuple(sum(1 for r in done if r.lane == i) for i in range(len(self.busy))),
         )
 
 
@@ -138,23 +158,42 @@ def resolve(item: Any, lane: int) -> Any:
     raise UsageError(f"work-queue items are DeviceOps or callables f(lane) -> DeviceOp, got {type(item).__name__}")
 
 
-def lanes_of(streams: int | Sequence[Any] | None) -> list[Any]:
-    """The streams a queue drives: a count (the first n of the pool, made larger if needed) or a list."""
+def lanes_of(streams: int | Sequence[Any] | None, devices: Any = None) -> list[Any]:
+    """The streams a queue drives: a count (the first n of the pool, made larger if needed) or a
+    list; with ``devices`` (``"all"`` or a list of ordinals or labels), that count (default: the
+    pool) on each device, interleaved (lane 0 on the first device, lane 1 on the second...)."""
     from ..device import current
 
+    if devices is not None:
+        if isinstance(devices, str) and devices == "all":
+            specs: list[Any] = list(all_devices())
+        elif isinstance(devices, (list, tuple)) and devices:
+            specs = list(devices)
+        else:
+            raise UsageError(f"devices must be 'all' or a non-empty list of devices, got {devices!r}")
+        bes = [device_backend(d) for d in specs]
+        if len(set(map(id, bes))) != len(bes):
+            raise UsageError(f"devices lists a device twice: {specs!r}")
+        if streams is not None and (isinstance(streams, bool) or not isinstance(streams, int) or streams < 1):
+            raise UsageError(f"with devices=, streams is a number of streams per device (>= 1), got {streams!r}")
+        per = [list(be.streams) if streams is None else _first(be, streams) for be in bes]
+        return [lane[i] for i in range(max(map(len, per))) for lane in per if i < len(lane)]
     if streams is None:
         return list(current().streams)
     if isinstance(streams, int) and not isinstance(streams, bool):
         if streams < 1:
             raise UsageError(f"a work queue needs at least one stream, got streams={streams}")
-        be = current()
-        return [be.streams[i] if i < len(be.streams) else _extra(be, i) for i in range(streams)]
+        return _first(current(), streams)
     if isinstance(streams, bool):
         raise UsageError(f"streams must be a number of streams or a list of streams, got {streams!r}")
     out = [as_stream(s) for s in streams]
     if not out:
         raise UsageError("a work queue needs at least one stream; the list is empty")
     return out
+
+
+def _first(be: Any, n: int) -> list[Any]:
+    return [be.streams[i] if i < len(be.streams) else _extra(be, i) for i in range(n)]
 
 
 _EXTRA: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
@@ -206,12 +245,23 @@ class Batch(DeviceOp):  # type: ignore[type-arg]
         return out
 
 
-def start_batch(batch: list[tuple[Any, ItemResult]], lane: int, t0: float, who: str) -> tuple[list[Any], Any]:
+def start_batch(
+    batch: list[tuple[Any, ItemResult]], lane: int, t0: float, who: str, stream: Any
+) -> tuple[list[Any], Any]:
     """Mark a batch's items started on ``lane``; return (their (result, op) pairs, the op to run).
 
     An item whose op cannot be made gets its error now and is left out; the op to run is the
     item's own op for a batch of one, a :class:`Batch` op otherwise, None if nothing is left.
+    Factories ``f(lane)`` run with the lane's device selected (what they allocate lives there).
     """
+    tok = enter_device(stream.backend)
+    try:
+        return _start(batch, lane, t0, who)
+    finally:
+        leave_device(tok)
+
+
+def _start(batch: list[tuple[Any, ItemResult]], lane: int, t0: float, who: str) -> tuple[list[Any], Any]:
     ops = []
     for item, r in batch:
         r.queued_s = t0 - r.queued_s

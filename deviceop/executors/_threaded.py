@@ -38,6 +38,7 @@ class ThreadedQueue:
     ``on_done``: optional ``f(result)`` called in the stream's thread after each item.
     ``batch``: as for :class:`WorkQueue`, a thread takes up to this many waiting items and
     runs them as one execution (default 8; 1 for one ``sync_on`` per item).
+    ``devices``: as for :class:`WorkQueue`, lanes (and their threads) spread over devices.
     """
 
     batch: int
@@ -51,14 +52,15 @@ class ThreadedQueue:
         capacity: int | None = None,
         on_done: Any = None,
         batch: int = 8,
+        devices: Any = None,
     ) -> None:
         self.batch = check_batch(batch)
         if on_done is not None and not callable(on_done):
             raise UsageError(f"on_done must be a callable f(result), got {type(on_done).__name__}")
         self.on_done = on_done
-        self.streams = lanes_of(streams)
+        self.streams = lanes_of(streams, devices)
         self.capacity = check_capacity(capacity, len(self.streams))
-        self._rec = Recorder(len(self.streams), host_threads=len(self.streams))
+        self._rec = Recorder(self.streams, host_threads=len(self.streams))
         self._q: queue.Queue[Any] = queue.Queue()
         self._slots = threading.BoundedSemaphore(self.capacity)
         self._cancelled = threading.Event()
@@ -163,7 +165,7 @@ class ThreadedQueue:
 
     def _run_batch(self, batch: list[Any], lane: int, stream: Any, clock: Any, busy: list[float]) -> None:
         t0 = clock()
-        ops, run = start_batch(batch, lane, t0, "a ThreadedQueue")
+        ops, run = start_batch(batch, lane, t0, "a ThreadedQueue", stream)
         try:
             if run is not None:
                 settle(ops, run_sync(run, stream, "ThreadedQueue"))
