@@ -430,11 +430,16 @@ def test_cancelled_await_with_a_pre_wake_pending_leaves_the_scanner_idle(backend
             await slow_fill(t, 2.0, 0.3).wait(stream=s)
 
     asyncio.run(main())
+    p0 = _reactor.stats()["passes"]
     c0, w0 = time.process_time(), time.perf_counter()
     time.sleep(0.25)  # the cancelled fill runs; its pre-wake would have been due meanwhile
     cpu = (time.process_time() - c0) / (time.perf_counter() - w0)
+    passes = _reactor.stats()["passes"] - p0
     assert cpu < 0.3, f"{cpu:.0%} of a core while nothing is awaited"
-    assert _reactor.stats()["wake_lateness_s"] < 0.001, _reactor.stats()
+    # a scanner spinning on the undeliverable pre-wake makes a pass every few microseconds
+    # (tens of thousands here); backing off, it makes about a hundred. A count, not the
+    # learned lateness of its sleeps, which another process's load on the cores raises.
+    assert passes < 2000, (passes, _reactor.stats())
 
 
 def test_work_much_shorter_than_predicted_is_seen_early(backend) -> None:
