@@ -16,6 +16,7 @@ def _info() -> int:
 
     be = current()
     print(f"backend:            {be.name}")
+    print(f"devices:            {', '.join(do.devices())} (default {be.device_label})")
     print(f"device:             {be.device_name}")
     print(f"compute capability: {be.compute_capability[0]}.{be.compute_capability[1]}")
     print(f"driver:             {be.driver_version}")
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--version", action="version", version=f"deviceop {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("demo", help="run the paper's Listing 1 and a then-chain, checked against numpy")
-    sub.add_parser("info", help="backend, device, compute capability, driver, stream pool")
+    sub.add_parser("info", help="backend, devices, compute capability, driver, stream pool")
     c = sub.add_parser("compile", help="compile every built-in kernel with NVRTC (no GPU needed)")
     c.add_argument("--arch", default="sm_90")
     a = ap.parse_args(argv)

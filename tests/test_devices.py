@@ -233,3 +233,19 @@ def test_queue_devices_bad_input(two, devices) -> None:
         WorkQueue(devices=devices)
     with pytest.raises(do.UsageError, match="per device"):
         WorkQueue(devices="all", streams=[do.streams()[0]])
+
+
+def test_info_lists_the_devices() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "DEVICEOP_BACKEND": "host",
+        "DEVICEOP_HOST_DEVICES": "2",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    r = subprocess.run([sys.executable, "-m", "deviceop", "info"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "devices:            host:0, host:1 (default host:0)" in r.stdout
