@@ -88,31 +88,9 @@ def _client(
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn) as session:
 
-            async def loop(k: int) -> None:
-                nonlocal errors, mismatches
-                i = k
-                while True:
-                    t0 = time.time()
-                    if t0 >= t_end:
-                        return
-                    i = (i + conns) % len(inputs)
-                    try:
-                        async with session.post(url + "/infer", data=inputs[i]) as resp:
-                            body = await resp.read()
-                            status = resp.status
-                    except aiohttp.ClientError:
-                        status, body = 0, b""
-                    t1 = time.time()
-                    if t0 < t_start or t1 > t_end:
-                        continue
-                    if status != 200:
-                        errors += 1
-                    elif hashlib.sha1(body).hexdigest() != digests[i]:
-                        mismatches += 1
-                    else:
-                        lat.append(t1 - t0)
-
             async def one(i: int, due: float) -> None:
+                """Send input ``i``; count the answer if it was due and answered in the window
+                (latency from ``due``: the send time, or in open loop the scheduled time)."""
                 nonlocal errors, mismatches
                 try:
                     async with session.post(url + "/infer", data=inputs[i]) as resp:
@@ -129,6 +107,12 @@ def _client(
                     mismatches += 1
                 else:
                     lat.append(t1 - due)
+
+            async def loop(k: int) -> None:  # closed loop: one connection's requests back to back
+                i = k
+                while (t0 := time.time()) < t_end:
+                    i = (i + conns) % len(inputs)
+                    await one(i, t0)
 
             async def schedule() -> None:
                 tasks = set()
