@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (for the lent H100): tests on cuda and host, the demo, and the
 # benchmarks; JSON, logs and PNG figures go to $OUT.
-# Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|work|queue|reactor|interop]
+# Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|work|queue|reactor|interop|examples|devices]
 # (core: build, tests, exec_modes, the user-program pipeline, plan reuse, start-up and kernels;
 # work: build, tests, kernels (GEMM included) and the bimodal queues; queue: build, tests and the
 # bimodal queues; reactor: build, tests, the await cost, overlap and the bimodal queues; interop: build, tests and
-# the external-step cost with a PyTorch MLP served; full and quick: everything, quick with fewer repeats; SKIP_TESTS=1 leaves the
+# the external-step cost with a PyTorch MLP served; examples: build, tests and the users' programs
+# of examples/; devices: build, tests and the several-GPU figures (the queue over every GPU, copies
+# between GPUs beside PyTorch's, replicas on Ray or one process per GPU); full and quick: everything, quick with fewer repeats; SKIP_TESTS=1 leaves the
 # tests out, for a second call of one session)
 set -u -o pipefail
 # every step has a time limit (timeout): a hang fails its step instead of the whole call
@@ -65,6 +67,28 @@ fi
 if [ "$MODE" = interop ]; then  # another library's work in pipelines: its step cost, a PyTorch MLP served
   timeout 300 python3 experiments/external_cost.py --out "$OUT/external_cost.json" 2>&1 | tee "$OUT/external_cost.log" | tail -n 12
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  echo "gpu_suite status: $status"; exit $status
+fi
+if [ "$MODE" = examples ]; then  # the users' programs (examples/): queue, speech loop, service
+  timeout 150 python3 examples/gemm_queue/run.py --out "$OUT/gemm_queue.json" 2>&1 | tee "$OUT/gemm_queue.log" | tail -n 4
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  timeout 150 python3 examples/asr_stream/run.py --out "$OUT/asr_stream.json" 2>&1 | tee "$OUT/asr_stream.log" | tail -n 4
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  timeout 420 python3 examples/service/loadtest.py --seconds 8 --warmup 3 --rounds 3 --out "$OUT/service.json" >"$OUT/service.log" 2>&1 || status=1
+  grep -v '^ \|^{\|^}' "$OUT/service.log" | tail -n 32
+  echo "gpu_suite status: $status"; exit $status
+fi
+if [ "$MODE" = devices ]; then  # several GPUs (a machine with two): the queue over both, copies, replicas
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_devices.py tests/test_examples.py -k "devices or ray or Device" 2>&1 | tee "$OUT/pytest_devices.log" | tail -n 5
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  timeout 300 python3 experiments/multi_device.py --out "$OUT/multi_device.json" 2>&1 | tee "$OUT/multi_device.log" | tail -n 6
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  # Ray where it is installed, else the same replicas as one process per GPU
+  if python3 -c "import ray" 2>/dev/null; then rt=""; else rt="--no-ray"; fi
+  for n in 1 2; do
+    timeout 300 python3 examples/ray_replicas/run.py --replicas $n $rt --out "$OUT/ray_replicas_$n.json" 2>&1 | tail -n 3
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
   echo "gpu_suite status: $status"; exit $status
 fi
 if [ "$MODE" = queue ]; then

@@ -249,3 +249,35 @@ def test_info_lists_the_devices() -> None:
     r = subprocess.run([sys.executable, "-m", "deviceop", "info"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "devices:            host:0, host:1 (default host:0)" in r.stdout
+
+
+def test_multi_device_experiment_runs_on_two_emulated_devices(tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = tmp_path / "md.json"
+    env = {
+        **os.environ,
+        "DEVICEOP_BACKEND": "host",
+        "DEVICEOP_HOST_DEVICES": "2",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    args = ["--items", "60", "--small", "16", "--large", "32", "--sizes-mib", "0.1", "--reps", "1", "--out", str(out)]
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "experiments", "multi_device.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    q = doc["queue"]
+    assert q["devices"] == ["host:0", "host:1"] and q["ratio"] > 0
+    assert set(q["per_device_last"]) == {"host:0", "host:1"}
+    assert sum(d["items"] for d in q["per_device_last"].values()) == 60
+    assert doc["copy"][0]["deviceop_gb_s"] > 0
