@@ -72,7 +72,7 @@ def run_serial(w: Workload, think=None) -> dict:
 
 
 def run_threaded(w: Workload, S: int, think=None, batch: int = 8) -> dict:
-    q = ThreadedQueue(streams=S, capacity=4 * S, on_done=(lambda r: think()) if think else None, batch=batch)
+    q = ThreadedQueue(streams=S, on_done=(lambda r: think()) if think else None, batch=batch)
     res = q.run(w.items())
     _check(res)
     st = q.stats()
@@ -82,7 +82,7 @@ def run_threaded(w: Workload, S: int, think=None, batch: int = 8) -> dict:
 def run_async(w: Workload, S: int, think_async=None, batch: int = 8) -> dict:
     import uvloop
 
-    q = WorkQueue(streams=S, capacity=4 * S, on_done=think_async, batch=batch)
+    q = WorkQueue(streams=S, on_done=think_async, batch=batch)
     res = uvloop.run(q.run(w.items()))
     _check(res)
     st = q.stats()

@@ -11,6 +11,8 @@ import sys
 import pytest
 from conftest import ROOT, needs_gpu
 
+import deviceop as do
+
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
@@ -116,6 +118,8 @@ def test_ray_replicas(backend, tmp_path, runtime) -> None:
     args = ["--requests", "48", "--width", "64", "--steps", "2", "--rows", "4", "--repeats", "1", "--check", "8"]
     if backend == "host":
         args += ["--gpus-per-replica", "0"]
+    elif len(do.devices()) < 2:  # two replicas sharing the one GPU
+        args += ["--gpus-per-replica", "0.5"]
     if runtime == "processes":
         args.append("--no-ray")
     r = _run(backend, [os.path.join(EXAMPLES, "ray_replicas", "run.py"), *args, "--out", str(out)], timeout=300)
@@ -125,3 +129,18 @@ def test_ray_replicas(backend, tmp_path, runtime) -> None:
     assert doc["max_rel_err"] < 2e-2 and doc["req_s_one"] > 0 and doc["req_s_all"] > 0
     assert len({w.split(" pid ")[1] for w in doc["where"]}) == 2  # two processes
     assert all(w.startswith(backend) for w in doc["where"])
+
+
+def test_ray_replicas_refuses_more_gpus_than_there_are(backend) -> None:
+    n = len(do.devices())
+    r = _run(backend, [os.path.join(EXAMPLES, "ray_replicas", "run.py"), "--no-ray", "--replicas", str(n + 1)], 120)
+    assert r.returncode == 2 and f"{n} are visible" in r.stderr, r.stderr[-2000:]
+
+
+def test_ray_replicas_stops_when_a_replica_cannot_start(backend) -> None:
+    # a replica process that fails at start is reported, not waited for
+    env_backend = "no-such-backend"
+    args = [os.path.join(EXAMPLES, "ray_replicas", "run.py"), "--no-ray", "--gpus-per-replica", "0"]
+    args += ["--requests", "8", "--width", "64", "--steps", "1", "--rows", "4"]
+    r = _run(env_backend, args, 120)
+    assert r.returncode == 1 and "replica 0 did not start" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]

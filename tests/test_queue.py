@@ -77,6 +77,32 @@ def test_work_queue_back_pressure_bounds_pending_items(backend):
     assert q.stats().items == 12 and max(seen) <= 3 and seen[-1] >= 1
 
 
+@pytest.mark.parametrize("queue", ["work", "threaded"])
+def test_default_capacity_feeds_every_lane_a_full_batch(backend, queue):
+    # the default bound leaves room for each lane's running batch and the next one: with a
+    # bound of one batch in all, the first lane would take every waiting item and the others
+    # would idle until it finished
+    assert WorkQueue(streams=4, batch=8).capacity == 64
+    assert WorkQueue(streams=3, batch=1).capacity == 12
+    assert ThreadedQueue(streams=2, batch=5).capacity == 20
+    bufs = _lane_buffers(4)
+    items = [lambda lane: slow_fill(bufs[lane], 1.0, 0.005) for _ in range(64)]
+    if queue == "work":
+
+        async def main():
+            q = WorkQueue(streams=4, batch=8)
+            await q.run(items)
+            return q
+
+        q = anyio.run(main)
+    else:
+        q = ThreadedQueue(streams=4, batch=8)
+        q.run(items)
+    res = q.results()
+    assert all(r.ok for r in res), [r.error for r in res if not r.ok]
+    assert {r.lane for r in res} == {0, 1, 2, 3}
+
+
 def test_work_queue_keeps_errors_per_item_and_goes_on(backend):
     bufs = _lane_buffers(2)
 

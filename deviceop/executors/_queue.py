@@ -51,7 +51,8 @@ def _cancelling() -> bool:
 class WorkQueue:
     """Drain ops over ``streams`` (a count or a list of pool streams) from the calling thread.
 
-    ``capacity`` bounds queued plus in-flight items (default 4 per stream). Items are DeviceOps
+    ``capacity`` bounds queued plus in-flight items (default ``2 * batch`` per stream, at
+    least 4: every stream can run a full batch while its next one waits). Items are DeviceOps
     or callables ``f(lane) -> DeviceOp`` (``lane``: the stream's index, for per-stream
     buffers). An item's error is kept in its result and the queue goes on; ``cancel()`` stops
     the whole queue (work already on the GPU completes and keeps its buffers alive).
@@ -98,7 +99,7 @@ class WorkQueue:
             raise UsageError(f"on_done must be an async callable f(result), got {type(on_done).__name__}")
         self.on_done = on_done
         self.streams = lanes_of(streams, devices)
-        self.capacity = check_capacity(capacity, len(self.streams))
+        self.capacity = check_capacity(capacity, len(self.streams), self.batch)
         self._rec = Recorder(self.streams, host_threads=1)
         self._tg: Any = None
         # the queue itself: a deque, and events only for whoever must wait (an idle worker, a

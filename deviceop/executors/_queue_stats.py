@@ -210,9 +210,11 @@ def _extra(be: Any, i: int) -> Any:
         return d[i]
 
 
-def check_capacity(capacity: Any, lanes: int) -> int:
+def check_capacity(capacity: Any, lanes: int, batch: int = 1) -> int:
+    """The bound on queued plus in-flight items: given, or by default room for every lane to run
+    a full batch while the next one waits (at least 4 items per lane)."""
     if capacity is None:
-        return 4 * lanes
+        return max(4, 2 * batch) * lanes
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise UsageError(f"capacity (the bound on queued plus in-flight items) must be an int >= 1, got {capacity!r}")
     return capacity

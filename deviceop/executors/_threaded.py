@@ -33,7 +33,8 @@ _STOP = object()
 class ThreadedQueue:
     """Drain ops over ``streams`` with one host thread per stream.
 
-    ``run(items)`` puts every item (blocking while ``capacity`` are pending), waits for all and
+    ``run(items)`` puts every item (blocking while ``capacity`` are pending; the default as for
+    :class:`WorkQueue`), waits for all and
     returns their results; ``cancel()`` (from any thread) stops workers taking new items.
     ``on_done``: optional ``f(result)`` called in the stream's thread after each item.
     ``batch``: as for :class:`WorkQueue`, a thread takes up to this many waiting items and
@@ -59,7 +60,7 @@ class ThreadedQueue:
             raise UsageError(f"on_done must be a callable f(result), got {type(on_done).__name__}")
         self.on_done = on_done
         self.streams = lanes_of(streams, devices)
-        self.capacity = check_capacity(capacity, len(self.streams))
+        self.capacity = check_capacity(capacity, len(self.streams), self.batch)
         self._rec = Recorder(self.streams, host_threads=len(self.streams))
         self._q: queue.Queue[Any] = queue.Queue()
         self._slots = threading.BoundedSemaphore(self.capacity)

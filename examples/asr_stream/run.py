@@ -26,7 +26,8 @@ The same loop, three ways, one after the other over the same audio:
                   queued chunks and is acknowledged when the GPU thread's call returns
 
 Reported for each: chunk latency (from the moment a chunk's audio has arrived to its result
-published) p50 / p99, interrupt reaction (from the interrupt to the work in flight cancelled and
+published) p50 / p99, its stages (until the encoder is called, the encoder's calls queueing
+the GPU work, the wait for the result), interrupt reaction (from the interrupt to the work in flight cancelled and
 the loop free again) p50 / p99, host CPU time per second of audio, and the threads it used.
 
     python examples/asr_stream/run.py
@@ -151,6 +152,13 @@ class Report:
     cancelled: int = 0
     cpu_s: float = 0.0
     audio_s: float = 0.0
+    #: an encoded chunk's time in each stage (seconds): "start" (from its arrival to the encoder
+    #: called), "enqueue" (the encoder's PyTorch calls, until its GPU work is queued) and
+    #: "complete" (from then to the result on the host)
+    stages: dict[str, list[float]] = field(default_factory=dict)
+
+    def stage(self, name: str, seconds: float) -> None:
+        self.stages.setdefault(name, []).append(seconds)
 
     def summary(self) -> dict[str, Any]:
         def pct(v: list[float], q: float) -> float | None:
@@ -171,6 +179,7 @@ class Report:
             "reaction_ms_p50": 1e3 * statistics.median(self.reactions) if self.reactions else None,
             "reaction_ms_p99": pct(self.reactions, 0.99),
             "cpu_s_per_audio_s": self.cpu_s / self.audio_s if self.audio_s else None,
+            "stage_ms_p50": {k: 1e3 * statistics.median(v) for k, v in self.stages.items()},
             "last_partial": self.partials[-1] if self.partials else "",
         }
 
@@ -225,14 +234,21 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
     vad = webrtcvad.Vad(a.vad_mode)
     cuda = do.backend_name() == "cuda"
 
+    enqueued = [0.0]
+    arrived = [0.0]  # the arrival of the chunk whose op is starting
+
     def encode(stream: Any, x: Any, out: Any) -> None:
         # PyTorch on deviceop's stream: the op's tensors are exported without a copy
         torch = enc.torch
+        t = time.perf_counter()
         if cuda:
             with torch.cuda.stream(torch.cuda.ExternalStream(stream.handle_int)):
                 torch.from_dlpack(out).copy_(enc(torch.from_dlpack(x)))
         else:  # the host backend hands numpy arrays
             out[...] = enc(torch.from_numpy(x)).numpy()
+        enqueued[0] = time.perf_counter()
+        rep.stage("start", t - arrived[0])
+        rep.stage("enqueue", enqueued[0] - t)
 
     def chunk_op(c: Chunk) -> do.DeviceOp[np.ndarray]:
         frames = enc.frames(len(c.context))
@@ -244,17 +260,29 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
 
     chunk_op(st.chunks[0]).sync()  # warm-up: deviceop's pools and the export to PyTorch
 
+    async def until(t: float) -> None:
+        # the simulated audio source delivers a chunk (or an interrupt) at its moment, as an audio
+        # device's callback would; the loop's timers fire only to the millisecond (uvloop's), so
+        # sleep to 2 ms before it and yield to the loop's other tasks until it
+        left = t - time.perf_counter()
+        if left > 2e-3:
+            await asyncio.sleep(left - 2e-3)
+        while time.perf_counter() < t:
+            await asyncio.sleep(0)
+
     async def main() -> None:
-        loop = asyncio.get_running_loop()
         inflight: set[asyncio.Task[None]] = set()
+        pending: set[asyncio.Task[None]] = set()
         t0 = time.perf_counter()
 
         async def process(c: Chunk, ready: float) -> None:
             try:
+                arrived[0] = ready
                 logits = await chunk_op(c)
             except asyncio.CancelledError:
                 rep.cancelled += 1
                 raise
+            rep.stage("complete", time.perf_counter() - enqueued[0])
             rep.partials.append(ctc_greedy(logits))
             rep.latencies.append(time.perf_counter() - ready)
 
@@ -264,9 +292,13 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
             await asyncio.gather(*inflight, return_exceptions=True)  # cancelled: the loop is free
             rep.reactions.append(time.perf_counter() - due)
 
+        async def interrupt_at(due: float) -> None:
+            await until(due)
+            await interrupt(due)
+
         for c in st.chunks:
             ready = st.at(t0, c.arrives)
-            await asyncio.sleep(max(0.0, ready - time.perf_counter()))
+            await until(ready)
             vad_again(vad, c)
             if st.is_voiced(c):
                 rep.voiced += 1
@@ -274,12 +306,9 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
             if c.index in st.interrupted:
-                due = ready + st.interrupt_after / st.speed
-                loop.call_at(
-                    loop.time() + (due - time.perf_counter()), lambda due=due: loop.create_task(interrupt(due))
-                )
-        await asyncio.gather(*inflight, return_exceptions=True)
-        await asyncio.sleep(max(0.0, st.at(t0, st.seconds) - time.perf_counter()))
+                pending.add(asyncio.ensure_future(interrupt_at(ready + st.interrupt_after / st.speed)))
+        await asyncio.gather(*inflight, *pending, return_exceptions=True)
+        await until(st.at(t0, st.seconds))
 
     run: Callable[[Any], Any] = asyncio.run
     try:
@@ -295,10 +324,18 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
 
 
 # -- PyTorch, blocking, one thread ---------------------------------------------------------------
-def _torch_chunk(enc: Encoder, c: Chunk) -> np.ndarray:
+def _torch_chunk(enc: Encoder, c: Chunk, rep: Report | None = None, ready: float = 0.0) -> np.ndarray:
     torch = enc.torch
+    t = time.perf_counter()
     x = torch.from_numpy(c.context).to(enc.device, non_blocking=False)
-    return enc(x).cpu().numpy()  # type: ignore[no-any-return]
+    y = enc(x)
+    t1 = time.perf_counter()
+    out = y.cpu().numpy()
+    if rep is not None:
+        rep.stage("start", t - ready)
+        rep.stage("enqueue", t1 - t)
+        rep.stage("complete", time.perf_counter() - t1)
+    return out  # type: ignore[no-any-return]
 
 
 def run_torch_blocking(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
@@ -325,7 +362,7 @@ def run_torch_blocking(st: Stream, enc: Encoder, a: argparse.Namespace) -> Repor
         vad_again(vad, c)
         if st.is_voiced(c):
             rep.voiced += 1
-            logits = _torch_chunk(enc, c)
+            logits = _torch_chunk(enc, c, rep, ready)
             before = len(rep.reactions)
             notice_interrupts()
             if len(rep.reactions) > before:  # barge-in during the call: its result is dropped
@@ -362,7 +399,7 @@ def run_torch_threaded(st: Stream, enc: Encoder, a: argparse.Namespace) -> Repor
             with lock:
                 gen = generation[0]
                 busy.set()
-            logits = _torch_chunk(enc, c)
+            logits = _torch_chunk(enc, c, rep, ready)
             with lock:
                 busy.clear()
                 free.notify_all()
@@ -464,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
             f"  {s['loop']:<15} chunk latency p50 {s['chunk_latency_ms_p50'] or 0:7.2f} ms p99 "
             f"{s['chunk_latency_ms_p99'] or 0:7.2f} ms  interrupt reaction p50 {s['reaction_ms_p50'] or 0:6.2f} ms "
             f"p99 {s['reaction_ms_p99'] or 0:6.2f} ms  CPU {s['cpu_s_per_audio_s']:.3f} s per audio s  "
-            f"{s['host_threads']} thread(s)  published {s['published']}, cancelled {s['cancelled']}"
+            f"{s['host_threads']} thread(s)  published {s['published']}, cancelled {s['cancelled']}  "
+            + "  ".join(f"{k} {v:.2f} ms" for k, v in s["stage_ms_p50"].items())
         )
     if a.out:
         with open(a.out, "w") as f:

@@ -77,7 +77,9 @@ async def drain(jobs: Jobs, a: argparse.Namespace, check: bool) -> dict[str, Any
             ref = jobs.expected(i)
             worst = max(worst, float(np.max(np.abs(got - ref)) / (np.max(np.abs(ref)) + 1e-6)))
 
-    q = WorkQueue(streams=a.streams, batch=a.batch, on_done=on_done if check and jobs.check_every else None)
+    q = WorkQueue(
+        streams=a.streams, batch=a.batch, poll=a.poll, on_done=on_done if check and jobs.check_every else None
+    )
     results = await q.run(jobs.item(i) for i in range(len(jobs.sizes)))
     failed = [r for r in results if not r.ok]
     if failed:
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--large-every", type=int, default=5)
     ap.add_argument("--streams", type=int, default=0, help="lanes (0: every stream of the pool)")
     ap.add_argument("--batch", type=int, default=8, help="items a lane takes at once (WorkQueue batch)")
+    ap.add_argument("--poll", type=float, default=None, help="seconds a lane polls before it parks (default: learned)")
     ap.add_argument("--check", type=int, default=20, help="results checked against numpy (0: none)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each after a warm-up; the best is printed")
     ap.add_argument("--out", default=None, help="write the results as JSON here")

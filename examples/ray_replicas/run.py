@@ -11,6 +11,7 @@ round-robin, checks every answer against numpy, and reports throughput with 1 re
 with all of them (``--replicas``), in one run.
 
     python examples/ray_replicas/run.py                       # 2 replicas, a GPU each
+    python examples/ray_replicas/run.py --gpus-per-replica 0.5  # 2 replicas sharing one GPU
     python examples/ray_replicas/run.py --gpus-per-replica 0  # without GPUs (host backend)
 
 Without Ray (``pip install ray``) the same replica code runs as one process per GPU:
@@ -126,8 +127,12 @@ def _serve(conn: Any, gpu: int | None, width: int, steps: int) -> None:
     """A replica as a plain process (``--no-ray``): requests in, answers out, on one event loop."""
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    rep = Replica(width, steps)
-    conn.send(rep.device())
+    try:
+        rep = Replica(width, steps)
+    except Exception as e:  # told to the driver, which stops instead of waiting for this replica
+        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready", rep.device()))
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -154,11 +159,24 @@ def run_processes(a: argparse.Namespace, xs: list[np.ndarray]) -> dict[str, Any]
     pipes, procs = [], []
     for k in range(a.replicas):
         mine, theirs = ctx.Pipe()
-        p = ctx.Process(target=_serve, args=(theirs, k if a.gpus_per_replica else None, a.width, a.steps))
+        gpu = int(k * a.gpus_per_replica) if a.gpus_per_replica else None  # replicas may share a GPU
+        p = ctx.Process(target=_serve, args=(theirs, gpu, a.width, a.steps))
         p.start()
+        theirs.close()  # the child's end: a child that dies ends this process's recv() (EOFError)
         pipes.append(mine)
         procs.append(p)
-    where = [c.recv() for c in pipes]
+    where = []
+    for k, c in enumerate(pipes):
+        try:
+            state, what = c.recv()
+        except EOFError:
+            state, what = "failed", f"it exited with code {procs[k].join(30) or procs[k].exitcode}"
+        if state != "ready":
+            for c2, p in zip(pipes, procs):
+                c2.close()
+                p.terminate()
+            raise SystemExit(f"replica {k} did not start: {what}")
+        where.append(what)
     waiting: dict[int, asyncio.Future[np.ndarray]] = {}
     lock = threading.Lock()
     ids = itertools.count()
@@ -235,8 +253,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ray", action="store_true", help="one plain process per replica instead of Ray actors")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    if a.replicas < 1 or a.requests < a.replicas or a.in_flight < 1 or a.repeats < 1:
-        ap.error("need --replicas >= 1, --requests >= --replicas, --in-flight >= 1, --repeats >= 1")
+    if a.replicas < 1 or a.requests < a.replicas or a.in_flight < 1 or a.repeats < 1 or a.gpus_per_replica < 0:
+        ap.error(
+            "need --replicas >= 1, --requests >= --replicas, --in-flight >= 1, --repeats >= 1, --gpus-per-replica >= 0"
+        )
+    if a.gpus_per_replica:
+        import deviceop as do
+
+        have = len(do.devices())
+        need = a.replicas * a.gpus_per_replica
+        if need > have + 1e-9:  # Ray would wait for the missing GPUs for ever
+            ap.error(
+                f"{a.replicas} replicas of {a.gpus_per_replica:g} GPU need {need:g} GPUs; {have} are visible: "
+                "give fewer --replicas, or a fraction such as --gpus-per-replica 0.5 to share a GPU"
+            )
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal((a.rows, a.width)).astype(np.float16) for _ in range(a.requests)]
     doc = run_processes(a, xs) if a.no_ray else run_ray(a, xs)

@@ -216,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--profile", default=None, help="profile each server's event loop into PREFIX.IMPL.prof")
+    ap.add_argument(
+        "--trace-stalls",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="diagnostic: each server samples what holds its loop for MS ms or more (see server.py)",
+    )
     a = ap.parse_args(argv)
     if a.impls == "all":
         impls = list(IMPLS)
@@ -233,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown --impls {bad}; choose from {', '.join(IMPLS)}")
     model_args = ["--rows", str(a.rows), "--width", str(a.width), "--steps", str(a.steps)]
     model_args += ["--max-batch", str(a.max_batch), "--max-delay", str(a.max_delay)]
+    if a.trace_stalls:
+        model_args += ["--trace-stalls", str(a.trace_stalls)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
     rng = np.random.default_rng(1)

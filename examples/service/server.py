@@ -13,7 +13,8 @@ model's output the same way. ``--impl`` picks how the handler runs the GPU work:
 
 ``GET /stats`` reports, since the last ``POST /reset``: requests, the process's CPU seconds (all
 threads), the event loop's lag (a heartbeat timer every 5 ms; lag is how late it fires), the
-garbage collector's pauses and the Batcher's counters. After start-up the server calls
+garbage collector's pauses and the Batcher's counters (and, with ``--trace-stalls MS``, what the
+loop's thread was running whenever the loop had not run for MS ms). After start-up the server calls
 ``gc.freeze()`` (``--no-gc-freeze`` leaves it out), as services do, for every variant. The server prints ``listening on PORT`` once it accepts requests.
 
     python examples/service/server.py --impl deviceop-batch --port 8080
@@ -30,7 +31,9 @@ import signal
 import socket
 import statistics
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -56,6 +59,8 @@ class Stats:
         self.cpu0 = time.process_time()
         self.t0 = time.perf_counter()
         self.lag: list[float] = []
+        self.stalls: Counter[str] = Counter()
+        self.tick = time.perf_counter()
 
     def report(self, extra: dict[str, Any]) -> dict[str, Any]:
         lag = sorted(self.lag) or [0.0]
@@ -71,6 +76,7 @@ class Stats:
             "gc_collections": len(self.gc_pauses),
             "gc_pause_ms_max": 1e3 * max(self.gc_pauses, default=0.0),
             "gc_pause_ms_total": 1e3 * sum(self.gc_pauses),
+            **({"stalls": dict(self.stalls.most_common(12))} if self.stalls else {}),
             **extra,
         }
 
@@ -81,6 +87,34 @@ async def heartbeat(stats: Stats) -> None:
         t = time.perf_counter()
         await asyncio.sleep(HEARTBEAT_S)
         stats.lag.append(max(0.0, time.perf_counter() - t - HEARTBEAT_S))
+
+
+async def ticker(stats: Stats) -> None:
+    """Marks the loop as running about every millisecond (for the stall sampler)."""
+    while True:
+        stats.tick = time.perf_counter()
+        await asyncio.sleep(0.0005)
+
+
+def sample_stalls(stats: Stats, threshold: float) -> None:
+    """A thread that, whenever the loop has not ticked for ``threshold`` seconds, counts what the
+    loop's thread is running (its innermost Python frames): what holds the loop. Diagnostic
+    only: the sampler takes the GIL every ``threshold / 2`` seconds."""
+    main = threading.get_ident()
+
+    def run() -> None:
+        while True:
+            time.sleep(threshold / 2)
+            if time.perf_counter() - stats.tick < threshold:
+                continue
+            f = sys._current_frames().get(main)
+            stack = []
+            while f is not None and len(stack) < 8:
+                stack.append(f"{os.path.basename(f.f_code.co_filename)}:{f.f_code.co_name}:{f.f_lineno}")
+                f = f.f_back
+            stats.stalls[" < ".join(stack)] += 1
+
+    threading.Thread(target=run, name="stall-sampler", daemon=True).start()
 
 
 def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[np.ndarray]], Callable[[], dict]]:
@@ -204,6 +238,9 @@ async def serve(a: argparse.Namespace) -> None:
         ]
     )
     hb = asyncio.ensure_future(heartbeat(stats))
+    if a.trace_stalls:
+        tick = asyncio.ensure_future(ticker(stats))
+        sample_stalls(stats, a.trace_stalls / 1e3)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -217,6 +254,8 @@ async def serve(a: argparse.Namespace) -> None:
         await stop.wait()
     finally:
         hb.cancel()
+        if a.trace_stalls:
+            tick.cancel()
         await runner.cleanup()
 
 
@@ -237,6 +276,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-gc-freeze", dest="gc_freeze", action="store_false", help="leave gc.freeze() out after start-up"
     )
     ap.add_argument("--profile", default=None, help="write the event loop thread's cProfile stats here on exit")
+    ap.add_argument(
+        "--trace-stalls",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="diagnostic: sample what the loop's thread runs whenever the loop has not run for MS ms "
+        "(reported in /stats as 'stalls')",
+    )
     return ap.parse_args(argv)
 
 
