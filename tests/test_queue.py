@@ -77,6 +77,29 @@ def test_work_queue_back_pressure_bounds_pending_items(backend):
     assert q.stats().items == 12 and max(seen) <= 3 and seen[-1] >= 1
 
 
+def test_work_queue_put_at_capacity_resumes_at_half_and_refills(backend):
+    # a producer at capacity is woken once half the capacity is free, not at every completion:
+    # of 20 puts into a capacity of 4, the 16 after the first fill wait about every other time
+    bufs = _lane_buffers(1)
+    waited = []
+
+    async def main():
+        q = WorkQueue(streams=1, capacity=4, batch=1)
+        async with q:
+            for _ in range(20):
+                t = time.perf_counter()
+                await q.put(lambda lane: slow_fill(bufs[lane], 1.0, 0.005))
+                waited.append(time.perf_counter() - t > 1e-3)
+                pending = sum(1 for r in q.results() if r.latency_s == 0.0)
+                assert pending <= 4
+        return q
+
+    q = anyio.run(main)
+    assert q.stats().items == 20
+    assert not any(waited[:4])
+    assert 4 <= sum(waited) <= 10, waited
+
+
 @pytest.mark.parametrize("queue", ["work", "threaded"])
 def test_default_capacity_feeds_every_lane_a_full_batch(backend, queue):
     # the default bound leaves room for each lane's running batch and the next one: with a

@@ -100,6 +100,7 @@ class WorkQueue:
         self.on_done = on_done
         self.streams = lanes_of(streams, devices)
         self.capacity = check_capacity(capacity, len(self.streams), self.batch)
+        self._refill = self.capacity // 2  # a put() waiting at capacity resumes at this many pending
         self._rec = Recorder(self.streams, host_threads=1)
         self._tg: Any = None
         # the queue itself: a deque, and events only for whoever must wait (an idle worker, a
@@ -157,7 +158,11 @@ class WorkQueue:
                 return
 
     async def put(self, item: Any) -> None:
-        """Queue an op (or ``f(lane) -> op``); waits while ``capacity`` items are pending."""
+        """Queue an op (or ``f(lane) -> op``); waits while ``capacity`` items are pending.
+
+        A put() that waited resumes once at most half the capacity is pending, so a producer
+        refills the queue in bursts rather than one item per completed item.
+        """
         if self._state == "running" and self._tg.cancel_scope.cancel_called:
             import anyio
 
@@ -237,10 +242,11 @@ class WorkQueue:
                     r.latency_s = t1 - t0
                 busy[lane] += t1 - t0
                 self._pending -= len(batch)
-                for _ in batch:
-                    if not self._space:
-                        break
-                    self._wake(self._space)
+                # a put() waiting at capacity resumes once half the capacity is free, and then
+                # puts items until it is full again: woken at every completion, it would put
+                # one item per wake-up, and each wake-up costs more than a small GPU item
+                if self._space and self._pending <= self._refill:
+                    self._wake(self._space, all_=True)
             if self.on_done is not None:
                 for _, r in batch:
                     try:
