@@ -31,7 +31,7 @@ from .._core._op import HOOKS, as_stream, refuse_in_capture, start
 from .._errors import CudaError, SettingError, UsageError
 from . import _future
 from ._future import DeviceFuture, watch
-from ._wake import current_lib, dispatcher
+from ._wake import current_lib, dispatcher, event_class
 
 __all__ = ["await_future", "await_op", "poll_budget", "set_poll_budget", "set_wait_policy", "wait_policy"]
 
@@ -157,12 +157,12 @@ async def _park(
     """Wait for ``tok`` on ``d``'s channel until ``done()``; ``check()`` (the event) is the
     re-check that raises CudaError on a context error. ``h``: the reactor slot, whose pre-wake
     (the token before the flag) starts a poll until the predicted completion."""
-    import anyio  # imported here: only parked awaits need it, and it costs start-up time
 
     clock = time.perf_counter
     interval = _RECHECK[0]
+    new_event = event_class(lib)
     while True:
-        waker = anyio.Event()
+        waker = new_event()
         d.waiters[tok] = waker
         if done():
             return

@@ -32,6 +32,7 @@ from ._queue_stats import (
     start_batch,
     take_batch,
 )
+from ._wake import current_lib, event_class
 
 __all__ = ["WorkQueue"]
 
@@ -122,7 +123,7 @@ class WorkQueue:
         if self._state != "new":
             raise UsageError(f"this WorkQueue is {self._state}; a queue runs once, make a new one")
         self._state = "running"
-        self._event = anyio.Event
+        self._event = event_class(current_lib())
         self._cancelled_exc = anyio.get_cancelled_exc_class()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()

@@ -137,3 +137,18 @@ def stats() -> dict[str, int]:
     with _lock:
         ds = list(_asyncio.values()) + list(_trio.values())
     return {"dispatchers": len(ds), "wakeups": sum(d.wakeups for d in ds), "waiting": sum(len(d.waiters) for d in ds)}
+
+
+def event_class(lib: str) -> Any:
+    """The loop library's own event class (``asyncio.Event`` or ``trio.Event``).
+
+    ``anyio.Event()`` asks sniffio which library runs at every creation; the queues and parked
+    awaits make one per wait, so they take the class once.
+    """
+    if lib == "trio":
+        import trio
+
+        return trio.Event
+    import asyncio
+
+    return asyncio.Event
