@@ -27,8 +27,9 @@ The same loop, three ways, one after the other over the same audio:
 
 Reported for each: chunk latency (from the moment a chunk's audio has arrived to its result
 published) p50 / p99, its stages (until the encoder is called, the encoder's calls queueing
-the GPU work, the wait for the result), interrupt reaction (from the interrupt to the work in flight cancelled and
-the loop free again) p50 / p99, host CPU time per second of audio, and the threads it used.
+the GPU work, the wait for the result), interrupt reaction (from the interrupt to the work in
+flight cancelled and the loop free again) p50 / p99, host CPU time per second of audio, and the
+threads it used.
 
     python examples/asr_stream/run.py
     python examples/asr_stream/run.py --speed 8 --width 128 --layers 2   # quick, small

@@ -170,7 +170,8 @@ def run_processes(a: argparse.Namespace, xs: list[np.ndarray]) -> dict[str, Any]
         try:
             state, what = c.recv()
         except EOFError:
-            state, what = "failed", f"it exited with code {procs[k].join(30) or procs[k].exitcode}"
+            procs[k].join(30)
+            state, what = "failed", f"it exited with code {procs[k].exitcode}"
         if state != "ready":
             for c2, p in zip(pipes, procs):
                 c2.close()
