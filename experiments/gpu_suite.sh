@@ -3,8 +3,8 @@
 # benchmarks; JSON, logs and PNG figures go to $OUT.
 # Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|work|queue|reactor|interop|examples|devices]
 # (core: build, tests, exec_modes, the user-program pipeline, plan reuse, start-up and kernels;
-# work: build, tests, kernels (GEMM included) and the bimodal queues; queue: build, tests and the
-# bimodal queues; reactor: build, tests, the await cost, overlap and the bimodal queues; interop: build, tests and
+# work: build, tests, kernels (GEMM included) and the bimodal queues; queue: build, tests, the
+# bimodal queues and where a queue item's time goes (await_queue_cost.py, queue_profile.py); reactor: build, tests, the await cost, overlap and the bimodal queues; interop: build, tests and
 # the external-step cost with a PyTorch MLP served; examples: build, tests and the users' programs
 # of examples/; devices: build, tests and the several-GPU figures (the queue over every GPU, copies
 # between GPUs beside PyTorch's, replicas on Ray or one process per GPU); full and quick: everything, quick with fewer repeats; SKIP_TESTS=1 leaves the
@@ -22,6 +22,14 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 status=0
 log="$OUT/suite.log"
+# many result files travel as one archive, suite.tar.gz (the suite's log, the logs, JSON and figures)
+pack() {
+  if [ "$(find "$OUT" -mindepth 1 -maxdepth 1 | wc -l)" -gt 8 ]; then
+    tar czf /tmp/deviceop-suite.tar.gz -C "$OUT" . && find "$OUT" -mindepth 1 -delete \
+      && mv /tmp/deviceop-suite.tar.gz "$OUT/suite.tar.gz"
+  fi
+}
+trap pack EXIT
 # the compiled core, built in place as pip install -e does (Cython, cuda.h from the toolkit)
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || { echo "core build FAILED" | tee -a "$log"; tail -n 30 "$OUT/build.log"; exit 1; }
@@ -92,7 +100,13 @@ if [ "$MODE" = devices ]; then  # several GPUs (a machine with two): the queue o
   echo "gpu_suite status: $status"; exit $status
 fi
 if [ "$MODE" = queue ]; then
-  bimodal; plots
+  bimodal
+  # where a queue item's time goes: sync, await and the queue per item; the queue over 1, 2 and 4 streams
+  timeout 120 python3 experiments/await_queue_cost.py --out "$OUT/await_queue_cost.json" 2>&1 | tail -n 12
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  timeout 180 python3 experiments/queue_profile.py --out "$OUT/queue_profile.json" > "$OUT/queue_profile.log" 2>&1 || status=1
+  head -n 14 "$OUT/queue_profile.log"
+  plots
   echo "gpu_suite status: $status"; exit $status
 fi
 if [ "$MODE" = work ]; then
