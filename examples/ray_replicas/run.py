@@ -240,8 +240,9 @@ def measure(a: argparse.Namespace, xs: list[np.ndarray], call: Any, where: list[
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse(doc: str, argv: list[str] | None, extra: Any = None) -> argparse.Namespace:
+    """The replicas' command line (shared with ``serve.py``), checked; ``extra(ap)`` adds options."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--gpus-per-replica", type=float, default=1.0, help="0: no GPU (the host backend)")
     ap.add_argument("--requests", type=int, default=2000)
@@ -251,8 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--check", type=int, default=16, help="answers checked against numpy")
-    ap.add_argument("--no-ray", action="store_true", help="one plain process per replica instead of Ray actors")
     ap.add_argument("--out", default=None)
+    if extra is not None:
+        extra(ap)
     a = ap.parse_args(argv)
     if a.replicas < 1 or a.requests < a.replicas or a.in_flight < 1 or a.repeats < 1 or a.gpus_per_replica < 0:
         ap.error(
@@ -268,6 +270,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"{a.replicas} replicas of {a.gpus_per_replica:g} GPU need {need:g} GPUs; {have} are visible: "
                 "give fewer --replicas, or a fraction such as --gpus-per-replica 0.5 to share a GPU"
             )
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(
+        __doc__,
+        argv,
+        lambda ap: ap.add_argument(
+            "--no-ray", action="store_true", help="one plain process per replica instead of Ray actors"
+        ),
+    )
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal((a.rows, a.width)).astype(np.float16) for _ in range(a.requests)]
     doc = run_processes(a, xs) if a.no_ray else run_ray(a, xs)

@@ -20,7 +20,6 @@ Needs ``pip install "ray[serve]"``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -35,7 +34,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from run import Replica, make_weights, reference  # noqa: E402  (the replica of run.py)
+from run import Replica, make_weights, parse, reference  # noqa: E402  (the replica of run.py)
 
 
 def make_deployment(gpus: float, max_ongoing: int) -> Any:
@@ -87,31 +86,7 @@ async def drive(handle: Any, xs: list[np.ndarray], in_flight: int) -> tuple[floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--gpus-per-replica", type=float, default=1.0, help="0: no GPU (the host backend)")
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--in-flight", type=int, default=32, help="outstanding requests per replica")
-    ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--width", type=int, default=2048)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--check", type=int, default=16, help="answers checked against numpy")
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args(argv)
-    if a.replicas < 1 or a.requests < a.replicas or a.in_flight < 1 or a.repeats < 1 or a.gpus_per_replica < 0:
-        ap.error(
-            "need --replicas >= 1, --requests >= --replicas, --in-flight >= 1, --repeats >= 1, --gpus-per-replica >= 0"
-        )
-    if a.gpus_per_replica:
-        import deviceop as do
-
-        have = len(do.devices())
-        if a.replicas * a.gpus_per_replica > have + 1e-9:  # Serve would wait for the GPUs for ever
-            ap.error(
-                f"{a.replicas} replicas of {a.gpus_per_replica:g} GPU need {a.replicas * a.gpus_per_replica:g} GPUs; "
-                f"{have} are visible: give fewer --replicas, or a fraction such as --gpus-per-replica 0.5"
-            )
+    a = parse(__doc__, argv)
     import ray
     from ray import serve
 
