@@ -285,10 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     xs = [rng.standard_normal((a.rows, a.width)).astype(np.float16) for _ in range(a.requests)]
     doc = run_processes(a, xs) if a.no_ray else run_ray(a, xs)
     doc["runtime"] = "processes" if a.no_ray else "ray"
+    return report(a, doc)
+
+
+def report(a: argparse.Namespace, doc: dict[str, Any], note: str = "") -> int:
+    """Print the run's figures, write its JSON (``--out``); 0 if every checked answer agreed."""
     print(
         f"{doc['runtime']}: {a.replicas} replicas on {doc['where']}\n"
         f"  1 replica {doc['req_s_one']:.0f} req/s, {a.replicas} replicas {doc['req_s_all']:.0f} req/s: "
-        f"{doc['speedup']:.2f}x; {doc['checked']} answers checked, max rel err {doc['max_rel_err']:.2e}"
+        f"{doc['speedup']:.2f}x; {doc['checked']} answers checked, max rel err {doc['max_rel_err']:.2e}{note}"
     )
     if a.out:
         with open(a.out, "w") as f:

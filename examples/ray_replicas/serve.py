@@ -21,7 +21,6 @@ Needs ``pip install "ray[serve]"``.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import sys
@@ -34,7 +33,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from run import Replica, make_weights, parse, reference  # noqa: E402  (the replica of run.py)
+from run import Replica, make_weights, parse, reference, report  # noqa: E402  (the replica of run.py)
 
 
 def make_deployment(gpus: float, max_ongoing: int) -> Any:
@@ -148,16 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_rel_err": err,
         "http_max_rel_err": http_err,
     }
-    print(
-        f"Ray Serve: {a.replicas} replicas on {where}\n"
-        f"  1 replica {doc['req_s_one']:.0f} req/s, {a.replicas} replicas {doc['req_s_all']:.0f} req/s: "
-        f"{doc['speedup']:.2f}x; {doc['checked']} answers checked, max rel err {doc['max_rel_err']:.2e} "
-        f"(over HTTP {http_err:.2e})"
-    )
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1)
-    return 0 if err < 2e-2 and http_err is not None and http_err < 2e-2 else 1
+    status = report(a, doc, f" (over HTTP {http_err:.2e})")
+    return status if http_err is not None and http_err < 2e-2 else 1
 
 
 if __name__ == "__main__":
