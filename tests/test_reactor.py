@@ -117,6 +117,32 @@ def test_slots_come_back(backend) -> None:
     assert _reactor.stats()["free"] == free
 
 
+def test_done_stays_true_once_the_slot_is_armed_again(backend) -> None:
+    # the scanner retires a slot once its flag is written and the next arm takes it again (the
+    # free list is a stack); a task polling its own handle may look only after that second
+    # write: it must still see its work done (it saw "not done" and polled until its budget)
+    from deviceop._core._base import Channel
+
+    s, ch = do.streams()[0], Channel()
+
+    def retired(free: int) -> None:
+        deadline = time.monotonic() + 10
+        while _reactor.stats()["free"] != free and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert _reactor.stats()["free"] == free, "the scanner did not retire the slot"
+
+    free = _reactor.stats()["free"]
+    first = _reactor.arm(s, ch, 1)
+    s.synchronize()
+    retired(free)
+    second = _reactor.arm(s, ch, 2)
+    assert second >> 32 == first >> 32 and second != first  # the same slot, the next number
+    s.synchronize()
+    retired(free)
+    assert _reactor.done(second) and _reactor.done(first)
+    assert _reactor.retire(first)  # seen done: nothing left to retire, and no error
+
+
 def test_durations_are_learned_and_long_waits_sleep(backend) -> None:
     """Awaits of ~30 ms ops on one stream: the estimate converges, the scanner sleeps (it does
     not spin for the whole wait), and the process spends a small share of a core."""

@@ -33,7 +33,7 @@ A context fault stops the device's writes: :func:`fail_context` retires every sl
 that device and wakes its waiters (who then see the ``CudaError``); its slots are not reused.
 """
 
-from libc.stdint cimport uint32_t, uint64_t, int64_t, uintptr_t
+from libc.stdint cimport int32_t, uint32_t, uint64_t, int64_t, uintptr_t
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
 from libc.errno cimport ETIMEDOUT
@@ -590,12 +590,19 @@ def prewoken(uint64_t handle):
     return r
 
 
+cdef inline bint _written(uint32_t slot, uint32_t seq) noexcept nogil:
+    # at or past seq: once the scanner retires a slot it is armed again with the next number,
+    # and that write may land before the first owner looks (a polling task between two
+    # checks); a slot is only reused after its write landed, so its writes come in order
+    return <int32_t>(dvo_load32(&FLAGS[slot]) - seq) >= 0
+
+
 def done(uint64_t handle):
     """True once the slot's flag was written (the work before it completed)."""
     cdef uint32_t slot = <uint32_t>(handle >> 32)
     if slot >= <uint32_t>NSLOTS:
         raise ValueError(f"not a reactor handle: {handle}")
-    return dvo_load32(&FLAGS[slot]) == <uint32_t>(handle & 0xFFFFFFFF)
+    return _written(slot, <uint32_t>(handle & 0xFFFFFFFF))
 
 
 def expected(uint64_t handle):
@@ -631,7 +638,7 @@ def retire(uint64_t handle):
     cdef chan_t* c = NULL
     cdef int i
     cdef bint ok = False
-    if slot >= <uint32_t>NSLOTS or dvo_load32(&FLAGS[slot]) != seq:
+    if slot >= <uint32_t>NSLOTS or not _written(slot, seq):
         return False
     pthread_mutex_lock(&MU)
     for i in range(N):
