@@ -128,11 +128,11 @@ def gemm(sizes: tuple[int, ...], trials: int) -> dict:
             # the same GEMMs with DEVICEOP_GEMM=m: "lt" plain cuBLASLt calls (no graph replays),
             # "ex" cublasGemmEx on every call (cuBLAS heuristics each time)
             def run(reps=reps) -> None:
-                _gemm._MODE[0] = m
+                _gemm.GEMM.mode = _gemm._MODES.index(m)
                 try:
                     ours(reps)
                 finally:
-                    _gemm._MODE[0] = "auto"
+                    _gemm.GEMM.mode = 0
 
             return run
 

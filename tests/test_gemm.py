@@ -212,8 +212,8 @@ def test_repeated_gemms_replay_correctly(backend):
     a_np, b_np = _rand(rng, (64, 48), do.float16), _rand(rng, (48, 32), do.float16)
     a, b = do.from_numpy(a_np).sync(), do.from_numpy(b_np).sync()
     cs = [do.zeros((64, 32), do.float16).sync() for _ in range(2)]
-    _gemm.REPLAYS.clear()  # recordings draw on a credit that earlier tests may have spent
-    before = _gemm.REPLAYS.recorded
+    _gemm.GEMM.replays.clear()  # recordings draw on a credit that earlier tests may have spent
+    before = _gemm.GEMM.replays.recorded
     for _ in range(8):
         K.gemm(cs[0], a, b).sync_on(s0)
         _check(cs[0].numpy(), _ref(a_np, b_np), do.float16, 48)
@@ -221,8 +221,8 @@ def test_repeated_gemms_replay_correctly(backend):
         for _ in range(4):
             K.gemm(c, a, b, alpha=alpha).sync_on(s)
             _check(c.numpy(), alpha * _ref(a_np, b_np), do.float16, 48)
-    if backend == "cuda" and _gemm._MODE[0] == "auto":
-        assert _gemm.REPLAYS.recorded >= before + 4  # one per distinct (scalars, pointers, stream)
+    if backend == "cuda" and _gemm.GEMM.mode == 0:  # DEVICEOP_GEMM=auto
+        assert _gemm.GEMM.replays.recorded >= before + 4  # one per distinct (scalars, pointers, stream)
 
 
 def test_repeated_gemm_inside_a_recording_is_recorded_not_replayed(backend):

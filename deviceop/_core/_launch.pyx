@@ -175,11 +175,6 @@ cdef class PlanCache:
     threads is the same plan, and either copy serves.
     """
 
-    cdef dict d
-    cdef public Py_ssize_t max_size
-    cdef public Py_ssize_t hits
-    cdef public Py_ssize_t misses
-
     def __init__(self, Py_ssize_t max_size=256):
         self.d = {}
         self.max_size = max_size

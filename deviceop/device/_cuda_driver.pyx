@@ -16,7 +16,7 @@ from .._core._base cimport BlockCache, Channel, Driver, chan_push, chan_t, chan_
 
 __all__ = [
     "make_driver", "event_record", "event_query", "event_create", "event_destroy", "event_sync", "stream_sync",
-    "stream_wait", "graph_launch", "notify", "lt_matmul", "mem_free_async", "memcpy_htod_async",
+    "stream_wait", "graph_launch", "notify", "mem_free_async", "memcpy_htod_async",
     "memcpy_dtoh_async", "memcpy_dtod_async", "memset_async", "NOT_READY",
 ]
 
@@ -156,27 +156,6 @@ def notify(Channel ch, uintptr_t stream, uint64_t token):
         chan_unref(n.c)
         free(n)
     return err
-
-
-ctypedef int (*ltmatmul_t)(void*, void*, const void*, const void*, void*, const void*, void*,
-                           const void*, const void*, void*, void*, void*, const void*, void*,
-                           size_t, void*) noexcept nogil
-
-
-def lt_matmul(tuple st, float alpha, float beta, uintptr_t ws, size_t ws_bytes, uintptr_t stream):
-    """cublasLtMatmul with D = C: ``st`` = (fn address, handle, desc, A, Adesc, B, Bdesc, C, Cdesc,
-    algo) as ints; returns the cublasStatus_t."""
-    cdef void* v[10]
-    cdef int i, status
-    if len(st) != 10:
-        raise TypeError("lt_matmul: the static tuple has 10 entries")
-    for i in range(10):
-        v[i] = <void*><uintptr_t>st[i]
-    cdef ltmatmul_t fn = <ltmatmul_t>v[0]
-    with nogil:
-        status = fn(v[1], v[2], &alpha, v[3], v[4], v[5], v[6], &beta, v[7], v[8], v[7], v[8], v[9],
-                    <void*>ws, ws_bytes, <void*>stream)
-    return status
 
 
 # ---- memory and events: the per-request calls (cuda.bindings' Python layer costs microseconds;

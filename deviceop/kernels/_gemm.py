@@ -13,19 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from .._core._launch import planned
+from .._core._gemm import GemmLauncher, GemmPlan, gemm_call
+from .._core._launch import PlanCache
 from .._core._ledger import check_backend, enqueue
 from .._core._op import DeviceOp
 from .._dtypes import DType, bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
-from ..device._cuda_driver import graph_launch, lt_matmul
-from ..device._cuda_errors import cuda_error
 from ..device._tensor import Partition, Tensor
 from ._blas import WORKSPACE_BYTES, call, cublas, handle_for, workspace_of
 from ._blaslt import _lt, lt_handle, lt_plan, matmul_address, status_error
 from ._gemm_replay import Replays
 from ._kernel import check_scalar
-from ._launch import KernelCall, PlanCache, has_op, host_array, launch_host
+from ._launch import KernelCall, has_op, host_array, launch_host
 
 __all__ = ["gemm"]
 
@@ -34,9 +33,10 @@ _COMPUTE_32F, _COMPUTE_TF32 = 68, 77  # cublasComputeType_t: COMPUTE_32F, COMPUT
 # DEVICEOP_GEMM: "auto" (default) cuBLASLt with a plan made once per problem, and a call repeated
 # exactly (same pointers, scalars, stream) replayed as a recorded graph; "lt" cuBLASLt calls only;
 # "ex" cublasGemmEx on every call. The last two only to compare.
-_MODE = [os.environ.get("DEVICEOP_GEMM", "auto")]
-if _MODE[0] not in ("auto", "lt", "ex"):
-    raise UsageError(f"DEVICEOP_GEMM={_MODE[0]!r} is not known; use auto (the default), lt or ex")
+# (GEMM.mode holds the index of the one in use)
+_MODES = ("auto", "lt", "ex")
+if os.environ.get("DEVICEOP_GEMM", "auto") not in _MODES:
+    raise UsageError(f"DEVICEOP_GEMM={os.environ['DEVICEOP_GEMM']!r} is not known; use auto (the default), lt or ex")
 _FLOATS = (float16, bfloat16, float32)
 
 
@@ -54,27 +54,36 @@ def gemm(
     graphs; a cuBLASLt plan (descriptors and algorithm) is made once per problem layout and
     reused, for fresh tensors too. The host backend computes with numpy in float32.
     """
-    if type(alpha) is not float:  # plain floats skip the abstract-number checks
-        alpha = check_scalar(alpha, float32, "alpha of gemm()")
-    if type(beta) is not float:
-        beta = check_scalar(beta, float32, "beta of gemm()")
+    op = GEMM.fast(c, a, b, alpha, beta, tf32)  # a known layout: its op at once (compiled)
+    if op is not None:
+        return op
+    alpha = check_scalar(alpha, float32, "alpha of gemm()")
+    beta = check_scalar(beta, float32, "beta of gemm()")
     if tf32 is not False and tf32 is not True:
         raise UsageError(f"tf32 of gemm() must be True or False, got {tf32!r}")
     args = (c, a, b)
     opts = (alpha, beta, tf32)
     if has_op(args):
         return KernelCall(GEMM, args, opts, True)
-    return planned(GEMM, args, GEMM.plan(args, opts), 0, opts)  # bad input fails here
+    return gemm_call(GEMM, args, opts, GEMM.plan(args, opts))  # bad input fails here
 
 
-class _Gemm:
-    """The launcher behind :func:`gemm` (the interface KernelCall drives: plan, enqueue)."""
+class _Gemm(GemmLauncher):
+    """The launcher behind :func:`gemm`: validation and plans here, the per-call path compiled
+    (``GemmLauncher``); KernelCall drives ``plan`` and ``enqueue`` for calls given ops."""
 
     name = "gemm"
 
     def __init__(self) -> None:
         #: problem layouts (shapes, strides, dtype, alignment, device) -> _Geometry
         self.plans = PlanCache(1024)
+        #: per stream handle: its cuBLAS handle and workspace
+        self.blas = {}
+        #: graphs of repeated GEMM calls (see _gemm_replay)
+        self.replays = Replays()
+        self.mode = _MODES.index(os.environ.get("DEVICEOP_GEMM", "auto"))
+        self.ws_bytes = WORKSPACE_BYTES
+        self.status_error = status_error
 
     def plan(self, args: tuple[Any, ...], opts: Any) -> _Geometry:
         """Validate ``(c, a, b)`` and return their problem's geometry (made once per layout)."""
@@ -111,12 +120,16 @@ class _Gemm:
         pa, pb, pc = (b.addr, a.addr, c.addr) if g.swap else (a.addr, b.addr, c.addr)
         stream = cx.stream
         sh = stream.handle_int
-        lt = g.lt_call if _MODE[0] != "ex" else None
-        if lt is None and _MODE[0] != "ex" and not g.lt_tried:
+        mode = _MODES[self.mode]
+        lt = g.lt_call if mode != "ex" else None
+        if lt is None and mode != "ex" and not g.lt_tried:
             lt = _lt_call(g, c.dtype, tf32)
-        blas = _STREAM_BLAS.get(sh)
+        blas = self.blas.get(sh)
         if blas is None:
-            blas = _STREAM_BLAS[sh] = (handle_for(stream), workspace_of(stream))
+            blas = self.blas[sh] = (handle_for(stream), workspace_of(stream))
+        if lt is not None and lt[0]:  # a plain cuBLASLt call: the compiled path
+            self.run_lt(cx, g, c, a, b, alpha, beta, blas[1])
+            return
         if lt is None:
             h = blas[0]
             dt = _CUDA_TYPE[c.dtype.name]
@@ -149,59 +162,32 @@ class _Gemm:
 
             enqueue(cx, accesses, work, self)
             return
-        fn, handle, desc, la, lb, lc, algo = lt
-        st = (fn, handle, desc, pb, la, pa, lb, pc, lc, algo)
+        _, handle, desc, la, lb, lc, algo = lt
         ws = blas[1]
-        if not fn:  # cublasLtMatmul's address is unknown: nvmath's binding calls it
 
-            def work() -> None:
-                al, be_ = ctypes.c_float(alpha), ctypes.c_float(beta)
-                call(
-                    _lt().matmul,
-                    handle,
-                    desc,
-                    ctypes.addressof(al),
-                    pb,
-                    la,
-                    pa,
-                    lb,
-                    ctypes.addressof(be_),
-                    pc,
-                    lc,
-                    pc,
-                    lc,
-                    algo,
-                    ws,
-                    WORKSPACE_BYTES,
-                    sh,
-                )
-
-            enqueue(cx, accesses, work, self)
-            return
-        replay = _MODE[0] == "auto" and cx.captured is None
-
-        def work() -> None:  # type: ignore[no-redef]  # (the other branch's work returned above)
-            if replay:
-                ex = REPLAYS.get(
-                    (st, alpha, beta, sh),
-                    cx.backend,
-                    stream,
-                    lambda on: lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, on),
-                )
-                if ex:
-                    err = graph_launch(ex, sh)
-                    if err:
-                        raise cuda_error(err, "cuGraphLaunch (a recorded GEMM)")
-                    return
-            status = lt_matmul(st, alpha, beta, ws, WORKSPACE_BYTES, sh)
-            if status:
-                raise status_error(status, "cublasLtMatmul")
+        def work() -> None:  # type: ignore[no-redef]  # cublasLtMatmul's address is unknown: nvmath's binding calls it
+            al, be_ = ctypes.c_float(alpha), ctypes.c_float(beta)
+            call(
+                _lt().matmul,
+                handle,
+                desc,
+                ctypes.addressof(al),
+                pb,
+                la,
+                pa,
+                lb,
+                ctypes.addressof(be_),
+                pc,
+                lc,
+                pc,
+                lc,
+                algo,
+                ws,
+                WORKSPACE_BYTES,
+                sh,
+            )
 
         enqueue(cx, accesses, work, self)
-
-
-#: per stream handle: its cuBLAS handle and workspace
-_STREAM_BLAS: dict[int, tuple[int, int]] = {}
 
 
 def _lt_call(g: _Geometry, dtype: DType, tf32: bool) -> tuple[int, ...] | None:
@@ -222,37 +208,16 @@ def _align(ptr: int) -> int:
 
 
 _WRITES = (True, False, False)
-#: graphs of repeated GEMM calls (see _gemm_replay)
-REPLAYS = Replays()
 
 
 GEMM = _Gemm()
 
 
-class _Geometry:
-    """A GEMM problem's layout for cuBLAS (no addresses): sizes, transposes, leading dimensions."""
+class _Geometry(GemmPlan):
+    """A GEMM problem's layout for cuBLAS (no addresses): sizes, transposes, leading dimensions
+    (the sizes, ``swap``, ``be`` and ``lt_call`` are the compiled plan's fields)."""
 
-    __slots__ = (
-        "al_a",
-        "al_b",
-        "al_c",
-        "be",
-        "k",
-        "ld_a",
-        "ld_b",
-        "ld_c",
-        "lt",
-        "lt_call",
-        "lt_tried",
-        "m",
-        "n",
-        "op_a",
-        "op_b",
-        "swap",
-    )
-    m: int
-    n: int
-    k: int
+    __slots__ = ("al_a", "al_b", "al_c", "ld_a", "ld_b", "ld_c", "lt", "lt_tried", "op_a", "op_b")
     ld_a: int
     ld_b: int
     ld_c: int
@@ -261,10 +226,7 @@ class _Geometry:
     al_c: int
     op_a: int
     op_b: int
-    swap: bool
-    be: Any
     lt: Any
-    lt_call: Any
     lt_tried: bool
 
 

@@ -21,72 +21,21 @@ direct then earns ``1 / COST``, so recording resumes slowly if the pattern chang
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._core._gemm import COST, HOT, MAX
+from .._core._gemm import Replays as _Table
+
 __all__ = ["COST", "HOT", "MAX", "Replays"]
 
-#: calls of one exact problem before it is recorded (a problem seen once or twice is not worth it)
-HOT = 3
-MAX = 1024
-#: replays a recording must be worth (a record + instantiate costs about this many replays' saving)
-COST = 16.0
 
-
-class Replays:
-    """Graph executables by GEMM call key, recorded once a key is hot and the credit allows."""
+class Replays(_Table):
+    """Graph executables by GEMM call key, recorded (by :func:`_record`) once a key is hot and
+    the credit allows; the table and its lookups are compiled (``deviceop._core._gemm``)."""
 
     def __init__(self) -> None:
-        self._seen: dict[Any, int] = {}
-        self._execs: dict[Any, Any] = {}  # key -> _Exec, or None if recording it failed
-        self._lock = threading.Lock()
-        self.recorded = 0
-        self.replays = 0
-        self.credit = 4 * COST  # a few recordings up front: a queue's first problems pay back at once
-
-    def __len__(self) -> int:
-        return len(self._execs)
-
-    def get(self, key: Any, backend: Any, stream: Any, call: Callable[[int], int]) -> int:
-        """The graph handle (an int) to launch for ``key``, or 0 to make the call directly.
-
-        ``call(stream_handle)`` enqueues the GEMM on a stream and returns its cuBLAS status;
-        it is used once, to record. Call with the ledger lock held (one recording at a time).
-        """
-        ex = self._execs.get(key, 0)
-        if ex:
-            self.replays += 1
-            if self.credit < 8 * COST:
-                self.credit += 1.0
-            return ex.handle_int  # type: ignore[no-any-return]
-        if ex is None:
-            return 0  # recording this one failed before: stay direct
-        n = self._seen.get(key, 0) + 1
-        if n < HOT or self.credit < COST:
-            if n >= HOT:
-                self.credit += 1.0 / COST  # hot, but recordings have not paid lately
-            if len(self._seen) >= 4 * MAX:
-                self._seen.clear()
-            self._seen[key] = n
-            return 0
-        self._seen.pop(key, None)
-        self.credit -= COST
-        ex = _record(backend, stream, call)
-        with self._lock:
-            if len(self._execs) >= MAX:
-                self._execs.pop(next(iter(self._execs)))
-            self._execs[key] = ex
-        if ex is None:
-            return 0
-        self.recorded += 1
-        return ex.handle_int  # type: ignore[no-any-return]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._execs.clear()
-            self._seen.clear()
-            self.credit = 4 * COST
+        super().__init__(_record)
 
 
 def _record(backend: Any, stream: Any, call: Callable[[int], int]) -> Any:

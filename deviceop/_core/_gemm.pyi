@@ -1,0 +1,62 @@
+"""Type stub of the compiled module ``deviceop._core._gemm``: GEMM's plan fields, its call as an
+op, the cuBLASLt call and replays of repeated calls.
+
+Names not declared here are internal to the core and typed ``Any``.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from ._launch import PlanCache
+from ._op import DeviceOp
+
+HOT: int
+MAX: int
+COST: float
+
+class GemmPlan:
+    """A GEMM problem's layout (no addresses): what its compiled call reads."""
+
+    be: Any
+    m: int
+    n: int
+    k: int
+    swap: bool
+    lt_call: tuple[int, ...] | None
+
+class Replays:
+    """Graph executables by GEMM call key, recorded once a key is hot and the credit allows."""
+
+    recorded: int
+    replays: int
+    credit: float
+
+    def __init__(self, record: Callable[[Any, Any, Callable[[int], int]], Any]) -> None: ...
+    def __len__(self) -> int: ...
+    def get(self, key: Any, backend: Any, stream: Any, call: Callable[[int], int]) -> int: ...
+    def executables(self) -> list[Any]: ...
+    def clear(self) -> None: ...
+
+class GemmLauncher:
+    """The compiled half of the GEMM kernel."""
+
+    plans: PlanCache
+    blas: dict[int, tuple[int, int]]
+    replays: Replays
+    mode: int
+    ws_bytes: int
+    status_error: Any
+
+    def fast(self, c: Any, a: Any, b: Any, alpha: Any, beta: Any, tf32: Any) -> GemmCall | None: ...
+    def run_lt(self, cx: Any, p: GemmPlan, c: Any, a: Any, b: Any, alpha: float, beta: float, ws: int) -> int: ...
+
+class GemmCall(DeviceOp[Any]):
+    """A planned GEMM; its output is its arguments ``(c, a, b)``."""
+
+    kernel: GemmLauncher
+    args: tuple[Any, ...]
+    opts: tuple[float, float, bool]
+    plan: GemmPlan
+
+def gemm_call(kernel: GemmLauncher, args: tuple[Any, ...], opts: tuple[Any, ...], plan: GemmPlan) -> GemmCall: ...
+def __getattr__(name: str) -> Any: ...

@@ -1,0 +1,279 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""GEMM's compiled path: a planned call as an op, its cublasLtMatmul call, and replays of calls
+that repeat exactly, ordered through the ledger.
+
+The kernels layer (``deviceop.kernels._gemm``) validates, makes the plan (descriptors and
+algorithm, once per problem layout) and handles what is not a plain cuBLASLt call (the host
+backend, cublasGemmEx, nvmath's binding); what runs per GEMM is here: the call of a known
+layout becomes its op without Python-level validation, and running it orders the three tensors
+and enqueues the call (or its recorded graph) under the ledger lock.
+"""
+
+from libc.float cimport FLT_MAX
+from libc.stdint cimport uintptr_t
+
+from ._base cimport _LOCK as LOCK, Driver, PartitionBase, TensorBase
+from ._launch cimport PlanCache
+from ._ledger cimport ExecutionContext, check_backend, order_tensor
+from ._op cimport DeviceOp
+
+__all__ = ["COST", "GemmCall", "GemmLauncher", "GemmPlan", "HOT", "MAX", "Replays"]
+
+#: calls of one exact problem before it is recorded (a problem seen once or twice is not worth it)
+HOT = 3
+MAX = 1024
+#: replays a recording must be worth (a record + instantiate costs about this many replays' saving)
+COST = 16.0
+
+ctypedef int (*ltmatmul_t)(void*, void*, const void*, const void*, void*, const void*, void*,
+                           const void*, const void*, void*, void*, void*, const void*, void*,
+                           size_t, void*) noexcept nogil
+
+
+cdef class GemmPlan:
+    """A GEMM problem's layout (no addresses): what its compiled call reads; the kernels layer's
+    geometry extends it (leading dimensions, transposes, alignment).
+
+    ``lt_call``: ``(cublasLtMatmul's address, handle, descriptor, layouts of A, B and C, algorithm)``
+    as ints once a plain cuBLASLt plan exists, else None.
+    """
+
+    cdef public object be
+    cdef public Py_ssize_t m, n, k
+    cdef public bint swap
+    cdef uintptr_t lt[7]
+    cdef object _lt_call
+
+    @property
+    def lt_call(self):
+        return self._lt_call
+
+    @lt_call.setter
+    def lt_call(self, value):
+        cdef int i
+        if value is not None and len(value) != 7:
+            raise TypeError("lt_call has 7 entries: fn, handle, desc, layout a, b, c, algo")
+        for i in range(7):
+            self.lt[i] = 0 if value is None else <uintptr_t>value[i]
+        self._lt_call = value
+
+
+cdef class Replays:
+    """Graph executables by GEMM call key, recorded once a key is hot and the credit allows.
+
+    ``record(backend, stream, call)`` records ``call(stream_handle)`` into an executable graph
+    (None on failure); see ``deviceop.kernels._gemm_replay``. Call with the ledger lock held.
+    """
+
+    cdef dict _seen
+    cdef dict _execs  # key -> executable (with .handle_int), or None if recording it failed
+    cdef object _record
+    cdef public Py_ssize_t recorded
+    cdef public Py_ssize_t replays
+    cdef public double credit
+
+    def __init__(self, record):
+        self._seen = {}
+        self._execs = {}
+        self._record = record
+        self.credit = 4 * COST  # a few recordings up front: a queue's first problems pay back at once
+
+    def __len__(self):
+        return len(self._execs)
+
+    cdef inline uintptr_t find(self, key) except? 0:
+        ex = self._execs.get(key, 0)
+        if ex is None or ex is 0:
+            return 0
+        self.replays += 1
+        if self.credit < 8 * COST:
+            self.credit += 1.0
+        return <uintptr_t>ex.handle_int
+
+    cdef uintptr_t miss(self, key, backend, stream, call) except? 0:
+        if key in self._execs:
+            return 0  # recording this one failed before: stay direct
+        n = self._seen.get(key, 0) + 1
+        if n < HOT or self.credit < COST:
+            if n >= HOT:
+                self.credit += 1.0 / COST  # hot, but recordings have not paid lately
+            if len(self._seen) >= 4 * MAX:
+                self._seen.clear()
+            self._seen[key] = n
+            return 0
+        self._seen.pop(key, None)
+        self.credit -= COST
+        ex = self._record(backend, stream, call)
+        if len(self._execs) >= MAX:
+            self._execs.pop(next(iter(self._execs)))
+        self._execs[key] = ex
+        if ex is None:
+            return 0
+        self.recorded += 1
+        return <uintptr_t>ex.handle_int
+
+    def get(self, key, backend, stream, call):
+        """The graph handle (an int) to launch for ``key``, or 0 to make the call directly.
+
+        ``call(stream_handle)`` enqueues the call on a stream and returns its status; it is
+        used once, to record.
+        """
+        cdef uintptr_t h = self.find(key)
+        return h if h else self.miss(key, backend, stream, call)
+
+    def executables(self):
+        """The recorded executables (failed recordings left out), oldest first."""
+        return [e for e in self._execs.values() if e is not None]
+
+    def clear(self):
+        """Forget every recording and hot count; the credit starts again."""
+        self._execs.clear()
+        self._seen.clear()
+        self.credit = 4 * COST
+
+
+cdef class _LtCall:
+    """One cublasLtMatmul call, made on the stream it is given (what a recording records)."""
+
+    cdef GemmPlan p
+    cdef uintptr_t pa, pb, pc, ws
+    cdef size_t ws_bytes
+    cdef float alpha, beta
+
+    def __call__(self, uintptr_t on):
+        return _lt(self.p, self.pa, self.pb, self.pc, self.alpha, self.beta, self.ws, self.ws_bytes, on)
+
+
+cdef int _lt(GemmPlan p, uintptr_t pa, uintptr_t pb, uintptr_t pc, float alpha, float beta, uintptr_t ws,
+             size_t ws_bytes, uintptr_t stream) noexcept nogil:
+    # row-major c = a @ b as column-major c^T = b^T a^T: cuBLAS's A is our b; D is C (in place)
+    cdef ltmatmul_t fn = <ltmatmul_t>p.lt[0]
+    return fn(<void*>p.lt[1], <void*>p.lt[2], &alpha, <void*>pb, <void*>p.lt[3], <void*>pa, <void*>p.lt[4],
+              &beta, <void*>pc, <void*>p.lt[5], <void*>pc, <void*>p.lt[5], <void*>p.lt[6], <void*>ws, ws_bytes,
+              <void*>stream)
+
+
+cdef class GemmLauncher:
+    """The compiled half of the GEMM kernel (the kernels layer subclasses it).
+
+    ``plans``: geometry by layout key; ``blas``: per stream handle, ``(cuBLAS handle, workspace
+    address)``; ``mode``: 0 cuBLASLt with replays, 1 cuBLASLt only, 2 cublasGemmEx (the
+    subclass's ``enqueue``); ``status_error(status, call)`` makes the error for a cuBLAS status.
+    """
+
+    cdef public PlanCache plans
+    cdef public dict blas
+    cdef public Replays replays
+    cdef public int mode
+    cdef public size_t ws_bytes
+    cdef public object status_error
+
+    def __repr__(self):
+        return "gemm()"
+
+    cpdef object fast(self, c, a, b, alpha, beta, tf32):
+        """The op of a call whose layout is planned, or None (the caller validates and plans)."""
+        cdef TensorBase ct, ta, tb
+        if type(alpha) is not float or type(beta) is not float or (tf32 is not True and tf32 is not False):
+            return None
+        if not (-FLT_MAX <= <double>alpha <= FLT_MAX and -FLT_MAX <= <double>beta <= FLT_MAX):
+            return None  # refused (or NaN passed on) by the caller's checks
+        if isinstance(c, PartitionBase):
+            ct = (<PartitionBase>c).tensor
+        elif isinstance(c, TensorBase):
+            ct = <TensorBase>c
+        else:
+            return None
+        if not isinstance(a, TensorBase) or not isinstance(b, TensorBase):
+            return None
+        ta, tb = <TensorBase>a, <TensorBase>b
+        if ta.buffer is ct.buffer or tb.buffer is ct.buffer:
+            return None  # one allocation: the caller checks the spans do not overlap
+        # the layout, and the addresses' alignment up to 256 bytes (cuBLASLt's heuristic uses it)
+        p = self.plans.get((tf32, ct._key, ta._key, tb._key, ct.addr & 255, ta.addr & 255, tb.addr & 255))
+        if p is None:
+            return None
+        return gemm_call(self, (c, a, b), (alpha, beta, tf32), <GemmPlan>p)
+
+    cpdef int run_lt(self, ExecutionContext cx, GemmPlan p, TensorBase c, TensorBase a, TensorBase b,
+                     float alpha, float beta, uintptr_t ws) except -1:
+        """Order c (written), a and b (read) and enqueue the cuBLASLt call, or its recorded graph
+        once the exact call (pointers, scalars, stream) repeats, on ``cx.stream``, atomically."""
+        cdef uintptr_t pa = b.addr if p.swap else a.addr
+        cdef uintptr_t pb = a.addr if p.swap else b.addr
+        cdef uintptr_t pc = c.addr
+        cdef uintptr_t sh = cx.sh
+        cdef uintptr_t ex = 0
+        cdef int err = 0, status = 0
+        cdef Driver d = cx.drv
+        cdef _LtCall call
+        if p.lt[0] == 0 or d is None:
+            raise TypeError("run_lt: this GEMM has no plain cuBLASLt plan, or the execution no driver")
+        LOCK.take()
+        try:
+            order_tensor(cx, c, True, self)
+            order_tensor(cx, a, False, self)
+            order_tensor(cx, b, False, self)
+            if self.mode == 0 and cx.captured is None:
+                key = (p, pa, pb, pc, alpha, beta, sh)
+                ex = self.replays.find(key)
+                if ex == 0:
+                    call = _LtCall.__new__(_LtCall)
+                    call.p, call.pa, call.pb, call.pc, call.ws, call.ws_bytes = p, pa, pb, pc, ws, self.ws_bytes
+                    call.alpha, call.beta = alpha, beta
+                    ex = self.replays.miss(key, cx.backend, cx.stream, call)
+            with nogil:
+                if ex:
+                    err = d.graph_launch(<void*>ex, <void*>sh)
+                else:
+                    status = _lt(p, pa, pb, pc, alpha, beta, ws, self.ws_bytes, sh)
+        finally:
+            LOCK.drop()
+        if err:
+            raise d.error(err, "cuGraphLaunch (a recorded GEMM)")
+        if status:
+            raise self.status_error(status, "cublasLtMatmul")
+        return 0
+
+
+cdef class GemmCall(DeviceOp):
+    """A planned GEMM; its output is its arguments ``(c, a, b)``."""
+
+    cdef readonly GemmLauncher kernel
+    cdef readonly tuple args
+    cdef readonly tuple opts
+    cdef readonly GemmPlan plan
+    cdef float alpha, beta
+
+    def __repr__(self):
+        return "<gemm() call>"
+
+    cpdef object _run(self, ExecutionContext cx):
+        cdef GemmPlan p = self.plan
+        cdef GemmLauncher k = self.kernel
+        cdef tuple args = self.args
+        if p.be is not cx.backend:
+            check_backend(cx, p.be, "gemm()")
+        if p.m == 0 or p.n == 0:
+            return args
+        if p.lt[0] != 0 and k.mode != 2 and cx.drv is not None:
+            blas = k.blas.get(cx.sh)
+            if blas is not None:
+                c = args[0]
+                ct = (<PartitionBase>c).tensor if isinstance(c, PartitionBase) else c
+                k.run_lt(cx, p, ct, args[1], args[2], self.alpha, self.beta, (<tuple>blas)[1])
+                return args
+        k.enqueue(cx, args, self.opts, p)  # the kernels layer: first call, other paths
+        return args
+
+
+cpdef GemmCall gemm_call(GemmLauncher kernel, tuple args, tuple opts, GemmPlan plan):
+    """The op of a validated GEMM call: ``opts`` is ``(alpha, beta, tf32)``."""
+    cdef GemmCall op = GemmCall.__new__(GemmCall)
+    op.kernel = kernel
+    op.args = args
+    op.opts = opts
+    op.plan = plan
+    op.alpha = opts[0]
+    op.beta = opts[1]
+    return op
