@@ -64,6 +64,13 @@ class Value(DeviceOp[T]):
 class Chain(DeviceOp[T]):
     """A then / map / inspect step after an op."""
 
+class Each(DeviceOp[list[tuple[bool, Any]]]):
+    """Several ops run in order as one execution, each keeping its own outcome."""
+
+    ops: list[DeviceOp[Any]]
+
+    def __init__(self, ops: list[DeviceOp[Any]]) -> None: ...
+
 def is_op(x: object) -> bool:
     """True if ``x`` is a DeviceOp."""
 

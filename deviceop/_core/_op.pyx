@@ -307,6 +307,30 @@ def value(x):
     return v
 
 
+cdef class Each(DeviceOp):
+    """Several ops run in order as one execution, each keeping its own outcome: the output has
+    ``(True, output)`` or ``(False, exception)`` per op, and one op's error does not stop the
+    others (a work queue's batch: one completion event and one wait for many items)."""
+
+    cdef readonly list ops
+
+    def __init__(self, list ops):
+        self.ops = ops
+
+    def __repr__(self):
+        return f"<{len(self.ops)} ops, each with its own outcome>"
+
+    cpdef object _run(self, ExecutionContext cx):
+        cdef list out = []
+        cdef DeviceOp o
+        for o in self.ops:
+            try:
+                out.append((True, o._run(cx)))
+            except Exception as e:  # this op's error; the others still run
+                out.append((False, e))
+        return out
+
+
 cdef str _THEN = "then"
 cdef str _MAP = "map"
 cdef str _INSPECT = "inspect"

@@ -1,7 +1,8 @@
 """WorkQueue: many ops over S streams from ONE host thread (asyncio, uvloop or trio).
 
-One task per stream pulls items and awaits them; while one task waits for its GPU work the
-others issue theirs, so S streams stay fed without S threads (paper Appendix B). Back-pressure:
+Tasks pull items and await them, two per stream; while one task waits for its GPU work the
+others issue theirs, so S streams stay fed without S threads (paper Appendix B), and a stream's
+next batch is already queued behind the one running when that one completes. Back-pressure:
 ``put`` waits while ``capacity`` items are queued or in flight.
 
     async with do.executors.WorkQueue(streams=8) as q:
@@ -35,6 +36,10 @@ from ._queue_stats import (
 from ._wake import current_lib, event_class
 
 __all__ = ["WorkQueue"]
+
+#: tasks per stream: while one awaits its batch, the other enqueues the next behind it (with one,
+#: the stream idles from each completion until its task has noticed it and issued more)
+_DEPTH = 2
 
 
 def _cancelling() -> bool:
@@ -128,8 +133,10 @@ class WorkQueue:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._rec.begin()
-        for lane, stream in enumerate(self.streams):
-            self._tg.start_soon(self._worker, lane, stream)
+        self._until = [0.0] * len(self.streams)  # per lane: the end of the busy time counted
+        for _ in range(_DEPTH):
+            for lane, stream in enumerate(self.streams):
+                self._tg.start_soon(self._worker, lane, stream)
         return self
 
     async def __aexit__(self, et: Any, e: Any, tb: Any) -> bool | None:
@@ -177,6 +184,9 @@ class WorkQueue:
             ev = self._event()
             self._space.append(ev)
             await ev.wait()
+        self._add(item)
+
+    def _add(self, item: Any) -> None:
         self._pending += 1
         self._items.append((item, self._rec.add()))
         if self._idle:
@@ -195,7 +205,14 @@ class WorkQueue:
                     await self.put(it)
             else:
                 for it in items:
-                    await self.put(it)
+                    # with room, an op or a factory is queued without a put() coroutine (which
+                    # would not wait then either): a small item's host time is the queue's bound
+                    if self._pending < self.capacity and (callable(it) or hasattr(it, "_run")):
+                        if self._tg.cancel_scope.cancel_called:
+                            await self.put(it)  # raises QueueCancelled
+                        self._add(it)
+                    else:
+                        await self.put(it)
         return self.results()
 
     def results(self) -> list[ItemResult]:
@@ -209,6 +226,7 @@ class WorkQueue:
     async def _worker(self, lane: int, stream: Any) -> None:
         clock = time.perf_counter
         busy = self._rec.busy
+        until = self._until
         items = self._items
 
         def more() -> Any:
@@ -241,7 +259,9 @@ class WorkQueue:
                 self._lat += 0.1 * (t1 - t0 - self._lat)
                 for _, r in batch:
                     r.latency_s = t1 - t0
-                busy[lane] += t1 - t0
+                # a lane's two tasks overlap: count the time it had something in flight once
+                busy[lane] += t1 - max(t0, until[lane]) if t1 > until[lane] else 0.0
+                until[lane] = max(until[lane], t1)
                 self._pending -= len(batch)
                 # a put() waiting at capacity resumes once half the capacity is free, and then
                 # puts items until it is full again: woken at every completion, it would put

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core._op import as_stream
+from .._core._op import Each, as_stream
 from .._errors import DeviceOpError, UsageError
 from .._process import renew_at_fork
 from ..device._select import device_backend, enter_device, leave_device
@@ -220,40 +220,13 @@ def check_capacity(capacity: Any, lanes: int, batch: int = 1) -> int:
     return capacity
 
 
-class Batch(DeviceOp):  # type: ignore[type-arg]
-    """Several queue items run as one execution on one stream; each keeps its own outcome.
-
-    Items of one stream run in order on it anyway, so one execution context (one completion
-    event, one wait) serves them all; what the batch saves is the per-item bookkeeping of
-    the host thread, which is what limits a queue of short GPU work.
-    """
-
-    __slots__ = ("_ops",)
-
-    def __init__(self, ops: list[Any]) -> None:
-        self._used = None
-        self._ops = ops
-
-    def __repr__(self) -> str:
-        return f"<{len(self._ops)} queue items>"
-
-    def _run(self, cx: Any) -> list[tuple[bool, Any]]:
-        out: list[tuple[bool, Any]] = []
-        for o in self._ops:
-            try:
-                out.append((True, o._run(cx)))
-            except Exception as e:  # this item's error; the others still run
-                out.append((False, e))
-        return out
-
-
 def start_batch(
     batch: list[tuple[Any, ItemResult]], lane: int, t0: float, who: str, stream: Any
 ) -> tuple[list[Any], Any]:
     """Mark a batch's items started on ``lane``; return (their (result, op) pairs, the op to run).
 
     An item whose op cannot be made gets its error now and is left out; the op to run is the
-    item's own op for a batch of one, a :class:`Batch` op otherwise, None if nothing is left.
+    item's own op for a batch of one, an ``Each`` of them otherwise, None if nothing is left.
     Factories ``f(lane)`` run with the lane's device selected (what they allocate lives there).
     """
     tok = enter_device(stream.backend)
@@ -279,7 +252,8 @@ def _start(batch: list[tuple[Any, ItemResult]], lane: int, t0: float, who: str) 
             r.error = e
     if not ops:
         return ops, None
-    return ops, ops[0][1] if len(ops) == 1 else Batch([op for _, op in ops])
+    # one op's items in one execution: one completion event, one wait (Each keeps their outcomes)
+    return ops, ops[0][1] if len(ops) == 1 else Each([op for _, op in ops])
 
 
 def settle(ops: list[Any], out: Any) -> None:
