@@ -4,7 +4,8 @@
 # Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|work|queue|reactor|interop|examples|devices]
 # (core: build, tests, exec_modes, the user-program pipeline, plan reuse, start-up and kernels;
 # work: build, tests, kernels (GEMM included) and the bimodal queues; queue: build, tests, the
-# bimodal queues and where a queue item's time goes (await_queue_cost.py, queue_profile.py); reactor: build, tests, the await cost, overlap and the bimodal queues; interop: build, tests and
+# bimodal queues and where a queue item's time goes (await_queue_cost.py, queue_profile.py,
+# gemm_host_cost.py); reactor: build, tests, the await cost, overlap and the bimodal queues; interop: build, tests and
 # the external-step cost with a PyTorch MLP served; examples: build, tests and the users' programs
 # of examples/; devices: build, tests and the several-GPU figures (the queue over every GPU, copies
 # between GPUs beside PyTorch's, replicas on Ray or one process per GPU); full and quick: everything, quick with fewer repeats; SKIP_TESTS=1 leaves the
@@ -106,6 +107,9 @@ if [ "$MODE" = queue ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   timeout 180 python3 experiments/queue_profile.py --out "$OUT/queue_profile.json" > "$OUT/queue_profile.log" 2>&1 || status=1
   head -n 14 "$OUT/queue_profile.log"
+  # a GEMM's host time layer by layer, from the driver call to a queue item, beside PyTorch
+  timeout 150 python3 experiments/gemm_host_cost.py --out "$OUT/gemm_host_cost.json" 2>&1 | tee "$OUT/gemm_host_cost.log" | tail -n 11
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
   plots
   echo "gpu_suite status: $status"; exit $status
 fi

@@ -17,7 +17,7 @@ each cancels the chunk work in flight.
 The same loop, three ways, one after the other over the same audio:
 
   deviceop        one thread, one event loop (uvloop where installed): the encoder is PyTorch
-                  code run on deviceop's stream through ``do.external``; each voiced chunk's op is
+                  code run on deviceop's stream through ``do.interop.torch``; each voiced chunk's op is
                   awaited in a task while the next chunk is ingested; an interrupt cancels the
                   awaiting tasks
   torch-blocking  one thread: PyTorch called in the loop, blocking until each chunk's result is
@@ -233,31 +233,22 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
 
     rep = Report("deviceop", threads=1)
     vad = webrtcvad.Vad(a.vad_mode)
-    cuda = do.backend_name() == "cuda"
 
     enqueued = [0.0]
     arrived = [0.0]  # the arrival of the chunk whose op is starting
 
-    def encode(stream: Any, x: Any, out: Any) -> None:
-        # PyTorch on deviceop's stream: the op's tensors are exported without a copy
-        torch = enc.torch
+    def encode(x: Any) -> Any:
+        # the PyTorch encoder, run by do.interop.torch on the op's stream with the op's tensor
+        # given as a PyTorch tensor (no copy); its output comes back as a deviceop tensor
         t = time.perf_counter()
-        if cuda:
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream.handle_int)):
-                torch.from_dlpack(out).copy_(enc(torch.from_dlpack(x)))
-        else:  # the host backend hands numpy arrays
-            out[...] = enc(torch.from_numpy(x)).numpy()
+        y = enc(x)
         enqueued[0] = time.perf_counter()
         rep.stage("start", t - arrived[0])
         rep.stage("enqueue", enqueued[0] - t)
+        return y
 
     def chunk_op(c: Chunk) -> do.DeviceOp[np.ndarray]:
-        frames = enc.frames(len(c.context))
-        return do.zip(do.from_numpy(c.context), do.empty((frames, len(SYMBOLS)), do.float32)).then(
-            lambda xo: do.external(encode, xo[0], xo[1], reads=(xo[0],), writes=(xo[1],)).then(
-                lambda _: do.to_numpy(xo[1])
-            )
-        )
+        return do.from_numpy(c.context).then(lambda x: do.interop.torch(encode, x)).then(do.to_numpy)
 
     chunk_op(st.chunks[0]).sync()  # warm-up: deviceop's pools and the export to PyTorch
 
