@@ -248,9 +248,14 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
         return y
 
     def chunk_op(c: Chunk) -> do.DeviceOp[np.ndarray]:
-        return do.from_numpy(c.context).then(lambda x: do.interop.torch(encode, x)).then(do.to_numpy)
+        # the audio's upload is an argument of the encoder's op: it runs first, on the same stream
+        return do.interop.torch(encode, do.from_numpy(c.context)).then(do.to_numpy)
 
-    chunk_op(st.chunks[0]).sync()  # warm-up: deviceop's pools and the export to PyTorch
+    # the chunks follow each other on one stream (PyTorch's caching allocator keeps blocks per
+    # stream: one stream, one warm pool)
+    stream = do.next_stream()
+
+    chunk_op(st.chunks[0]).sync_on(stream)  # warm-up: deviceop's pools and the export to PyTorch
 
     async def until(t: float) -> None:
         # the simulated audio source delivers a chunk (or an interrupt) at its moment, as an audio
@@ -270,7 +275,7 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
         async def process(c: Chunk, ready: float) -> None:
             try:
                 arrived[0] = ready
-                logits = await chunk_op(c)
+                logits = await chunk_op(c).wait(stream=stream)
             except asyncio.CancelledError:
                 rep.cancelled += 1
                 raise
