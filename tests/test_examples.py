@@ -90,22 +90,26 @@ def test_gemm_queue_refuses_bad_arguments(tmp_path) -> None:
     assert r.returncode == 2 and "--items must be at least 1" in r.stderr
 
 
+STAGES = ["start", "enqueue", "complete"]
+
+
 def test_asr_stream(backend, tmp_path) -> None:
     pytest.importorskip("webrtcvad")
     pytest.importorskip("torch")
     needs_gpu(backend, "PyTorch on deviceop's stream")
     out = tmp_path / "asr.json"
-    args = ["--speed", "8", "--width", "64", "--layers", "1", "--interrupt-every", "3"]
+    args = ["--speed", "8", "--width", "64", "--layers", "1", "--interrupt-every", "3", "--rounds", "2"]
     r = _run(backend, [os.path.join(EXAMPLES, "asr_stream", "run.py"), *args, "--out", str(out)], timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["backend"] == backend and doc["chunks"] == 50 and 0 < doc["voiced_chunks"] < 50
     loops = {s["loop"]: s for s in doc["loops"]}
     assert set(loops) == {"deviceop", "torch-blocking", "torch-threaded"}
-    for s in loops.values():
-        assert s["voiced_chunks"] == doc["voiced_chunks"]
+    for s in loops.values():  # two rounds over the audio each
+        assert s["voiced_chunks"] == 2 * doc["voiced_chunks"]
         assert s["published"] + s["cancelled"] == s["voiced_chunks"]  # each chunk published or cancelled
-        assert s["published"] > 0 and s["interrupts"] == -(-doc["voiced_chunks"] // 3) and s["chunk_latency_ms_p50"] > 0
+        assert s["interrupts"] == 2 * -(-doc["voiced_chunks"] // 3)
+        assert s["published"] > 0 and s["chunk_latency_ms_p50"] > 0 and list(s["stage_ms_p50"]) == STAGES
     assert loops["deviceop"]["host_threads"] == 1
 
 

@@ -25,7 +25,8 @@ The same loop, three ways, one after the other over the same audio:
   torch-threaded  an ingest thread and a GPU thread joined by a queue; an interrupt drops the
                   queued chunks and is acknowledged when the GPU thread's call returns
 
-Reported for each: chunk latency (from the moment a chunk's audio has arrived to its result
+The loops run ``--rounds`` times over the audio (default 2), each round starting with the next
+loop, and each loop's figures are over all its rounds. Reported for each: chunk latency (from the moment a chunk's audio has arrived to its result
 published) p50 / p99, its stages (until the encoder is called, the encoder's calls queueing
 the GPU work, the wait for the result), interrupt reaction (from the interrupt to the work in
 flight cancelled and the loop free again) p50 / p99, host CPU time per second of audio, and the
@@ -161,6 +162,16 @@ class Report:
     def stage(self, name: str, seconds: float) -> None:
         self.stages.setdefault(name, []).append(seconds)
 
+    def merge(self, other: Report) -> Report:
+        """This loop's report over two runs (rounds) of the audio."""
+        out = Report(self.name, self.threads, self.latencies + other.latencies, self.reactions + other.reactions)
+        out.partials = self.partials + other.partials
+        out.voiced, out.cancelled = self.voiced + other.voiced, self.cancelled + other.cancelled
+        out.cpu_s, out.audio_s = self.cpu_s + other.cpu_s, self.audio_s + other.audio_s
+        for k in [*self.stages, *(k for k in other.stages if k not in self.stages)]:
+            out.stages[k] = self.stages.get(k, []) + other.stages.get(k, [])
+        return out
+
     def summary(self) -> dict[str, Any]:
         def pct(v: list[float], q: float) -> float | None:
             if not v:
@@ -255,8 +266,6 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
     # stream: one stream, one warm pool)
     stream = do.next_stream()
 
-    chunk_op(st.chunks[0]).sync_on(stream)  # warm-up: deviceop's pools and the export to PyTorch
-
     async def until(t: float) -> None:
         # the simulated audio source delivers a chunk (or an interrupt) at its moment, as an audio
         # device's callback would; the loop's timers fire only to the millisecond (uvloop's), so
@@ -270,6 +279,11 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
     async def main() -> None:
         inflight: set[asyncio.Task[None]] = set()
         pending: set[asyncio.Task[None]] = set()
+        # warm-up, as the loop runs it (awaited): deviceop's pools, its wake-ups in this loop,
+        # the export to PyTorch, PyTorch's allocator on this stream
+        for c in st.chunks[:3]:
+            await chunk_op(c).wait(stream=stream)
+        rep.stages.clear()
         t0 = time.perf_counter()
 
         async def process(c: Chunk, ready: float) -> None:
@@ -462,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interrupt-after", type=float, default=0.001, help="seconds from the chunk's arrival")
     ap.add_argument("--vad-mode", type=int, default=2, choices=range(4))
     ap.add_argument("--voiced-fraction", type=float, default=0.3)
+    ap.add_argument("--rounds", type=int, default=2, help="runs of the audio per loop, in rotated order")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     a = ap.parse_args(argv)
     loops = [n for n in a.loops.split(",") if n]
@@ -469,9 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown --loops {bad}; choose from {', '.join(LOOPS)}")
     ok = a.chunk > 0 and a.context >= a.chunk and a.speed > 0 and a.width > 0 and a.layers >= 0
-    if not (ok and a.interrupt_every >= 0 and 0 <= a.interrupt_after < a.chunk):
+    if not (ok and a.rounds >= 1 and a.interrupt_every >= 0 and 0 <= a.interrupt_after < a.chunk):
         ap.error(
-            "need --chunk > 0, --context >= --chunk, --speed > 0, --width > 0, --layers >= 0, "
+            "need --chunk > 0, --context >= --chunk, --speed > 0, --width > 0, --layers >= 0, --rounds >= 1, "
             "--interrupt-every >= 0 and 0 <= --interrupt-after < --chunk"
         )
 
@@ -483,7 +498,14 @@ def main(argv: list[str] | None = None) -> int:
         _torch_chunk(enc, c)
     if enc.device == "cuda":
         torch.cuda.synchronize()
-    reports = [LOOPS[n](st, enc, a) for n in loops]
+    # the loops in turn, each round starting with the next one: whatever runs first in a
+    # process (clocks ramping up, caches) is spread over all of them
+    by: dict[str, Report] = {}
+    for r in range(a.rounds):
+        for n in loops[r % len(loops) :] + loops[: r % len(loops)]:
+            rep = LOOPS[n](st, enc, a)
+            by[n] = by[n].merge(rep) if n in by else rep
+    reports = [by[n] for n in loops]
     doc = {
         "backend": do.backend_name(),
         "audio_s": st.seconds,
