@@ -62,8 +62,10 @@ class WorkQueue:
     or callables ``f(lane) -> DeviceOp`` (``lane``: the stream's index, for per-stream
     buffers). An item's error is kept in its result and the queue goes on; ``cancel()`` stops
     the whole queue (work already on the GPU completes and keeps its buffers alive).
-    ``on_done``: optional ``async f(result)`` awaited in the stream's task after each item
-    (post-processing, host work), before the task takes its next item.
+    ``on_done``: optional ``async f(result)`` awaited after each item in the task that ran it
+    (post-processing, host work), before that task takes its next item. A stream has two
+    tasks (one awaits its batch while the other queues the next), so items of one stream may
+    reach ``on_done`` out of order; ``result.index`` is the put order.
     ``poll``: seconds an item's task polls for completion in the loop (yielding to the other
     tasks between checks) before it parks on the completion reactor. Default None: up to 3x
     the queue's recent batch latency (at least 2 ms, at most 20 ms). A stream of the queue
