@@ -194,6 +194,18 @@ def test_gemm_bad_input(backend):
     with pytest.raises(do.ShapeError, match="unit stride"):
         big = do.zeros((8, 6), f16).sync()
         K.gemm(c, big[::2, ::2], b)
+    # a planned layout's calls are made by the compiled path: the same refusals hold there
+    K.gemm(c, a, b)
+    with pytest.raises(do.DTypeError, match="out of range for float32"):
+        K.gemm(c, a, b, alpha=1e39)
+    with pytest.raises(do.DTypeError, match="beta"):
+        K.gemm(c, a, b, beta=-1e300)
+    with pytest.raises(do.UsageError, match="tf32"):
+        K.gemm(c, a, b, tf32=1)
+    K.gemm(*(do.zeros((4, 4), f16).sync() for _ in range(3)))  # sq's layout, planned
+    with pytest.raises(do.UsageError, match="overlaps"):
+        K.gemm(sq, sq, do.zeros((4, 4), f16).sync())
+    assert K.gemm(c, a, b, alpha=2.0, beta=0.5).sync()[0] is c
 
 
 def test_gemm_bad_input_from_an_op_fails_at_run_time(backend):
