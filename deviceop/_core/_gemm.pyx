@@ -82,8 +82,8 @@ cdef class Replays:
         return len(self._execs)
 
     cdef inline uintptr_t find(self, key) except? 0:
-        ex = self._execs.get(key, 0)
-        if ex is None or ex is 0:
+        ex = self._execs.get(key)
+        if ex is None:  # not recorded, or its recording failed (miss() tells them apart)
             return 0
         self.replays += 1
         if self.credit < 8 * COST:
