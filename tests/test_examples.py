@@ -98,7 +98,7 @@ def test_asr_stream(backend, tmp_path) -> None:
     pytest.importorskip("torch")
     needs_gpu(backend, "PyTorch on deviceop's stream")
     out = tmp_path / "asr.json"
-    args = ["--speed", "8", "--width", "64", "--layers", "1", "--interrupt-every", "3", "--rounds", "2"]
+    args = ["--speed", "16", "--width", "64", "--layers", "1", "--interrupt-every", "3", "--rounds", "2"]
     r = _run(backend, [os.path.join(EXAMPLES, "asr_stream", "run.py"), *args, "--out", str(out)], timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads(out.read_text())
