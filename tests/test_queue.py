@@ -99,6 +99,24 @@ def test_work_queue_put_at_capacity_resumes_at_half_and_refills(backend):
     assert sum(1 for n in after[4:] if n <= 3) >= 4, after
 
 
+def test_work_queue_keeps_a_streams_next_batch_queued_behind_the_running_one(backend):
+    # two tasks per stream: while one awaits its item the other has queued the next behind it,
+    # so each item's latency includes the one ahead of it (with one task the stream would idle
+    # between items and the latencies would add up to the run); busy time counts overlap once
+    bufs = _lane_buffers(1)
+
+    async def main():
+        q = WorkQueue(streams=1, batch=1)
+        await q.run([lambda lane: slow_fill(bufs[lane], 1.0, 0.01) for _ in range(16)])
+        return q
+
+    q = anyio.run(main)
+    st, res = q.stats(), q.results()
+    assert all(r.ok for r in res), [r.error for r in res if not r.ok]
+    assert sum(r.latency_s for r in res) > 1.3 * st.seconds
+    assert 0 < st.busy_s[0] <= st.seconds
+
+
 @pytest.mark.parametrize("queue", ["work", "threaded"])
 def test_default_capacity_feeds_every_lane_a_full_batch(backend, queue):
     # the default bound leaves room for each lane's running batch and the next one: with a
