@@ -60,20 +60,26 @@ def test_work_queue_runs_every_item_in_order_of_results(backend, loop, streams):
             assert (bufs[lane].numpy() == last[-1]).all()
 
 
-def test_work_queue_back_pressure_bounds_pending_items(backend):
-    bufs = _lane_buffers(2)
-    seen = []
+def _pending_after_each_put(streams: int, capacity: int, batch: int, n: int, seconds: float):
+    """Put n slow items one by one; after each put, how many are queued or in flight (no await
+    between the put and the count: nothing completes in between)."""
+    bufs = _lane_buffers(streams)
+    counts = []
 
     async def main():
-        q = WorkQueue(streams=2, capacity=3)
+        q = WorkQueue(streams=streams, capacity=capacity, batch=batch)
         async with q:
-            for _ in range(12):
-                await q.put(lambda lane: slow_fill(bufs[lane], 1.0, 0.002))
-                # put returns only while at most `capacity` items are queued or in flight
-                seen.append(sum(1 for r in q.results() if r.latency_s == 0.0))
+            for _ in range(n):
+                await q.put(lambda lane: slow_fill(bufs[lane], 1.0, seconds))
+                counts.append(sum(1 for r in q.results() if r.latency_s == 0.0))
         return q
 
-    q = anyio.run(main)
+    return anyio.run(main), counts
+
+
+def test_work_queue_back_pressure_bounds_pending_items(backend):
+    # put returns only while at most `capacity` items are queued or in flight
+    q, seen = _pending_after_each_put(2, 3, 8, 12, 0.002)
     assert q.stats().items == 12 and max(seen) <= 3 and seen[-1] >= 1
 
 
@@ -81,19 +87,7 @@ def test_work_queue_put_at_capacity_resumes_at_half_and_refills(backend):
     # a producer at capacity is woken once half the capacity is free, not at every completion:
     # a put that waited returns with at most half the capacity plus its own item pending (woken
     # at every completion, it would return with the queue full again, every time)
-    bufs = _lane_buffers(1)
-    after = []
-
-    async def main():
-        q = WorkQueue(streams=1, capacity=4, batch=1)
-        async with q:
-            for _ in range(20):
-                await q.put(lambda lane: slow_fill(bufs[lane], 1.0, 0.005))
-                # no await between the put and this count: nothing completes in between
-                after.append(sum(1 for r in q.results() if r.latency_s == 0.0))
-        return q
-
-    q = anyio.run(main)
+    q, after = _pending_after_each_put(1, 4, 1, 20, 0.005)
     assert q.stats().items == 20
     assert max(after) <= 4 and after[:4] == [1, 2, 3, 4]
     assert sum(1 for n in after[4:] if n <= 3) >= 4, after

@@ -110,14 +110,10 @@ class _Gemm(GemmLauncher):
         if type(c) is Partition:
             c = c.tensor
         check_backend(cx, g.be, "gemm()")
-        accesses = ((c, True), a, b)
         if cx.backend.driver is None:
             arrays = (host_array(c), host_array(a), host_array(b), alpha, beta)
             launch_host(cx, self, _host_gemm, arrays, (c, a, b), _WRITES)
             return
-        # column-major view of the row-major product: c^T (n x m) = op(b') op(a'); a column-major c
-        # swaps a and b (see _geometry)
-        pa, pb, pc = (b.addr, a.addr, c.addr) if g.swap else (a.addr, b.addr, c.addr)
         stream = cx.stream
         sh = stream.handle_int
         mode = _MODES[self.mode]
@@ -130,6 +126,10 @@ class _Gemm(GemmLauncher):
         if lt is not None and lt[0]:  # a plain cuBLASLt call: the compiled path
             self.run_lt(cx, g, c, a, b, alpha, beta, blas[1])
             return
+        # column-major view of the row-major product: c^T (n x m) = op(b') op(a'); a column-major c
+        # swaps a and b (see _geometry)
+        pa, pb, pc = (b.addr, a.addr, c.addr) if g.swap else (a.addr, b.addr, c.addr)
+        accesses = ((c, True), a, b)
         if lt is None:
             h = blas[0]
             dt = _CUDA_TYPE[c.dtype.name]
