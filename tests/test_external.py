@@ -420,6 +420,81 @@ async def test_torch_awaited(backend, anyio_backend):
     np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 6.0, np.float32))
 
 
+def test_torch_adapter_sets_the_ops_stream_and_restores_the_callers(backend):
+    torch = pytest.importorskip("torch")
+    if not _cuda():
+        pytest.skip("PyTorch's current stream is a CUDA stream")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    s = pool_of(1)[0]
+    mine = torch.cuda.Stream()
+    seen = []
+
+    def fn(t):
+        seen.append(torch.cuda.current_stream().cuda_stream)
+        return t * 2
+
+    def boom(t):
+        seen.append(torch.cuda.current_stream().cuda_stream)
+        raise RuntimeError("fn failed")
+
+    x = do.full((4,), 1.0, do.float32).sync()
+    with torch.cuda.stream(mine):
+        out = do.interop.torch(fn, x).sync_on(s)
+        assert torch.cuda.current_stream().cuda_stream == mine.cuda_stream  # the caller's, back
+        with pytest.raises(RuntimeError, match="fn failed"):
+            do.interop.torch(boom, x).sync_on(s)
+        assert torch.cuda.current_stream().cuda_stream == mine.cuda_stream
+    assert seen == [s.handle_int, s.handle_int]  # fn ran with the op's stream current
+    np.testing.assert_array_equal(out.numpy(), np.full(4, 2.0, np.float32))
+
+
+def test_torch_module_recorded_in_a_graph_and_replayed(backend):
+    """A PyTorch module through the adapter inside do.graph.scope: the replay runs it again on
+    new input, and what PyTorch allocated while recording stays the graph's (other PyTorch work
+    afterwards does not get that memory)."""
+    torch = pytest.importorskip("torch")
+    if not _cuda():
+        pytest.skip("the host backend runs fn at each replay; this is cuda's recording of PyTorch's kernels")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    if getattr(torch.cuda, "MemPool", None) is None:
+        pytest.skip("PyTorch without torch.cuda.MemPool")
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 32)).cuda()
+    rng = np.random.default_rng(0)
+
+    def fwd(t):
+        with torch.no_grad():
+            return mlp(t)
+
+    def eager(x0):
+        with torch.no_grad():
+            return mlp(torch.from_numpy(x0).cuda()).cpu().numpy()
+
+    x = do.zeros((8, 64), do.float32).sync()
+    do.interop.torch(fwd, x).sync()  # warm-up: cuBLAS's handle and workspace for the stream
+    with do.graph.scope() as sc:
+        out = sc.record(do.interop.torch(fwd, x))
+    g = sc.graph
+    assert g.nodes >= 3 and type(out) is do.Tensor and out.shape == (8, 32)
+    for _ in range(3):
+        x0 = rng.standard_normal((8, 64)).astype(np.float32)
+        do.from_numpy(x0).then(lambda t: K.copy(x.view(512).partition((128,)), t.view(512))).sync()
+        got = g.launch().then(do.to_numpy).sync()
+        np.testing.assert_allclose(got, eager(x0), rtol=2e-3, atol=2e-3)
+    # what PyTorch allocated while recording (fn's intermediates, freed since) is in a pool the
+    # graph keeps: PyTorch's other work does not get that memory while the graph can replay
+    pools = [k for k in g._rec.keep if isinstance(k, torch.cuda.MemPool)]
+    assert len(pools) == 1
+    segs = [(sg["address"], sg["address"] + sg["total_size"]) for sg in pools[0].snapshot()]
+    assert segs  # the recording's allocations came from it
+    junk = [torch.full((n,), 7.0, device="cuda") for n in (1024, 2048, 32 * 8, 128 * 8) for _ in range(16)]
+    assert not any(lo <= j.data_ptr() < hi for j in junk for lo, hi in segs)
+    got = g.launch().then(do.to_numpy).sync()
+    np.testing.assert_allclose(got, eager(x0), rtol=2e-3, atol=2e-3)
+
+
 def test_torch_adapter_bad_input(host_backend):
     pytest.importorskip("torch")
     x = do.zeros(4, do.float32).sync()

@@ -19,16 +19,24 @@ HOOKS: dict[str, Any] = {}
 class Recording:
     """What a scope recorded: the driver graph, the outputs and every region the work touches."""
 
-    __slots__ = ("buffers", "nodes", "outputs", "raw", "regions", "stream")
+    __slots__ = ("buffers", "keep", "nodes", "outputs", "raw", "regions", "stream")
     raw: Any
     outputs: list[Any]
     buffers: list[Any]
     regions: tuple[Any, ...]
     nodes: int
     stream: Any
+    keep: tuple[Any, ...]
 
     def __init__(
-        self, raw: Any, outputs: list[Any], buffers: list[Any], regions: tuple[Any, ...], nodes: int, stream: Any
+        self,
+        raw: Any,
+        outputs: list[Any],
+        buffers: list[Any],
+        regions: tuple[Any, ...],
+        nodes: int,
+        stream: Any,
+        keep: tuple[Any, ...] = (),
     ) -> None:
         self.raw = raw
         self.outputs = outputs
@@ -36,6 +44,7 @@ class Recording:
         self.regions = regions
         self.nodes = nodes
         self.stream = stream
+        self.keep = keep  # what the recorded work needs alive besides buffers (another library's memory pool)
 
 
 class CudaGraph(GraphBase, Generic[T]):

@@ -40,6 +40,7 @@ class GraphScope:
         self._outputs: list[Any] = []
         self._graph: CudaGraph[Any] | None = None
         self._error: BaseException | None = None
+        self._keep: list[Any] = []
         self._state = "new"
 
     def __repr__(self) -> str:
@@ -91,6 +92,13 @@ class GraphScope:
         self._outputs.append(out)
         return out
 
+    def keep(self, obj: Any) -> None:
+        """Keep ``obj`` alive as long as the graph replays this recording (for adapters whose
+        library's recorded work uses memory only ``obj`` owns, such as a PyTorch memory pool)."""
+        if self._state != "recording":
+            raise UsageError(f"keep() works while its scope records; this scope is {self._state}")
+        self._keep.append(obj)
+
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         cx = self._cx
         assert cx is not None
@@ -116,7 +124,9 @@ class GraphScope:
                 return
             regions = tuple(cx.captured.values())
             cx.captured = None
-            rec = Recording(raw, self._outputs, list(cx.buffers), regions, be.graphs.nodes(raw), stream)
+            rec = Recording(
+                raw, self._outputs, list(cx.buffers), regions, be.graphs.nodes(raw), stream, tuple(self._keep)
+            )
             cx.buffers = []  # the recording holds them now; the context held no ledger entries
             cx.finish()
             if self._update is not None:

@@ -5,11 +5,13 @@ PyTorch is imported when an adapter op first runs, never by ``import deviceop``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from .._dtypes import as_dtype
-from .._errors import DTypeError, UsageError
+from .._errors import CaptureError, DTypeError, UsageError
+from ..device._capture import CAPTURE
 from ..device._tensor import Partition, Tensor
 from ._external import External, _named
 from ._regions import buffer_for, span
@@ -17,6 +19,8 @@ from ._regions import buffer_for, span
 __all__ = ["torch"]
 
 _streams: dict[int, Any] = {}  # torch.cuda.ExternalStream per CUstream handle
+_DTYPES: dict[Any, Any] = {}  # deviceop dtype per torch.dtype
+_pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # graph scope -> torch.cuda.MemPool
 
 
 def _torch() -> Any:
@@ -55,7 +59,8 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
             ts = _streams.get(stream.handle_int)
             if ts is None:
                 ts = _streams[stream.handle_int] = th.cuda.ExternalStream(stream.handle_int)
-            with th.cuda.stream(ts):
+            prev = _enter(th, ts)
+            try:
                 # capsules made for this stream: the ledger ordered it already, and PyTorch skips
                 # its own stream hand-shake for a capsule
                 conv = tuple(
@@ -64,7 +69,16 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
                     else x
                     for x in a
                 )
-                return fn(*conv)
+                scope = CAPTURE.scope
+                if scope is None:
+                    return fn(*conv)
+                # recording: what PyTorch allocates now is used by every replay, so it comes
+                # from a pool of its own that the graph keeps (PyTorch's caching allocator
+                # would hand it to other work once fn's tensors are dropped)
+                with th.cuda.use_mem_pool(_pool_for(th, scope)):
+                    return fn(*conv)
+            finally:
+                _leave(th, ts, prev)
         conv = tuple(
             _from_numpy(th, x) if type(x).__module__ == "numpy" and hasattr(x, "__array_interface__") else x for x in a
         )
@@ -72,6 +86,47 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
 
     label = f"do.interop.torch({getattr(fn, '__qualname__', type(fn).__name__)})"
     return External(call, args, reads, writes, post=_outputs, label=label)
+
+
+def _pool_for(th: Any, scope: Any) -> Any:
+    """The PyTorch memory pool of the graph scope recording on this thread (made, and kept by
+    the scope's graph, on first use)."""
+    pool = _pools.get(scope)
+    if pool is None:
+        if getattr(th.cuda, "MemPool", None) is None or getattr(th.cuda, "use_mem_pool", None) is None:
+            raise CaptureError(
+                f"recording PyTorch code in a graph needs torch.cuda.MemPool (PyTorch 2.6 or later); this is "
+                f"PyTorch {th.__version__}. Run the PyTorch step outside the recording, or upgrade PyTorch"
+            )
+        pool = _pools[scope] = th.cuda.MemPool()
+        scope.keep(pool)
+    return pool
+
+
+def _enter(th: Any, ts: Any) -> Any:
+    """Make ``ts`` PyTorch's current stream; return what :func:`_leave` restores.
+
+    ``with torch.cuda.stream(ts)`` makes Stream objects and compares devices in Python (tens of
+    microseconds a call, more than a small op's launch); where ``ts`` is on the current device
+    this sets and restores the stream with PyTorch's own setter and getter, as that context
+    manager does. Elsewhere (another device, a PyTorch without them) it is the context manager.
+    """
+    c = th._C
+    get, set_, dev = (getattr(c, n, None) for n in ("_cuda_getCurrentStream", "_cuda_setStream", "_cuda_getDevice"))
+    if get is not None and set_ is not None and dev is not None and dev() == ts.device_index:
+        prev = get(ts.device_index)  # (stream_id, device_index, device_type)
+        set_(stream_id=ts.stream_id, device_index=ts.device_index, device_type=ts.device_type)
+        return prev
+    ctx = th.cuda.stream(ts)
+    ctx.__enter__()
+    return ctx
+
+
+def _leave(th: Any, ts: Any, prev: Any) -> None:
+    if type(prev) is tuple:
+        th._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+    else:
+        prev.__exit__(None, None, None)
 
 
 def _from_numpy(th: Any, arr: Any) -> Any:
@@ -102,7 +157,9 @@ def _wrap(cx: Any, t: Any, acc: list[Any]) -> Tensor:
             "return tensors on the op's device"
         )
     try:
-        dt = as_dtype(str(t.dtype).removeprefix("torch."), "PyTorch output dtype")
+        dt = _DTYPES.get(t.dtype)
+        if dt is None:
+            dt = _DTYPES[t.dtype] = as_dtype(str(t.dtype).removeprefix("torch."), "PyTorch output dtype")
     except DTypeError:
         raise DTypeError(
             f"the PyTorch code returned a {t.dtype} tensor, which deviceop has no dtype for; convert it "
