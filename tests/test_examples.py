@@ -104,13 +104,14 @@ def test_asr_stream(backend, tmp_path) -> None:
     doc = json.loads(out.read_text())
     assert doc["backend"] == backend and doc["chunks"] == 50 and 0 < doc["voiced_chunks"] < 50
     loops = {s["loop"]: s for s in doc["loops"]}
-    assert set(loops) == {"deviceop", "torch-blocking", "torch-threaded"}
+    expected = {"deviceop", "deviceop-graph", "torch-blocking", "torch-threaded"}
+    assert set(loops) == (expected | {"torch-graph"} if backend == "cuda" else expected)
     for s in loops.values():  # two rounds over the audio each
         assert s["voiced_chunks"] == 2 * doc["voiced_chunks"]
         assert s["published"] + s["cancelled"] == s["voiced_chunks"]  # each chunk published or cancelled
         assert s["interrupts"] == 2 * -(-doc["voiced_chunks"] // 3)
         assert s["published"] > 0 and s["chunk_latency_ms_p50"] > 0 and list(s["stage_ms_p50"]) == STAGES
-    assert loops["deviceop"]["host_threads"] == 1
+    assert loops["deviceop"]["host_threads"] == loops["deviceop-graph"]["host_threads"] == 1
 
 
 def _replicas(backend: str, tmp_path, script: str, *extra: str) -> dict:

@@ -14,16 +14,24 @@ An interrupt (the user speaking over the system) arrives ``--interrupt-after`` s
 every ``--interrupt-every``-th voiced chunk has arrived, so while that chunk's GPU work runs;
 each cancels the chunk work in flight.
 
-The same loop, three ways, one after the other over the same audio:
+The same loop, five ways, one after the other over the same audio:
 
   deviceop        one thread, one event loop (uvloop where installed): the encoder is PyTorch
                   code run on deviceop's stream through ``do.interop.torch``; each voiced chunk's op is
                   awaited in a task while the next chunk is ingested; an interrupt cancels the
                   awaiting tasks
+  deviceop-graph  the same, with the encoder recorded once into a CUDA graph (``do.graph.scope``
+                  around the ``do.interop.torch`` op); a chunk's op uploads its audio into the
+                  recording's input and replays it
   torch-blocking  one thread: PyTorch called in the loop, blocking until each chunk's result is
                   on the host; an interrupt is seen when the call returns
+  torch-graph     the same, with the encoder captured once by PyTorch (``torch.cuda.graph``) and
+                  replayed per chunk (cuda only)
   torch-threaded  an ingest thread and a GPU thread joined by a queue; an interrupt drops the
                   queued chunks and is acknowledged when the GPU thread's call returns
+
+Every chunk's context has one length (silence before the audio's start), so one recording
+serves all chunks.
 
 The loops run ``--rounds`` times over the audio (default 2), each round starting with the next
 loop, and each loop's figures are over all its rounds. Reported for each: chunk latency (from the moment a chunk's audio has arrived to its result
@@ -210,9 +218,12 @@ class Stream:
         self.voiced: list[bool] = []
         for k in range(len(x) // n):
             audio = x[k * n : (k + 1) * n]
-            self.chunks.append(
-                Chunk(k, (k + 1) * n / SR, audio, x[max(0, (k + 1) * n - ctx) : (k + 1) * n].astype(np.float32) / 32768)
-            )
+            # the last ctx samples, silence before the audio's start: every chunk's context has
+            # one shape (a recorded encoder serves them all)
+            context = np.zeros(ctx, np.float32)
+            seen = x[max(0, (k + 1) * n - ctx) : (k + 1) * n].astype(np.float32) / 32768
+            context[ctx - len(seen) :] = seen
+            self.chunks.append(Chunk(k, (k + 1) * n / SR, audio, context))
             frames = [vad.is_speech(audio[i : i + FRAME].tobytes(), SR) for i in range(0, n, FRAME)]
             self.voiced.append(sum(frames) >= a.voiced_fraction * len(frames))
         self.seconds = len(self.chunks) * n / SR
@@ -239,10 +250,10 @@ def vad_again(vad: Any, c: Chunk) -> None:
 
 
 # -- deviceop: one thread, one event loop -------------------------------------------------------
-def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
+def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = False) -> Report:
     import webrtcvad
 
-    rep = Report("deviceop", threads=1)
+    rep = Report("deviceop-graph" if graph else "deviceop", threads=1)
     vad = webrtcvad.Vad(a.vad_mode)
 
     enqueued = [0.0]
@@ -265,6 +276,8 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
     # the chunks follow each other on one stream (PyTorch's caching allocator keeps blocks per
     # stream: one stream, one warm pool)
     stream = do.next_stream()
+    if graph:
+        chunk_op = _recorded(enc, st, rep, arrived, enqueued, stream)
 
     async def until(t: float) -> None:
         # the simulated audio source delivers a chunk (or an interrupt) at its moment, as an audio
@@ -287,15 +300,18 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
         t0 = time.perf_counter()
 
         async def process(c: Chunk, ready: float) -> None:
-            try:
-                arrived[0] = ready
-                logits = await chunk_op(c).wait(stream=stream)
-            except asyncio.CancelledError:
-                rep.cancelled += 1
-                raise
+            arrived[0] = ready
+            logits = await chunk_op(c).wait(stream=stream)
             rep.stage("complete", time.perf_counter() - enqueued[0])
             rep.partials.append(ctc_greedy(logits))
             rep.latencies.append(time.perf_counter() - ready)
+
+        def finished(task: asyncio.Task[None]) -> None:
+            # counted here, not in process(): a task cancelled before its first step never runs
+            # its body
+            inflight.discard(task)
+            if task.cancelled():
+                rep.cancelled += 1
 
         async def interrupt(due: float) -> None:
             for t in list(inflight):
@@ -315,7 +331,7 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
                 rep.voiced += 1
                 task = asyncio.ensure_future(process(c, ready))
                 inflight.add(task)
-                task.add_done_callback(inflight.discard)
+                task.add_done_callback(finished)
             if c.index in st.interrupted:
                 pending.add(asyncio.ensure_future(interrupt_at(ready + st.interrupt_after / st.speed)))
         await asyncio.gather(*inflight, *pending, return_exceptions=True)
@@ -334,6 +350,40 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
     return rep
 
 
+def _recorded(
+    enc: Encoder, st: Stream, rep: Report, arrived: list[float], enqueued: list[float], stream: Any
+) -> Callable[[Chunk], do.DeviceOp[np.ndarray]]:
+    """The encoder recorded once into a CUDA graph (``do.graph.scope``); a chunk's op uploads its
+    audio into the recording's input and replays the graph: one launch for the encoder's
+    kernels instead of PyTorch's calls."""
+    n = len(st.chunks[0].context)
+    x_in = do.zeros((n,), do.float32).sync_on(stream)
+    tile = next(t for t in (256, 128, 64, 32, 16, 8, 4, 2, 1) if n % t == 0)
+    dst = x_in.partition((tile,))
+    # the logits go into a deviceop tensor the chunk's op reads after the replay (on the host
+    # backend a recording runs the PyTorch code at each replay, so it has no output of its own)
+    y_out = do.zeros((enc.frames(n), len(SYMBOLS)), do.float32).sync_on(stream)
+    with do.graph.scope() as sc:
+        sc.record(do.interop.torch(lambda x, y: y.copy_(enc(x)), x_in, y_out, writes=(y_out,)))
+    g = sc.graph
+    began = [0.0]
+
+    def replay(_: Any) -> Any:
+        began[0] = time.perf_counter()
+        rep.stage("start", began[0] - arrived[0])
+        return g.launch()
+
+    def fetch(_: Any) -> Any:
+        enqueued[0] = time.perf_counter()
+        rep.stage("enqueue", enqueued[0] - began[0])
+        return do.to_numpy(y_out)
+
+    def chunk_op(c: Chunk) -> do.DeviceOp[np.ndarray]:
+        return do.from_numpy(c.context).then(lambda t: do.kernels.copy(dst, t)).then(replay).then(fetch)
+
+    return chunk_op
+
+
 # -- PyTorch, blocking, one thread ---------------------------------------------------------------
 def _torch_chunk(enc: Encoder, c: Chunk, rep: Report | None = None, ready: float = 0.0) -> np.ndarray:
     torch = enc.torch
@@ -349,10 +399,41 @@ def _torch_chunk(enc: Encoder, c: Chunk, rep: Report | None = None, ready: float
     return out  # type: ignore[no-any-return]
 
 
-def run_torch_blocking(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
+def _torch_graph_chunk(enc: Encoder, st: Stream) -> Callable[..., np.ndarray]:
+    """The encoder captured once into a CUDA graph by PyTorch (``torch.cuda.graph``); a chunk
+    copies its audio into the captured input, replays, and copies the logits back."""
+    torch = enc.torch
+    static_in = torch.zeros(len(st.chunks[0].context), device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as PyTorch's graph docs ask
+        for _ in range(3):
+            enc(static_in)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = enc(static_in)
+
+    def chunk(enc: Encoder, c: Chunk, rep: Report | None = None, ready: float = 0.0) -> np.ndarray:
+        t = time.perf_counter()
+        static_in.copy_(torch.from_numpy(c.context))
+        g.replay()
+        t1 = time.perf_counter()
+        out = static_out.cpu().numpy()
+        if rep is not None:
+            rep.stage("start", t - ready)
+            rep.stage("enqueue", t1 - t)
+            rep.stage("complete", time.perf_counter() - t1)
+        return out  # type: ignore[no-any-return]
+
+    return chunk
+
+
+def run_torch_blocking(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = False) -> Report:
     import webrtcvad
 
-    rep = Report("torch-blocking", threads=1)
+    rep = Report("torch-graph" if graph else "torch-blocking", threads=1)
+    call = _torch_graph_chunk(enc, st) if graph else _torch_chunk
     vad = webrtcvad.Vad(a.vad_mode)
     pending = list(st.interrupts)
     t0 = time.perf_counter()
@@ -373,7 +454,7 @@ def run_torch_blocking(st: Stream, enc: Encoder, a: argparse.Namespace) -> Repor
         vad_again(vad, c)
         if st.is_voiced(c):
             rep.voiced += 1
-            logits = _torch_chunk(enc, c, rep, ready)
+            logits = call(enc, c, rep, ready)
             before = len(rep.reactions)
             notice_interrupts()
             if len(rep.reactions) > before:  # barge-in during the call: its result is dropped
@@ -460,13 +541,25 @@ def run_torch_threaded(st: Stream, enc: Encoder, a: argparse.Namespace) -> Repor
     return rep
 
 
-LOOPS = {"deviceop": run_deviceop, "torch-blocking": run_torch_blocking, "torch-threaded": run_torch_threaded}
+LOOPS: dict[str, Callable[[Stream, Encoder, argparse.Namespace], Report]] = {
+    "deviceop": run_deviceop,
+    "deviceop-graph": lambda st, enc, a: run_deviceop(st, enc, a, graph=True),
+    "torch-blocking": run_torch_blocking,
+    "torch-graph": lambda st, enc, a: run_torch_blocking(st, enc, a, graph=True),
+    "torch-threaded": run_torch_threaded,
+}
+#: loops that record the encoder into a CUDA graph by PyTorch itself (cuda only)
+CUDA_ONLY = {"torch-graph"}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wav", default=os.path.join(HERE, "speech.wav"))
-    ap.add_argument("--loops", default=",".join(LOOPS), help=f"comma-separated, of {', '.join(LOOPS)}")
+    ap.add_argument(
+        "--loops",
+        default=None,
+        help=f"comma-separated, of {', '.join(LOOPS)} (default: all; on the host backend all but {', '.join(CUDA_ONLY)})",
+    )
     ap.add_argument("--chunk", type=float, default=0.32, help="seconds of audio per chunk")
     ap.add_argument("--context", type=float, default=2.0, help="seconds of audio the encoder sees per chunk")
     ap.add_argument("--width", type=int, default=1024)
@@ -479,10 +572,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="runs of the audio per loop, in rotated order")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     a = ap.parse_args(argv)
-    loops = [n for n in a.loops.split(",") if n]
+    cuda = do.backend_name() == "cuda"
+    loops = [n for n in a.loops.split(",") if n] if a.loops else [n for n in LOOPS if cuda or n not in CUDA_ONLY]
     bad = [n for n in loops if n not in LOOPS]
     if bad:
         ap.error(f"unknown --loops {bad}; choose from {', '.join(LOOPS)}")
+    if not cuda and CUDA_ONLY & set(loops):
+        ap.error(
+            f"--loops {', '.join(sorted(CUDA_ONLY & set(loops)))} need(s) the cuda backend (PyTorch's CUDA graphs)"
+        )
     ok = a.chunk > 0 and a.context >= a.chunk and a.speed > 0 and a.width > 0 and a.layers >= 0
     if not (ok and a.rounds >= 1 and a.interrupt_every >= 0 and 0 <= a.interrupt_after < a.chunk):
         ap.error(
