@@ -194,11 +194,16 @@ class TorchWorkload:
 
 def median_row(rows: list[dict]) -> dict:
     best = sorted(rows, key=lambda r: r["wu_per_ms"])[len(rows) // 2]
-    return dict(best, runs=[r["wu_per_ms"] for r in rows], min_wu_per_ms=min(r["wu_per_ms"] for r in rows))
+    return dict(
+        best,
+        runs=[r["wu_per_ms"] for r in rows],
+        min_wu_per_ms=min(r["wu_per_ms"] for r in rows),
+        host_probe_us=[r.get("host_probe_us") for r in rows],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    from exec_modes import machine_info
+    from exec_modes import host_probe, machine_info
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", type=int, default=2000)
@@ -227,7 +232,12 @@ def main(argv: list[str] | None = None) -> int:
         ceiling.run(S)
 
     def rep(fn, *args) -> dict:
-        return median_row([fn(*args) for _ in range(a.reps)])
+        # the host's speed just before each run: the one-thread queues are bound by it
+        rows = []
+        for _ in range(a.reps):
+            probe = host_probe()
+            rows.append(dict(fn(*args), host_probe_us=probe))
+        return median_row(rows)
 
     doc: dict = {
         "experiment": "bimodal",
