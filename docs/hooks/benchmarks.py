@@ -112,11 +112,19 @@ def _bimodal(d: dict) -> str:
     bw = d["async_best"]["wu_per_ms"]
     b1w = d["async_batch1_best"]["wu_per_ms"]
     serw = d["serial"]["wu_per_ms"]
-    return (
+    out = (
         f"{d['items']} GEMMs ({d['mix']}) from one host thread. GPU ceiling (graphs replayed) {_f(ceil, 1)} WU/ms; "
-        f"one-thread async queue best {_f(bw, 1)} WU/ms ({_f(100 * bw / ceil, 1)} % of it); "
+        f"one-thread async queue best {_f(bw, 1)} WU/ms ({_f(100 * bw / ceil, 1)} % of it, the minimum of its runs "
+        f"{_f(100 * d['async_best']['min_over_ceiling'], 1)} %); "
         f"`batch=1` {_f(b1w, 1)} WU/ms; serial {_f(serw, 1)} WU/ms."
     )
+    probes = [p for r in d["rows"] for p in r["async"].get("host_probe_us") or [] if p]
+    if probes:  # the queue is bound by the host thread, and a virtual machine's host speed moves
+        out += (
+            f" The host's speed before each async run (a fixed piece of Python) ranged over "
+            f"{_f(min(probes), 0)} to {_f(max(probes), 0)} µs, and the queue's throughput follows it."
+        )
+    return out
 
 
 def _kernels(d: dict) -> str:
