@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import queue
@@ -596,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
         _torch_chunk(enc, c)
     if enc.device == "cuda":
         torch.cuda.synchronize()
+    # what exists now lives to the end: the garbage collector need not traverse it again (a full
+    # collection with PyTorch imported stops the thread for tens of milliseconds, in any loop)
+    gc.freeze()
     # the loops in turn, each round starting with the next one: whatever runs first in a
     # process (clocks ramping up, caches) is spread over all of them
     by: dict[str, Report] = {}
