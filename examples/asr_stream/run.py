@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import os
@@ -386,11 +387,19 @@ def _recorded(
 
 
 # -- PyTorch, blocking, one thread ---------------------------------------------------------------
-def _torch_chunk(enc: Encoder, c: Chunk, rep: Report | None = None, ready: float = 0.0) -> np.ndarray:
+def _torch_chunk(
+    enc: Encoder, c: Chunk, rep: Report | None = None, ready: float = 0.0, captured: tuple[Any, ...] | None = None
+) -> np.ndarray:
+    """One chunk through PyTorch, blocking; ``captured`` (input, graph, output): by a replay of
+    the encoder's CUDA graph (:func:`_torch_graph_chunk`) instead of its calls."""
     torch = enc.torch
     t = time.perf_counter()
-    x = torch.from_numpy(c.context).to(enc.device, non_blocking=False)
-    y = enc(x)
+    if captured is None:
+        y = enc(torch.from_numpy(c.context).to(enc.device, non_blocking=False))
+    else:
+        static_in, g, y = captured
+        static_in.copy_(torch.from_numpy(c.context))
+        g.replay()
     t1 = time.perf_counter()
     out = y.cpu().numpy()
     if rep is not None:
@@ -414,20 +423,7 @@ def _torch_graph_chunk(enc: Encoder, st: Stream) -> Callable[..., np.ndarray]:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         static_out = enc(static_in)
-
-    def chunk(enc: Encoder, c: Chunk, rep: Report | None = None, ready: float = 0.0) -> np.ndarray:
-        t = time.perf_counter()
-        static_in.copy_(torch.from_numpy(c.context))
-        g.replay()
-        t1 = time.perf_counter()
-        out = static_out.cpu().numpy()
-        if rep is not None:
-            rep.stage("start", t - ready)
-            rep.stage("enqueue", t1 - t)
-            rep.stage("complete", time.perf_counter() - t1)
-        return out  # type: ignore[no-any-return]
-
-    return chunk
+    return functools.partial(_torch_chunk, captured=(static_in, g, static_out))
 
 
 def run_torch_blocking(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = False) -> Report:
