@@ -329,7 +329,7 @@ def graph_update_cost(n_ops: int, reps: int) -> dict:
 def host_probe() -> float:
     """The time of a fixed piece of Python (10,000 calls of a small function, best of 7), µs:
     the host's speed now. On a virtual machine it moves (by 2x within a minute, measured on the
-    lent H100's host), and host-bound figures (the one-thread queues) move with it."""
+    H100 machine of our results), and host-bound figures (the one-thread queues) move with it."""
 
     def f(x: int) -> int:
         return x + 1
