@@ -271,15 +271,14 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = 
         rep.stage("enqueue", enqueued[0] - t)
         return y
 
-    def chunk_op(c: Chunk) -> do.DeviceOp[np.ndarray]:
+    def eager_op(c: Chunk) -> do.DeviceOp[np.ndarray]:
         # the audio's upload is an argument of the encoder's op: it runs first, on the same stream
         return do.interop.torch(encode, do.from_numpy(c.context)).then(do.to_numpy)
 
     # the chunks follow each other on one stream (PyTorch's caching allocator keeps blocks per
     # stream: one stream, one warm pool)
     stream = do.next_stream()
-    if graph:
-        chunk_op = _recorded(enc, st, rep, arrived, enqueued, stream)
+    chunk_op = _recorded(enc, st, rep, arrived, enqueued, stream) if graph else eager_op
 
     async def until(t: float) -> None:
         # the simulated audio source delivers a chunk (or an interrupt) at its moment, as an audio
