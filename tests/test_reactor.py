@@ -473,6 +473,38 @@ def test_cancelled_await_with_a_pre_wake_pending_leaves_the_scanner_idle(backend
     assert passes < 2000, (passes, _reactor.stats())
 
 
+def test_a_wake_near_the_predicted_completion_polls_and_one_far_from_it_parks(backend) -> None:
+    """A parked task woken before its work completed asks the reactor how long to poll: far
+    from the predicted completion (its re-check timer fired early) it parks again; near or past
+    it (the timer fired with, or instead of, the pre-wake) it polls, and the pre-wake still
+    ahead is dropped (the task would only be woken again)."""
+    s = pool_of(4)[1]  # (DEVICEOP_STREAMS=1: a pool of four is selected)
+
+    async def learn() -> do.Tensor:
+        t = await do.zeros(128, do.float32).wait(stream=s)
+        for _ in range(3):
+            await slow_fill(t, 1.0, 0.1).wait(stream=s)
+        return t
+
+    t = asyncio.run(learn())
+    from deviceop._core._base import Channel
+
+    ch = Channel()
+    slow_fill(t, 2.0, 0.4).submit(stream=s)  # runs four times as long as the stream's estimate
+    h = _reactor.arm(s, ch, 7)
+    assert h >= 0
+    try:
+        assert _reactor.prewoken(h) is None  # about 100 ms ahead of the prediction: park again
+        time.sleep(0.15)  # past the prediction, the work still running
+        assert not _reactor.done(h)
+        span = _reactor.prewoken(h)
+        assert span is not None and 0 < span < 0.01, span  # poll until shortly past the prediction
+    finally:
+        s.synchronize()
+        if not _reactor.retire(h):
+            _reactor.disown(h)
+
+
 def test_work_much_shorter_than_predicted_is_seen_early(backend) -> None:
     """A stream that learned 150 ms executions, then a short one: the scanner looks on its
     backing-off schedule from the start, so the await does not sleep until the prediction."""

@@ -564,9 +564,12 @@ cdef void _decaying_max(int64_t* v, int64_t x) noexcept nogil:
 
 
 def prewoken(uint64_t handle):
-    """Called by a task its pre-wake resumed: learns how long the loop took to get there, and
-    returns how long to poll: until the predicted completion plus a margin for work that runs
-    a little long (50 µs + 1/64 of its duration). None: the slot is no longer armed."""
+    """Called by a parked task that woke before its work completed (its pre-wake, or its
+    re-check timer near the predicted completion): learns how long the loop took to resume it
+    after a pre-wake, and returns how long to poll: until the predicted completion plus a
+    margin for work that runs a little long (50 µs + 1/64 of its duration). None: nothing to
+    poll for (the slot is no longer armed, its duration is not known, or the completion is
+    farther off than a pre-wake's window: the pre-wake comes later)."""
     cdef uint32_t slot = <uint32_t>(handle >> 32)
     cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
     cdef int i
@@ -581,6 +584,10 @@ def prewoken(uint64_t handle):
                 E[i].pushed = 0
             if E[i].due:
                 est = _pred(E[i].key).est
+                if E[i].due - now > _window(est):
+                    break  # woken by the timer well before the completion: park again
+                # polled from now on: a pre-wake still to come would only wake the task again
+                E[i].prewake = 0
                 r = ((E[i].due - now if E[i].due > now else 0) + POLL_SLACK + est // 64) * 1e-9
                 # the scanner looks again once the task stops polling
                 E[i].wake = E[i].due + POLL_SLACK + est // 64

@@ -177,12 +177,14 @@ async def _park(
         timed_out = await _sleep_or_wake(lib, waker, limit)
         if done() or check():
             return
-        if not timed_out:  # woken, yet not done: a pre-wake (a context fault made check() raise)
-            span = _reactor.prewoken(h) if h >= 0 else None
-            if span is not None and _POLL[0] and await _poll(lib, done, min(_POLL[0], span), deadline):
-                return
-            continue
-        interval = min(interval * 2, _RECHECK[1])
+        # woken, yet not done: by a pre-wake, or by the re-check timer (which may fire together
+        # with the pre-wake, or before it, when the work takes about as long as the interval);
+        # either way, near the predicted completion the task polls for it
+        span = _reactor.prewoken(h) if h >= 0 else None
+        if span is not None and _POLL[0] and await _poll(lib, done, min(_POLL[0], span), deadline):
+            return
+        if timed_out:
+            interval = min(interval * 2, _RECHECK[1])
 
 
 async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: float | None) -> bool:
