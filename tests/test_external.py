@@ -518,6 +518,33 @@ def test_torch_tensors_as_reads_and_writes(host_backend):
     assert a.accesses is b.accesses  # one storage, one region
 
 
+def test_a_torch_tensor_named_again_after_changing_in_place_is_described_again(host_backend):
+    """A PyTorch tensor named again is not described again while its address and shape stay;
+    after an in-place change of either, its byte range and region are the new ones."""
+    torch = pytest.importorskip("torch")
+    from deviceop.device import current
+    from deviceop.interop._regions import access_of
+
+    be = current()
+    t = torch.zeros(64)
+    buf, lo, hi, w = access_of(t, be, True, "t")
+    assert (hi - lo, w) == (256, True)
+    again = access_of(t, be, False, "t")
+    assert again[0].accesses is buf.accesses and again[1:] == (lo, hi, False)
+    t.resize_(16)  # smaller: the same address, another shape
+    assert access_of(t, be, True, "t")[1:3] == (lo, lo + 64)
+    other = torch.ones(1024)
+    t.set_(other)  # another storage: another address and region
+    buf3, lo3, hi3, _ = access_of(t, be, True, "t")
+    assert hi3 - lo3 == 4096 and buf3.accesses is not buf.accesses
+    assert buf3.accesses is access_of(other, be, False, "o")[0].accesses
+    # the wrapper keeps the tensor alive while work uses it; the cache itself does not
+    ref = weakref.ref(t)
+    del t, buf, again, buf3  # (each wrapper keeps its tensor alive)
+    gc.collect()
+    assert ref() is None
+
+
 def test_asyncio_gather_of_externals(backend):
     async def main():
         xs = [do.zeros(128, do.float32).sync() for _ in range(8)]

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._core._base import Buffer
+from .._core._external import inside  # (re-exported: the stream whose external fn runs)
 from .._errors import UsageError
 from .._process import renew_at_fork
 from ..device._tensor import Partition, Tensor
@@ -40,7 +41,9 @@ class _Region:
         self.start = start
         self.end = end
         self.accesses = accesses
-        self.users: weakref.WeakSet[Any] = weakref.WeakSet()  # wrapper Buffers, and the foreign arrays
+        # wrapper Buffers and the foreign arrays, by id: held weakly, never compared (a
+        # WeakSet compares its members with ==, which a PyTorch tensor answers elementwise)
+        self.users: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.host = host
 
 
@@ -112,7 +115,7 @@ def register(buf: Buffer) -> None:
         if r is not None and r.accesses is buf.accesses:
             return
         r = _Region(buf.ptr, end, buf.accesses, buf.host)
-        r.users.add(buf)
+        r.users[id(buf)] = buf
         _insert(table, r)
 
 
@@ -144,7 +147,7 @@ def buffer_for(be: Any, lo: int, hi: int, owner: Any, root: tuple[int, int] | No
     with _lock:
         r = _locate(be, lo, hi, root)
         buf = _wrapper(be, r, owner)
-        r.users.add(buf)
+        r.users[id(buf)] = buf
     return buf
 
 
@@ -180,11 +183,12 @@ def span(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None, item
 
 
 # PyTorch tensors named again and again (a model's inputs and outputs): by id, the tensor (weak),
-# its data address and shape when described, its region and byte range there
-_torch_seen: dict[tuple[int, int], tuple[Any, int, Any, _Region, int, int]] = {}
+# its data address and shape when described, the device, its region, the region's start and
+# size, the byte range there, and its last wrapper (weak)
+_torch_seen: dict[int, list[Any]] = {}
 
 
-def _forget(k: tuple[int, int], ref: Any) -> None:
+def _forget(k: int, ref: Any) -> None:
     e = _torch_seen.get(k)
     if e is not None and e[0] is ref:
         del _torch_seen[k]
@@ -195,6 +199,16 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
     for deviceop tensors and partitions, ``(buffer, lo, hi, write)`` for another library's
     array (wrapped without a copy, kept alive by the buffer). ``what`` names ``obj`` in error
     messages: a string, or ``(op, write, index)`` (made into one only for a message)."""
+    e = _torch_seen.get(id(obj))
+    if e is not None and e[0]() is obj and e[3] is be and e[1] == obj.data_ptr() and e[2] == obj.shape:
+        # a PyTorch tensor described before, unchanged: its region lives (the tensor is a user);
+        # its last wrapper serves again while something (work in flight) keeps it
+        buf = e[9]()
+        if buf is None:
+            buf = Buffer(be, e[5], e[6], e[4].host, obj)
+            buf.accesses = e[4].accesses
+            e[9] = weakref.ref(buf)
+        return (buf, e[7], e[8], write)
     tp = type(obj)
     if tp is Partition:
         obj = obj.tensor
@@ -202,10 +216,6 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
     if tp is Tensor:
         return (obj, write)
     is_torch = tp.__module__ == "torch" and hasattr(obj, "data_ptr")
-    if is_torch:
-        e = _torch_seen.get((id(be), id(obj)))
-        if e is not None and e[0]() is obj and e[1] == obj.data_ptr() and e[2] == obj.shape:
-            return (_wrapper(be, e[3], obj), e[4], e[5], write)  # (its region lives: the tensor is a user)
     ptr, shape, strides, itemsize, _device = _describe(obj, be, what)
     lo, hi = span(ptr, shape, strides, itemsize)
     root = None
@@ -217,16 +227,27 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
     with _lock:
         r = _locate(be, lo, hi, root)
         buf = _wrapper(be, r, obj)
-        r.users.add(buf)
+        r.users[id(buf)] = buf
         if is_torch:
-            r.users.add(obj)  # the region lives as long as the tensor does
-            k = (id(be), id(obj))
+            r.users[id(obj)] = obj  # the region lives as long as the tensor does
+            k = id(obj)
 
-            def forget(ref: Any, k: tuple[int, int] = k) -> None:
+            def forget(ref: Any, k: int = k) -> None:
                 _forget(k, ref)
 
             ref = weakref.ref(obj, forget)
-            _torch_seen[k] = (ref, ptr, obj.shape, r, lo - r.start, hi - r.start)
+            _torch_seen[k] = [
+                ref,
+                ptr,
+                obj.shape,
+                be,
+                r,
+                r.start,
+                r.end - r.start,
+                lo - r.start,
+                hi - r.start,
+                weakref.ref(buf),
+            ]
     return (buf, lo - buf.ptr, hi - buf.ptr, write)
 
 
@@ -282,11 +303,3 @@ def _check_device(dev: str, be: Any, what: Any, obj: Any) -> None:
             f"{what}: this {type(obj).__name__} lives on {dev!r} memory, but the {be.name} backend's "
             f"work touches {want!r} memory; move it there first"
         )
-
-
-class _Inside(threading.local):
-    stream: Any = None
-
-
-#: the stream whose ``external`` fn this thread is running (exports inside it need no wait)
-inside = _Inside()

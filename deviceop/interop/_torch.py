@@ -9,11 +9,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .._core._external import External, named
 from .._dtypes import as_dtype
 from .._errors import CaptureError, DTypeError, UsageError
 from ..device._capture import CAPTURE
 from ..device._tensor import Partition, Tensor
-from ._external import External, _named
 from ._regions import buffer_for, span
 
 __all__ = ["torch"]
@@ -21,6 +21,7 @@ __all__ = ["torch"]
 _streams: dict[int, Any] = {}  # torch.cuda.ExternalStream per CUstream handle
 _DTYPES: dict[Any, Any] = {}  # deviceop dtype per torch.dtype
 _pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # graph scope -> torch.cuda.MemPool
+_stream_fns: list[Any] = []  # torch._C's current-stream getter and setter, and device getter (or None)
 
 
 def _torch() -> Any:
@@ -46,12 +47,12 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
     """
     if not callable(fn):
         raise UsageError(f"do.interop.torch(fn, ...) needs a callable or an nn.Module, got {type(fn).__name__}")
-    writes = _named(writes, "writes")
+    writes = named(writes, "writes")
     named_w = {id(x.tensor if type(x) is Partition else x) for x in writes}
     extra_r = tuple(
         a for a in args if type(a) in (Tensor, Partition) and id(a.tensor if type(a) is Partition else a) not in named_w
     )
-    reads = _named(reads, "reads") + extra_r
+    reads = named(reads, "reads") + extra_r
 
     def call(stream: Any, *a: Any) -> Any:
         th = _torch()
@@ -111,8 +112,11 @@ def _enter(th: Any, ts: Any) -> Any:
     this sets and restores the stream with PyTorch's own setter and getter, as that context
     manager does. Elsewhere (another device, a PyTorch without them) it is the context manager.
     """
-    c = th._C
-    get, set_, dev = (getattr(c, n, None) for n in ("_cuda_getCurrentStream", "_cuda_setStream", "_cuda_getDevice"))
+    fns = _stream_fns
+    if not fns:  # looked up once: PyTorch's own stream getter and setter, and its device getter
+        c = th._C
+        fns.extend(getattr(c, n, None) for n in ("_cuda_getCurrentStream", "_cuda_setStream", "_cuda_getDevice"))
+    get, set_, dev = fns
     if get is not None and set_ is not None and dev is not None and dev() == ts.device_index:
         prev = get(ts.device_index)  # (stream_id, device_index, device_type)
         set_(stream_id=ts.stream_id, device_index=ts.device_index, device_type=ts.device_type)
@@ -124,7 +128,7 @@ def _enter(th: Any, ts: Any) -> Any:
 
 def _leave(th: Any, ts: Any, prev: Any) -> None:
     if type(prev) is tuple:
-        th._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+        _stream_fns[1](stream_id=prev[0], device_index=prev[1], device_type=prev[2])
     else:
         prev.__exit__(None, None, None)
 

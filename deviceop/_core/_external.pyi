@@ -1,0 +1,40 @@
+"""Type stub of the compiled module ``deviceop._core._external``: the op of ``do.external``.
+
+Names not declared here are internal to the core and typed ``Any``.
+"""
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from ._op import DeviceOp
+
+T = TypeVar("T")
+
+HOOKS: dict[str, Any]
+inside: Any
+
+class External(DeviceOp[T], Generic[T]):
+    """The op :func:`~deviceop.interop.external` returns; its output is what ``fn`` returns."""
+
+    fn: Callable[..., T]
+    args: tuple[Any, ...]
+    acc: list[Any]
+    post: Callable[[Any, Any], tuple[Any, list[Any]]] | None
+    label: str | None
+    def __init__(
+        self,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        reads: Any = (),
+        writes: Any = (),
+        post: Callable[[Any, Any], tuple[Any, list[Any]]] | None = None,
+        label: str | None = None,
+    ) -> None: ...
+
+def named(items: Any, what: str) -> tuple[Any, ...]:
+    """``reads``/``writes`` as a tuple; a bare array or anything else is refused."""
+
+def new_external(fn: Callable[..., T], args: tuple[Any, ...], reads: Any, writes: Any) -> External[T]:
+    """``External(fn, args, reads, writes)`` without the constructor's argument parsing."""
+
+def __getattr__(name: str) -> Any: ...

@@ -1,0 +1,170 @@
+# cython: language_level=3
+"""The op behind ``do.external`` and ``do.interop.torch``: another library's work, ordered by the ledger.
+
+Its construction names the memory the work touches and its run orders, registers and calls
+``fn`` under the ledger lock in one compiled path (an external step costs about what a kernel
+launch's bookkeeping costs). What needs the layers above is registered by them in
+:data:`HOOKS`: naming a foreign array (``interop``'s regions) and the host backend's call in
+stream order.
+"""
+
+from ._base cimport _LOCK as LOCK, Buffer, PartitionBase, TensorBase
+from ._ledger cimport ExecutionContext, check_backend, order, order_tensor
+from ._op cimport DeviceOp
+
+import threading
+
+from .._errors import UsageError
+from ..device._select import current
+
+__all__ = ["External", "HOOKS", "inside", "named", "new_external"]
+
+
+class _Inside(threading.local):
+    stream = None
+
+
+#: the stream whose ``external`` fn this thread is running (exports inside it need no wait)
+inside = _Inside()
+
+#: registered by ``deviceop.interop``: ``access_of(obj, backend, write, what)`` names a foreign
+#: array; ``call_in_order(op, cx, args, acc)`` runs fn on a host backend's stream worker
+HOOKS = {}
+
+
+cpdef tuple named(items, str what):
+    """``reads``/``writes`` as a tuple; a bare array or anything else is refused."""
+    if type(items) is tuple:
+        return <tuple>items
+    if items is None:
+        return ()
+    if isinstance(items, (TensorBase, PartitionBase)) or not isinstance(items, (list, tuple)):
+        raise UsageError(
+            f"{what} must be a tuple or list of arrays (for one array: ({what[:-1]}_array,)), got {type(items).__name__}"
+        )
+    return tuple(items)
+
+
+cdef class External(DeviceOp):
+    """The op :func:`~deviceop.interop.external` returns; its output is what ``fn`` returns."""
+
+    cdef readonly object fn
+    cdef readonly tuple args
+    cdef readonly list acc       # (tensor, write) or (buffer, lo, hi, write), in naming order
+    cdef readonly object post    # post(cx, out) -> (out, [(buffer, lo, hi, write)]) or None
+    cdef readonly object label
+    cdef bint lazy
+
+    def __init__(self, fn, tuple args, reads=(), writes=(), post=None, label=None):
+        _init(self, fn, args, reads, writes, post, label)
+
+    def __repr__(self):
+        label = self.label
+        if label is None:
+            fn = self.fn
+            label = f"external {getattr(fn, '__qualname__', type(fn).__name__)}()"
+        return f"<{label}>"
+
+    cdef int _name(self, items, bint write) except -1:
+        cdef object be = None
+        cdef Py_ssize_t i = 0
+        cdef list acc = self.acc
+        for x in named(items, "writes" if write else "reads"):
+            if isinstance(x, TensorBase):
+                acc.append((x, write))
+            elif isinstance(x, PartitionBase):
+                acc.append(((<PartitionBase>x).tensor, write))
+            elif isinstance(x, DeviceOp):
+                raise UsageError(f"{self!r}: reads and writes name arrays, not ops; pass the op as an argument")
+            else:
+                if be is None:
+                    be = current()
+                acc.append(HOOKS["access_of"](x, be, write, (self, write, i)))
+            i += 1
+        return 0
+
+    cpdef object _run(self, ExecutionContext cx):
+        cdef tuple args = self.args
+        cdef list acc = self.acc
+        cdef tuple a
+        cdef bint seen
+        be = cx.backend
+        if self.lazy:
+            args = tuple([(<DeviceOp>x)._run(cx) if isinstance(x, DeviceOp) else x for x in args])
+        for x in args:  # deviceop tensors passed to fn and not named: fn may write them
+            t = (<PartitionBase>x).tensor if isinstance(x, PartitionBase) else x
+            if isinstance(t, TensorBase):
+                seen = False
+                for a in acc:
+                    if a[0] is t:
+                        seen = True
+                        break
+                if not seen:
+                    acc.append((t, True))
+        for a in acc:
+            x = a[0]
+            xb = (<TensorBase>x).buffer.backend if isinstance(x, TensorBase) else (<Buffer>x).backend
+            if xb is not be:
+                check_backend(cx, xb, repr(self))
+        if not be.cuda_memory:
+            return HOOKS["call_in_order"](self, cx, args, acc)
+        LOCK.take()
+        try:
+            # under the ledger lock: fn's work is enqueued before any later registration on
+            # any thread can look at this execution's accesses
+            for a in acc:
+                if len(a) == 2:
+                    order_tensor(cx, a[0], a[1], self)
+                else:
+                    order(cx, <Buffer>a[0], a[1], a[2], a[3], self)
+            return _call(self, cx, args)
+        finally:
+            LOCK.drop()
+
+
+cdef object _call(External op, ExecutionContext cx, tuple args):
+    cdef tuple b
+    st = inside
+    prev = st.stream
+    st.stream = cx.stream
+    try:
+        out = op.fn(cx.stream, *args)
+    finally:
+        st.stream = prev
+    if op.post is not None:
+        out, made = op.post(cx, out)
+        for b in made:  # what fn made: written by this execution
+            order(cx, <Buffer>b[0], b[1], b[2], b[3], op)
+    return out
+
+
+cdef int _init(External op, fn, tuple args, reads, writes, post, label) except -1:
+    cdef bint lazy = False
+    cdef Py_ssize_t i
+    if not callable(fn):
+        raise UsageError(f"do.external(fn, ...) needs a callable fn(stream, *args), got {type(fn).__name__}")
+    op.fn = fn
+    op.label = label
+    op.post = post
+    op.acc = []
+    # foreign arrays are wrapped now: bad input fails before any work, and the wrapper keeps
+    # the array alive until the work that uses it has completed
+    if reads is not None and not (type(reads) is tuple and not reads):  # (an array has no truth value)
+        op._name(reads, False)
+    if writes is not None and not (type(writes) is tuple and not writes):
+        op._name(writes, True)
+    for i in range(len(args)):
+        x = args[i]
+        if isinstance(x, DeviceOp):
+            (<DeviceOp>x).take(f"argument {i} of {op!r}")
+            lazy = True
+    op.args = args
+    op.lazy = lazy
+    return 0
+
+
+def new_external(fn, tuple args, reads, writes):
+    """``External(fn, args, reads, writes)`` without the constructor's argument parsing."""
+    cdef External op = External.__new__(External)
+    _init(op, fn, args, reads, writes, None, None)
+    return op
