@@ -14,7 +14,10 @@ for S in {1, 2, 4, 8, 16, 32}. Throughput in work units (GEMMs) per ms, median (
 queue's minimum over the runs against the best ceiling measured in the same run. Inputs are shared (read only); each
 stream writes its own outputs, so the access ledger never orders one stream after another.
 After the warm-up the garbage collector is frozen (``gc.freeze()``; ``--gc`` leaves it), and
-the host's speed is measured before every run (``host_probe_us``).
+the host's speed is measured before every run (``host_probe_us``); each run also records the
+CPU time the hypervisor took from the machine meanwhile (``steal_ms``, all CPUs summed), how
+long the main thread waited runnable for a CPU (``runq_wait_ms``), and parked awaits that only
+their 20 ms re-check ended (``late_wakeups``).
 
     python experiments/bimodal.py --out bimodal.json --png bimodal.png
 """
@@ -37,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import deviceop as do
 from deviceop.executors import ThreadedQueue, WorkQueue
+from deviceop.executors._await import stats as await_stats
 
 K = do.kernels
 SMALL, LARGE = 512, 2048
@@ -195,6 +199,21 @@ class TorchWorkload:
         return _row(len(self.sizes), time.perf_counter() - t0, time.process_time() - c0, S)
 
 
+def sched_counters() -> tuple[float, float]:
+    """(seconds of CPU time the hypervisor took from this machine's CPUs, all summed; seconds
+    this thread waited runnable for a CPU) so far, from /proc (0, 0 where there is none)."""
+    steal = wait = 0.0
+    try:
+        with open("/proc/stat") as f:
+            cpu = f.readline().split()  # the summed line: user nice system idle iowait irq softirq steal
+        steal = int(cpu[8]) / os.sysconf("SC_CLK_TCK")
+        with open("/proc/thread-self/schedstat") as f:
+            wait = int(f.read().split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        pass
+    return steal, wait
+
+
 def median_row(rows: list[dict]) -> dict:
     best = sorted(rows, key=lambda r: r["wu_per_ms"])[len(rows) // 2]
     return dict(
@@ -202,6 +221,9 @@ def median_row(rows: list[dict]) -> dict:
         runs=[r["wu_per_ms"] for r in rows],
         min_wu_per_ms=min(r["wu_per_ms"] for r in rows),
         host_probe_us=[r.get("host_probe_us") for r in rows],
+        steal_ms=[r.get("steal_ms") for r in rows],
+        runq_wait_ms=[r.get("runq_wait_ms") for r in rows],
+        late_wakeups=[r.get("late_wakeups") for r in rows],
     )
 
 
@@ -243,11 +265,24 @@ def main(argv: list[str] | None = None) -> int:
         gc.freeze()
 
     def rep(fn, *args) -> dict:
-        # the host's speed just before each run: the one-thread queues are bound by it
+        # the host's speed just before each run: the one-thread queues are bound by it; and
+        # what took the CPU from the run: the hypervisor (steal), other runnable threads
+        # (this thread's run-queue wait), parked awaits that only their re-check ended
         rows = []
         for _ in range(a.reps):
             probe = host_probe()
-            rows.append(dict(fn(*args), host_probe_us=probe))
+            s0, l0 = sched_counters(), await_stats()["late"]
+            row = fn(*args)
+            s1, l1 = sched_counters(), await_stats()["late"]
+            rows.append(
+                dict(
+                    row,
+                    host_probe_us=probe,
+                    steal_ms=(s1[0] - s0[0]) * 1e3,
+                    runq_wait_ms=(s1[1] - s0[1]) * 1e3,
+                    late_wakeups=l1 - l0,
+                )
+            )
         return median_row(rows)
 
     doc: dict = {

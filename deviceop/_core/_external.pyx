@@ -65,8 +65,9 @@ cdef class External(DeviceOp):
             label = f"external {getattr(fn, '__qualname__', type(fn).__name__)}()"
         return f"<{label}>"
 
-    cdef int _name(self, items, bint write) except -1:
-        cdef object be = None
+    cdef object _name(self, items, bint write, object be):
+        """Append the accesses of ``items``; returns the device foreign arrays were named on
+        (looked up once, at the first foreign array, and handed to the next call)."""
         cdef Py_ssize_t i = 0
         cdef list acc = self.acc
         for x in named(items, "writes" if write else "reads"):
@@ -81,7 +82,7 @@ cdef class External(DeviceOp):
                     be = current()
                 acc.append(HOOKS["access_of"](x, be, write, (self, write, i)))
             i += 1
-        return 0
+        return be
 
     cpdef object _run(self, ExecutionContext cx):
         cdef tuple args = self.args
@@ -149,10 +150,11 @@ cdef int _init(External op, fn, tuple args, reads, writes, post, label) except -
     op.acc = []
     # foreign arrays are wrapped now: bad input fails before any work, and the wrapper keeps
     # the array alive until the work that uses it has completed
+    be = None
     if reads is not None and not (type(reads) is tuple and not reads):  # (an array has no truth value)
-        op._name(reads, False)
+        be = op._name(reads, False, be)
     if writes is not None and not (type(writes) is tuple and not writes):
-        op._name(writes, True)
+        op._name(writes, True, be)
     for i in range(len(args)):
         x = args[i]
         if isinstance(x, DeviceOp):

@@ -33,7 +33,15 @@ from . import _future
 from ._future import DeviceFuture, watch
 from ._wake import current_lib, dispatcher, event_class
 
-__all__ = ["await_future", "await_op", "poll_budget", "set_poll_budget", "set_wait_policy", "wait_policy"]
+__all__ = [
+    "await_future",
+    "await_op",
+    "poll_budget",
+    "set_poll_budget",
+    "set_wait_policy",
+    "stats",
+    "wait_policy",
+]
 
 #: the longest an await polls in the loop (it polls only when completion is due within it)
 _POLL = [1e-3]
@@ -43,6 +51,16 @@ _POLL_UNKNOWN = 20e-6
 _POLL_SLACK = 50e-6
 #: first and longest interval of the parked re-check
 _RECHECK = (20e-3, 200e-3)
+#: counters (see :func:`stats`)
+_COUNTS = {"parks": 0, "late": 0}
+
+
+def stats() -> dict[str, int]:
+    """Counters of parked awaits, for diagnostics: ``parks``, and ``late``: parks that the
+    re-check timer ended with the work complete and no wake-up delivered (for work much
+    shorter than the 20 ms interval, a wake-up lost or late by about that much). Awaits in
+    several threads at once may miss a count."""
+    return dict(_COUNTS)
 
 
 def set_poll_budget(seconds: float) -> None:
@@ -161,6 +179,7 @@ async def _park(
     clock = time.perf_counter
     interval = _RECHECK[0]
     new_event = event_class(lib)
+    _COUNTS["parks"] += 1
     while True:
         waker = new_event()
         d.waiters[tok] = waker
@@ -176,6 +195,8 @@ async def _park(
             limit = min(limit, left)
         timed_out = await _sleep_or_wake(lib, waker, limit)
         if done() or check():
+            if timed_out and limit == interval:
+                _COUNTS["late"] += 1
             return
         # woken, yet not done: by a pre-wake, or by the re-check timer (which may fire together
         # with the pre-wake, or before it, when the work takes about as long as the interval);

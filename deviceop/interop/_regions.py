@@ -18,6 +18,7 @@ import bisect
 import ctypes
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -119,12 +120,15 @@ def register(buf: Buffer) -> None:
         _insert(table, r)
 
 
-def _locate(be: Any, lo: int, hi: int, root: tuple[int, int] | None) -> _Region:
+def _locate(be: Any, lo: int, hi: int, root: Any) -> _Region:
     """The region of device ``be`` holding memory [lo, hi) (call with ``_lock`` held): a known
-    one, else its allocation's (``root`` where the caller knows it, else the driver's)."""
+    one, else its allocation's (``root`` where the caller knows it: (start, size), or a
+    function returning that, called only then; else the driver's)."""
     table = _table(be)
     r = _find(table, lo, max(hi, lo + 1))
     if r is None:
+        if callable(root):
+            root = root()
         rng = root if root is not None else be.allocation_range(lo)
         if rng is None or not (rng[0] <= lo and hi <= rng[0] + rng[1]):
             rng = (lo, max(hi - lo, 1))
@@ -141,9 +145,12 @@ def _wrapper(be: Any, r: _Region, owner: Any) -> Buffer:
     return buf
 
 
-def buffer_for(be: Any, lo: int, hi: int, owner: Any, root: tuple[int, int] | None = None) -> Buffer:
+def buffer_for(
+    be: Any, lo: int, hi: int, owner: Any, root: tuple[int, int] | Callable[[], tuple[int, int]] | None = None
+) -> Buffer:
     """A Buffer for memory [lo, hi) of device ``be`` that keeps ``owner`` alive: its allocation's
-    region (``root``: the allocation's (start, size) where the caller knows it)."""
+    region (``root``: the allocation's (start, size) where the caller knows it, or a function
+    giving it, called only where no known region holds [lo, hi))."""
     with _lock:
         r = _locate(be, lo, hi, root)
         buf = _wrapper(be, r, owner)

@@ -155,7 +155,7 @@ def _outputs(cx: Any, out: Any) -> tuple[Any, list[Any]]:
 
 def _wrap(cx: Any, t: Any, acc: list[Any]) -> Tensor:
     be = cx.backend
-    if (t.device.type == "cuda") != bool(be.cuda_memory):
+    if t.is_cuda != bool(be.cuda_memory):
         raise UsageError(
             f"the PyTorch code returned a tensor on {t.device}, but this op runs on the {be.name} backend; "
             "return tensors on the op's device"
@@ -174,8 +174,13 @@ def _wrap(cx: Any, t: Any, acc: list[Any]) -> Tensor:
     shape = tuple(t.shape)
     strides = tuple(t.stride())
     lo, hi = span(ptr, shape, tuple(s * it for s in strides), it)
-    st = t.untyped_storage()
-    buf = buffer_for(be, lo, hi, t, (int(st.data_ptr()), int(st.nbytes())))
+    buf = buffer_for(be, lo, hi, t, lambda: _storage(t))
     out = Tensor(buf, shape, dt, strides, ptr - buf.ptr)
     acc.append((buf, lo - buf.ptr, hi - buf.ptr, True))
     return out
+
+
+def _storage(t: Any) -> tuple[int, int]:
+    """(start, size) of the PyTorch storage under ``t``: its allocation, as far as we know."""
+    st = t.untyped_storage()
+    return int(st.data_ptr()), int(st.nbytes())
