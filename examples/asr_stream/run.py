@@ -284,8 +284,8 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = 
         # the simulated audio source delivers a chunk (or an interrupt) at its moment, as an audio
         # device's callback would; the loop's timers fire only to the millisecond (uvloop's), so
         # sleep to 2 ms before it and yield to the loop's other tasks until it
-        left = t - time.perf_counter()
-        if left > 2e-3:
+        # (a timer that fires early sleeps again: yielding all the way would spin the loop)
+        while (left := t - time.perf_counter()) > 2e-3:
             await asyncio.sleep(left - 2e-3)
         while time.perf_counter() < t:
             await asyncio.sleep(0)
