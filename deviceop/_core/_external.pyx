@@ -1,11 +1,10 @@
 # cython: language_level=3
 """The op behind ``do.external`` and ``do.interop.torch``: another library's work, ordered by the ledger.
 
-Its construction names the memory the work touches and its run orders, registers and calls
-``fn`` under the ledger lock in one compiled path (an external step costs about what a kernel
-launch's bookkeeping costs). What needs the layers above is registered by them in
-:data:`HOOKS`: naming a foreign array (``interop``'s regions) and the host backend's call in
-stream order.
+Its construction names the memory the work touches; its run orders and registers those
+accesses and calls ``fn`` under the ledger lock, in one compiled path. What needs the layers
+above is registered by them in :data:`HOOKS`: naming a foreign array (``interop``'s regions)
+and the host backend's call in stream order.
 """
 
 from ._base cimport _LOCK as LOCK, Buffer, PartitionBase, TensorBase
