@@ -140,7 +140,7 @@ def _locate(be: Any, lo: int, hi: int, root: Any) -> _Region:
 
 def _wrapper(be: Any, r: _Region, owner: Any) -> Buffer:
     """A Buffer of region ``r`` that keeps ``owner`` alive, sharing the region's access list."""
-    buf = Buffer(be, r.start, r.end - r.start, host=r.host, owner=owner)
+    buf = Buffer(be, r.start, r.end - r.start, r.host, owner)
     buf.accesses = r.accesses
     return buf
 
@@ -189,15 +189,30 @@ def span(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None, item
     return ptr + lo, ptr + hi + itemsize
 
 
-# PyTorch tensors named again and again (a model's inputs and outputs): by id, the tensor (weak),
-# its data address and shape when described, the device, its region, the region's start and
-# size, the byte range there, and its last wrapper (weak)
-_torch_seen: dict[int, list[Any]] = {}
+class _Seen:
+    """A PyTorch tensor as last described: the tensor (weak), its data address and shape then,
+    the device, its region and byte range there, and its last wrapper (weak)."""
+
+    __slots__ = ("be", "hi", "last", "lo", "ptr", "ref", "region", "shape")
+
+    def __init__(self, ref: Any, ptr: int, shape: Any, be: Any, region: _Region, lo: int, hi: int, last: Any) -> None:
+        self.ref = ref
+        self.ptr = ptr
+        self.shape = shape
+        self.be = be
+        self.region = region
+        self.lo = lo
+        self.hi = hi
+        self.last = last
+
+
+# PyTorch tensors named again and again (a model's inputs and outputs), by id
+_torch_seen: dict[int, _Seen] = {}
 
 
 def _forget(k: int, ref: Any) -> None:
     e = _torch_seen.get(k)
-    if e is not None and e[0] is ref:
+    if e is not None and e.ref is ref:
         del _torch_seen[k]
 
 
@@ -207,15 +222,14 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
     array (wrapped without a copy, kept alive by the buffer). ``what`` names ``obj`` in error
     messages: a string, or ``(op, write, index)`` (made into one only for a message)."""
     e = _torch_seen.get(id(obj))
-    if e is not None and e[0]() is obj and e[3] is be and e[1] == obj.data_ptr() and e[2] == obj.shape:
+    if e is not None and e.ref() is obj and e.be is be and e.ptr == obj.data_ptr() and e.shape == obj.shape:
         # a PyTorch tensor described before, unchanged: its region lives (the tensor is a user);
         # its last wrapper serves again while something (work in flight) keeps it
-        buf = e[9]()
+        buf = e.last()
         if buf is None:
-            buf = Buffer(be, e[5], e[6], e[4].host, obj)
-            buf.accesses = e[4].accesses
-            e[9] = weakref.ref(buf)
-        return (buf, e[7], e[8], write)
+            buf = _wrapper(be, e.region, obj)
+            e.last = weakref.ref(buf)
+        return (buf, e.lo, e.hi, write)
     tp = type(obj)
     if tp is Partition:
         obj = obj.tensor
@@ -243,18 +257,7 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
                 _forget(k, ref)
 
             ref = weakref.ref(obj, forget)
-            _torch_seen[k] = [
-                ref,
-                ptr,
-                obj.shape,
-                be,
-                r,
-                r.start,
-                r.end - r.start,
-                lo - r.start,
-                hi - r.start,
-                weakref.ref(buf),
-            ]
+            _torch_seen[k] = _Seen(ref, ptr, obj.shape, be, r, lo - r.start, hi - r.start, weakref.ref(buf))
     return (buf, lo - buf.ptr, hi - buf.ptr, write)
 
 

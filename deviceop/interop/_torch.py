@@ -79,7 +79,7 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
                 with th.cuda.use_mem_pool(_pool_for(th, scope)):
                     return fn(*conv)
             finally:
-                _leave(th, ts, prev)
+                _leave(prev)
         conv = tuple(
             _from_numpy(th, x) if type(x).__module__ == "numpy" and hasattr(x, "__array_interface__") else x for x in a
         )
@@ -126,7 +126,7 @@ def _enter(th: Any, ts: Any) -> Any:
     return ctx
 
 
-def _leave(th: Any, ts: Any, prev: Any) -> None:
+def _leave(prev: Any) -> None:
     if type(prev) is tuple:
         _stream_fns[1](stream_id=prev[0], device_index=prev[1], device_type=prev[2])
     else:
