@@ -83,7 +83,7 @@ def lengths(lib: str, reps: int, warmup: int, names: list[str]) -> list[dict]:
                 make = lambda cyc=cyc: spin_k(out_t, cyc, grid=(1,), block=(32,))  # noqa: E731
             else:
                 make = lambda: K.scale(yp, x, 0.5)  # noqa: E731
-            n = reps if secs < 1e-3 else max(20, reps // (4 if secs < 10e-3 else 8))
+            n = reps if secs < 1e-3 else max(20, reps // (2 if secs < 10e-3 else 4))
             sy, aw, diff, acpu = [], [], [], []
             st0 = _reactor.stats()
             for r in range(warmup + n):

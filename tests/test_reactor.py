@@ -505,6 +505,132 @@ def test_a_wake_near_the_predicted_completion_polls_and_one_far_from_it_parks(ba
             _reactor.disown(h)
 
 
+def test_a_pre_woken_task_polls_whenever_the_pre_wake_comes(backend) -> None:
+    """The scanner aims its sleep its learned lateness ahead of a pre-wake, so a sleep that
+    ends on time pushes the token early by up to that much: the task woken by it polls from
+    then on (it used to park again with no pre-wake left to come, and waited for a backing-off
+    look, up to a millisecond later than the work's completion)."""
+    import select
+
+    from deviceop._core._base import Channel
+
+    s = pool_of(4)[1]
+
+    async def learn() -> do.Tensor:
+        t = await do.zeros(128, do.float32).wait(stream=s)
+        for _ in range(3):
+            await slow_fill(t, 1.0, 0.1).wait(stream=s)
+        return t
+
+    t = asyncio.run(learn())
+    ch = Channel()
+    pre0 = _reactor.stats()["prewakes"]
+    slow_fill(t, 2.0, 0.2).submit(stream=s)  # twice the estimate: the pre-wake comes about 100 ms early
+    h = _reactor.arm(s, ch, 7)
+    assert h >= 0
+    try:
+        ready, _, _ = select.select([ch], [], [], 1.0)
+        assert ready and 7 in ch.drain(), "no pre-wake within a second of a 100 ms prediction"
+        assert _reactor.stats()["prewakes"] > pre0
+        assert not _reactor.done(h)
+        span = _reactor.prewoken(h)
+        assert span is not None and 0 < span < 0.01, span  # poll until shortly past the prediction
+    finally:
+        s.synchronize()
+        if not _reactor.retire(h):
+            _reactor.disown(h)
+
+
+def test_the_poll_after_a_pre_wake_lasts_past_the_prediction_whatever_the_budget(backend, monkeypatch) -> None:
+    """The poll budget bounds the poll of work whose duration is not learned; a pre-woken task
+    polls until shortly past the predicted completion (a poll cut short by the budget parked
+    again with no pre-wake left to come, and the completion was seen only by a backing-off
+    look, up to milliseconds late)."""
+    from deviceop.executors import _await
+
+    s = pool_of(4)[1]
+    polls: list[tuple[float, bool]] = []
+    real = _await._poll
+
+    async def poll(lib, done, budget, deadline, *spin):  # type: ignore[no-untyped-def]
+        r = await real(lib, done, budget, deadline, *spin)
+        polls.append((budget, r))
+        return r
+
+    async def main() -> None:
+        t = await do.zeros(128, do.float32).wait(stream=s)
+        for _ in range(3):
+            await slow_fill(t, 1.0, 0.1).wait(stream=s)
+        monkeypatch.setattr(_await, "_poll", poll)
+        do.set_poll_budget(1e-6)
+        try:
+            for _ in range(3):  # work that ends before its pre-wake (a loaded host) polls nothing
+                await slow_fill(t, 2.0, 0.1).wait(stream=s)
+                if polls:
+                    break
+        finally:
+            do.set_poll_budget(1e-3)
+
+    asyncio.run(main())
+    assert polls, "the await was not pre-woken to poll"
+    assert all(budget > 20e-6 for budget, _ in polls), polls  # to past the prediction, not 1 µs
+
+
+def test_a_poll_looks_without_yielding_for_its_spin_then_yields() -> None:
+    from deviceop.executors._await import _poll
+
+    async def main(spin: float, ready_at: int) -> tuple[bool, int]:
+        ticks = 0
+        calls = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        def done() -> bool:
+            nonlocal calls
+            calls += 1
+            return calls >= ready_at
+
+        t = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)  # the ticker runs once
+        before = ticks
+        ok = await _poll("asyncio", done, 0.05, None, spin)
+        yielded = ticks - before
+        t.cancel()
+        return ok, yielded
+
+    assert asyncio.run(main(1.0, 3)) == (True, 0)  # done within the spin: the loop never ran
+    ok, yielded = asyncio.run(main(0.0, 3))
+    assert ok and yielded >= 2  # no spin: a yield before every look
+
+
+def test_an_await_spins_only_for_work_due_within_microseconds_with_nothing_else_pending(backend, monkeypatch) -> None:
+    from deviceop.executors import _await
+
+    s = pool_of(4)[1]
+    seen: list[float] = []
+    real = _await._poll
+
+    async def poll(lib, done, budget, deadline, spin=0.0):  # type: ignore[no-untyped-def]
+        seen.append(spin)
+        return await real(lib, done, budget, deadline, spin)
+
+    async def main(answer: tuple[float, bool]) -> None:
+        t = await do.zeros(1 << 16, do.float32).wait(stream=s)
+        monkeypatch.setattr(_await, "_poll", poll)
+        monkeypatch.setattr(_reactor, "expected", lambda h: answer)
+        await slow_fill(t, 1.0, 0.005).wait(stream=s)  # long enough to be pending when asked
+        monkeypatch.undo()
+
+    for answer, want in (((4e-6, True), 9e-6), ((4e-6, False), 0.0), ((200e-6, True), 0.0)):
+        seen.clear()
+        asyncio.run(main(answer))
+        assert seen and seen[0] == pytest.approx(want), (answer, seen)
+
+
 def test_work_much_shorter_than_predicted_is_seen_early(backend) -> None:
     """A stream that learned 150 ms executions, then a short one: the scanner looks on its
     backing-off schedule from the start, so the await does not sleep until the prediction."""

@@ -12,9 +12,9 @@ execution takes from the moment it can start (armed, or the previous armed execu
 stream predicted done). A thread that slept long wakes late (the core it ran on went idle:
 tens to hundreds of microseconds on a server), so the reactor also learns that lateness from
 its own timed sleeps, and how long a woken loop takes to resume its task. Shortly before the
-predicted completion, by the sum of the two, it *pre-wakes* the waiting loop (the token arrives before the flag is written); the awaiting task
-then polls the flag in its loop, awake when the GPU finishes, and parks again if the work runs
-late. After the predicted completion the scanner looks at intervals of an eighth of the time
+predicted completion, by the sum of the two, it *pre-wakes* the waiting loop (the token arrives
+before the flag is written); the awaiting task then polls the flag in its loop until shortly past
+the prediction, awake when the GPU finishes, and parks again if the work runs late. After the predicted completion the scanner looks at intervals of an eighth of the time
 waited (at most 1 ms, or 1/32 of the predicted duration); it also looks on that schedule from
 the start, so work that ends well before its prediction is seen. With nothing armed the scanner
 parks. The CPU policy (:func:`set_policy`):
@@ -127,7 +127,7 @@ POLICIES = ("adaptive", "spin", "block")
 cdef enum:
     # nanoseconds
     SPIN_UNKNOWN = 20000      # an execution of a stream not yet measured: spin this long first
-    PREWAKE_BASE = 20000      # pre-wake the loop this much + twice the wake-up lateness early
+    PREWAKE_BASE = 20000      # pre-wake the loop this much + the learned wake-up lateness early
     LATE_BASE = 20000         # first look after the predicted completion (+ est/128)
     POLL_SLACK = 50000        # a pre-woken task polls this much (+ est/64) past the prediction
     LAT_INIT = 100000         # wake-up lateness assumed before any is measured
@@ -185,7 +185,7 @@ cdef bint MEMOPS = True        # False once the device refused the write or the 
 cdef uintptr_t DADDR = 0
 # counters
 cdef uint64_t C_ARMED = 0, C_DONE = 0, C_MEMOP = 0, C_HOSTFN = 0, C_HOST = 0, C_EXHAUSTED = 0
-cdef uint64_t C_PASSES = 0, C_SLEEPS = 0, C_PARKS = 0, C_FAILED = 0, C_QUARANTINED = 0, C_PREWAKES = 0
+cdef uint64_t C_PASSES = 0, C_SLEEPS = 0, C_PARKS = 0, C_FAILED = 0, C_QUARANTINED = 0, C_PREWAKES = 0, C_REARMED = 0
 
 
 cdef int _slots_wanted() except -1:
@@ -351,7 +351,7 @@ cdef void* _scan_main(void* arg) noexcept nogil:
             elif POLICY == ADAPTIVE:
                 if e.prewake and e.chan == NULL:  # nobody waits any more: nobody to pre-wake
                     e.prewake = 0
-                if e.prewake and now >= e.prewake - LAT:
+                if e.prewake and now >= e.prewake:
                     # wake the loop now: it is awake and polling when the flag is written
                     bc[nb] = e.chan
                     bt[nb] = e.token
@@ -375,8 +375,8 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                         e.wake = now + iv
                 if not hot and (next_wake == 0 or e.wake < next_wake):
                     next_wake = e.wake
-                if e.prewake and e.prewake - LAT < next_wake:
-                    next_wake = e.prewake - LAT
+                if e.prewake and e.prewake < next_wake:
+                    next_wake = e.prewake
             i += 1
         if nb:
             pthread_mutex_unlock(&MU)
@@ -550,6 +550,8 @@ def arm(stream, Channel ch, uint64_t token):
 
 
 cdef inline int64_t _window(int64_t est) noexcept nogil:
+    # a pre-wake's lead on the predicted completion: the scanner's timed sleep may end LAT late,
+    # and the woken loop resumes its task LLAT after the push
     return LAT + LLAT + PREWAKE_BASE + est // 4096
 
 
@@ -569,23 +571,37 @@ def prewoken(uint64_t handle):
     after a pre-wake, and returns how long to poll: until the predicted completion plus a
     margin for work that runs a little long (50 µs + 1/64 of its duration). None: nothing to
     poll for (the slot is no longer armed, its duration is not known, or the completion is
-    farther off than a pre-wake's window: the pre-wake comes later)."""
+    farther off than a pre-wake's window: the pre-wake comes later; a pre-wake that came far
+    earlier than planned is armed again)."""
     cdef uint32_t slot = <uint32_t>(handle >> 32)
     cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
+    global C_REARMED
     cdef int i
     cdef int64_t now, est
+    cdef bint pre
     r = None
     pthread_mutex_lock(&MU)
     now = dvo_now_ns()
     for i in range(N):
         if E[i].slot == slot and E[i].seq == seq:
-            if E[i].pushed:
+            pre = E[i].pushed != 0
+            if pre:
                 _decaying_max(&LLAT, now - E[i].pushed)
                 E[i].pushed = 0
             if E[i].due:
                 est = _pred(E[i].key).est
-                if E[i].due - now > _window(est):
-                    break  # woken by the timer well before the completion: park again
+                # a pre-wake comes early by up to its lead (the scanner's sleep may end on time,
+                # and the loop resume at once), and the learned lateness may have fallen since
+                # the slot was armed: a pre-woken task polls from then
+                if E[i].due - now > _window(est) + (LAT_MAX if pre else 0):
+                    if pre and POLICY == ADAPTIVE:
+                        # far earlier than planned: without a pre-wake still to come, only a
+                        # backing-off look would end the park
+                        E[i].prewake = E[i].due - _window(est)
+                        C_REARMED += 1
+                        if SLEEPING == -1 or (SLEEPING > 0 and E[i].prewake < SLEEPING):
+                            dvo_cv_signal()
+                    break  # woken well before the completion (by the timer, or that pre-wake): park again
                 # polled from now on: a pre-wake still to come would only wake the task again
                 E[i].prewake = 0
                 r = ((E[i].due - now if E[i].due > now else 0) + POLL_SLACK + est // 64) * 1e-9
@@ -613,26 +629,32 @@ def done(uint64_t handle):
 
 
 def expected(uint64_t handle):
-    """How the task that armed ``handle`` should wait: -1.0 if its stream's durations are not
-    known yet (or the slot is no longer armed); 0.0 if the reactor will pre-wake it (park);
-    otherwise the seconds until the predicted completion, too soon for a pre-wake (poll)."""
+    """How the task that armed ``handle`` should wait, and whether its slot is the only one
+    armed (no other await's work pending in the process): ``(when, alone)``. ``when``: -1.0 if
+    its stream's durations are not known yet (or the slot is no longer armed); 0.0 if the
+    reactor will pre-wake it (park); otherwise the seconds until the predicted completion, too
+    soon for a pre-wake (poll)."""
     cdef uint32_t slot = <uint32_t>(handle >> 32)
     cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
     cdef int i
     cdef double r = -1.0
+    cdef bint alone = False
     cdef int64_t now
+    cdef pred_t* p
     pthread_mutex_lock(&MU)
     for i in range(N):
         if E[i].slot == slot and E[i].seq == seq:
+            p = _pred(E[i].key)
+            alone = N == 1
             if E[i].due:
                 now = dvo_now_ns()
-                if E[i].prewake or E[i].due - now > _window(_pred(E[i].key).est):
+                if E[i].prewake or E[i].due - now > _window(p.est):
                     r = 0.0
                 else:
                     r = (E[i].due - now) * 1e-9 if E[i].due > now else 1e-9
             break
     pthread_mutex_unlock(&MU)
-    return r
+    return r, alone
 
 
 def retire(uint64_t handle):
@@ -759,7 +781,7 @@ def stats():
     out = {
         "armed": C_ARMED, "completed": C_DONE, "memop": C_MEMOP, "host_function": C_HOSTFN,
         "host_stream": C_HOST, "exhausted": C_EXHAUSTED, "failed": C_FAILED, "quarantined": C_QUARANTINED,
-        "passes": C_PASSES, "sleeps": C_SLEEPS, "parks": C_PARKS, "prewakes": C_PREWAKES,
+        "passes": C_PASSES, "sleeps": C_SLEEPS, "parks": C_PARKS, "prewakes": C_PREWAKES, "rearmed": C_REARMED,
         "wake_lateness_s": LAT * 1e-9, "loop_lateness_s": LLAT * 1e-9, "pending": N, "free": NFREE,
         "slots": NSLOTS, "policy": POLICIES[POLICY], "memops": bool(MEMOPS), "scanner": bool(STARTED),
     }

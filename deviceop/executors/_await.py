@@ -3,10 +3,14 @@
 An awaited execution arms a completion slot on its stream (see ``deviceop._core._reactor``):
 the GPU writes a flag after the work, one scanner thread sees it and wakes the loop through
 its channel. When the await polls in its loop is learned: when the stream's recent executions
-say completion is due soon (within the reactor's pre-wake window), the task polls between bare
-yields to the loop, which beats any cross-thread wake-up for a short kernel; otherwise it parks
-and the reactor pre-wakes it shortly before the predicted completion to poll then. The poll
-budget (default 1 ms) bounds every poll.
+say completion is due soon (within the reactor's pre-wake lead), the task polls between bare
+yields to the loop, which beats any cross-thread wake-up for a short kernel (work due within
+10 µs, with no other await's work pending, is looked for without yielding for up to 15 µs:
+one yield costs more, 5 µs under trio); otherwise it parks
+and the reactor pre-wakes it shortly before the predicted completion to poll then. Such polls
+last until shortly past the predicted completion (the reactor bounds them by the wake-up
+lateness it learned); the poll budget (default 1 ms; 0: never poll) bounds the poll of work
+whose duration is not learned yet.
 
 While parked, the event is also re-checked on a backing-off timer (20 ms, doubling to 200 ms:
 every wake-up of an idle thread costs CPU time): a faulted context never writes its flags, and
@@ -43,10 +47,15 @@ __all__ = [
     "wait_policy",
 ]
 
-#: the longest an await polls in the loop (it polls only when completion is due within it)
+#: the longest poll of work whose duration is not learned (polls around a prediction: see set_poll_budget)
 _POLL = [1e-3]
 #: a stream whose durations are not learned yet: poll this long, then park
 _POLL_UNKNOWN = 20e-6
+#: work predicted to complete within this long, with no other await's work pending, is looked
+#: for without yielding to the loop for up to that long + _SPIN_SLACK (a yield costs 1.4 µs
+#: under uvloop and 5.5 µs under trio, measured on a 2-core workstation)
+_SPIN = 10e-6
+_SPIN_SLACK = 5e-6
 #: polling goes on this long past the predicted completion before the task parks
 _POLL_SLACK = 50e-6
 #: first and longest interval of the parked re-check
@@ -64,12 +73,15 @@ def stats() -> dict[str, int]:
 
 
 def set_poll_budget(seconds: float) -> None:
-    """The longest an await polls in its event loop (default 1 ms; 0: never, park at once).
+    """The longest an await polls in its event loop for work whose duration its stream has not
+    learned yet (default 1 ms; 0: never poll, park at once).
 
-    An await polls only around the predicted completion of its work: from the start for short
-    work, otherwise after the completion reactor pre-wakes it shortly before the completion its
-    stream's recent executions predict. Polling yields to the loop between checks, so other
-    tasks run meanwhile; work that runs late parks again.
+    Otherwise an await polls only around the predicted completion of its work: from the start
+    for short work, or from the moment the completion reactor pre-wakes it, shortly before the
+    completion its stream's recent executions predict, until shortly past it (50 µs + 1/64 of
+    the work's duration). How early a pre-wake comes is the wake-up lateness the reactor learned
+    (its own and the loop's, at most about 2 ms). Polling yields to the loop between checks, so
+    other tasks run meanwhile; work that runs late parks again.
     """
     if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 <= float(seconds) <= 1:
         raise SettingError(f"poll budget {seconds!r} s is not accepted; use a number from 0 to 1 second (default 1e-3)")
@@ -202,17 +214,22 @@ async def _park(
         # with the pre-wake, or before it, when the work takes about as long as the interval);
         # either way, near the predicted completion the task polls for it
         span = _reactor.prewoken(h) if h >= 0 else None
-        if span is not None and _POLL[0] and await _poll(lib, done, min(_POLL[0], span), deadline):
+        if span is not None and _POLL[0] and await _poll(lib, done, span, deadline):
             return
         if timed_out:
             interval = min(interval * 2, _RECHECK[1])
 
 
-async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: float | None) -> bool:
-    """Yield to the loop and check, for at most ``budget`` seconds; True once ``done()``."""
+async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: float | None, spin: float = 0.0) -> bool:
+    """Yield to the loop and check, for at most ``budget`` seconds; True once ``done()``. The
+    first ``spin`` seconds check without yielding."""
     clock = time.perf_counter
-    y = _yielder(lib)
     t0 = clock()
+    if spin > 0:
+        while clock() - t0 < spin:
+            if done():
+                return True
+    y = _yielder(lib)
     while True:
         await y()
         if done():
@@ -244,16 +261,22 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
         else:
             done = lambda: _reactor.done(h)  # noqa: E731
         if not done():
+            spin = 0.0
             if poll is None:
-                rem = _reactor.expected(h) if h >= 0 else -1.0
+                rem, alone = _reactor.expected(h) if h >= 0 else (-1.0, False)
                 budget = _POLL[0]
                 if rem < 0:  # not learned yet
                     poll = min(budget, _POLL_UNKNOWN)
-                elif rem > 0:  # too soon for a pre-wake: poll from the start
-                    poll = min(budget, rem + _POLL_SLACK)
+                elif rem > 0:  # too soon for a pre-wake: poll from the start until just past it
+                    poll = rem + _POLL_SLACK if budget else 0.0
+                    if poll and alone and rem <= _SPIN:
+                        # due within microseconds, and no other await's work pending (a queue
+                        # feeding other streams meanwhile would wait): one yield to the loop
+                        # costs more than looking until then
+                        spin = rem + _SPIN_SLACK
                 else:  # the reactor pre-wakes this task shortly before the completion
                     poll = 0.0
-            if not (poll and await _poll(lib, done, poll, deadline)):
+            if not (poll and await _poll(lib, done, poll, deadline, spin)):
                 await _park(lib, d, tok, done, ev.query, deadline, cx, timeout, h)
     except CudaError:
         _reactor.fail_context(stream.backend)  # wake every await on this device: they fail too
