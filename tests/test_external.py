@@ -410,6 +410,37 @@ def test_torch_module_through_the_adapter(backend):
     np.testing.assert_allclose(y.numpy(), out.numpy(), rtol=1e-6)
 
 
+def test_torch_adapter_gives_back_an_input_written_in_place_as_that_tensor(backend):
+    """PyTorch code that returns one of its deviceop inputs (``out=``, in place) gives back that
+    very Tensor, written by the op (no second wrapper of its memory); a view of it is a new one."""
+    torch = pytest.importorskip("torch")
+    if _cuda() and not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    s = pool_of(2)
+    x = do.full((4, 8), 2.0, do.float32).sync()
+    y = do.zeros((4, 8), do.float32).sync()
+    out = do.interop.torch(lambda a, b: torch.add(a, a, out=b), x, y, writes=(y,)).sync()
+    assert out is y
+    np.testing.assert_array_equal(y.numpy(), np.full((4, 8), 4.0, np.float32))
+    # in place, not named in writes: still the input itself, and the op's write is ordered
+    # before a reader on another stream
+    z = do.zeros((4, 8), do.float32).sync()
+    seen = []
+
+    def copy(o):  # type: ignore[no-untyped-def]
+        seen.append(o)
+        return K.copy(z.view(32).partition((32,)), o.view(32))
+
+    do.interop.torch(lambda a: a.mul_(3.0), x).then(copy).sync_on(s[1])
+    assert seen[0] is x
+    np.testing.assert_array_equal(z.numpy(), np.full((4, 8), 6.0, np.float32))
+    both = do.interop.torch(lambda a, b: (b, a[1:]), x, y).sync()
+    assert both[0] is y and both[1] is not x and both[1].shape == (3, 8)
+    np.testing.assert_array_equal(both[1].numpy(), np.full((3, 8), 6.0, np.float32))
+    # a partition's tensor is given to the code whole: returning it gives back the tensor
+    assert do.interop.torch(lambda a: a, x.partition((2, 8))).sync() is x
+
+
 @pytest.mark.anyio
 async def test_torch_awaited(backend, anyio_backend):
     torch = pytest.importorskip("torch")

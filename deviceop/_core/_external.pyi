@@ -19,7 +19,7 @@ class External(DeviceOp[T], Generic[T]):
     fn: Callable[..., T]
     args: tuple[Any, ...]
     acc: list[Any]
-    post: Callable[[Any, Any], tuple[Any, list[Any]]] | None
+    post: Callable[[Any, Any, tuple[Any, ...]], tuple[Any, list[Any]]] | None
     label: str | None
     def __init__(
         self,
@@ -27,7 +27,7 @@ class External(DeviceOp[T], Generic[T]):
         args: tuple[Any, ...],
         reads: Any = (),
         writes: Any = (),
-        post: Callable[[Any, Any], tuple[Any, list[Any]]] | None = None,
+        post: Callable[[Any, Any, tuple[Any, ...]], tuple[Any, list[Any]]] | None = None,
         label: str | None = None,
     ) -> None: ...
 

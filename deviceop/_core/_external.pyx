@@ -50,7 +50,7 @@ cdef class External(DeviceOp):
     cdef readonly object fn
     cdef readonly tuple args
     cdef readonly list acc       # (tensor, write) or (buffer, lo, hi, write), in naming order
-    cdef readonly object post    # post(cx, out) -> (out, [(buffer, lo, hi, write)]) or None
+    cdef readonly object post    # post(cx, out, args) -> (out, [(buffer, lo, hi, write)]) or None
     cdef readonly object label
     cdef bint lazy
 
@@ -132,7 +132,7 @@ cdef object _call(External op, ExecutionContext cx, tuple args):
     finally:
         st.stream = prev
     if op.post is not None:
-        out, made = op.post(cx, out)
+        out, made = op.post(cx, out, args)
         for b in made:  # what fn made: written by this execution
             order(cx, <Buffer>b[0], b[1], b[2], b[3], op)
     return out

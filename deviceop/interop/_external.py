@@ -56,7 +56,7 @@ def _call_in_order(op: External[Any], cx: Any, args: tuple[Any, ...], acc: list[
         raise box[1]
     out = box[0]
     if op.post is not None:
-        out, acc2 = op.post(cx, out)
+        out, acc2 = op.post(cx, out, args)
         enqueue(cx, acc2, None, op)
     return out
 

@@ -41,7 +41,9 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
     allocator's for that stream. On the host backend ``fn`` gets CPU tensors sharing the host
     device's memory. The op's output is ``fn``'s, with every PyTorch tensor in it (itself, or
     the items of a tuple or list) turned into a deviceop Tensor on the same memory, written by
-    this op and kept alive by it. deviceop tensors in ``args`` are read unless ``writes`` names
+    this op and kept alive by it; a PyTorch tensor that is one of the deviceop tensors in
+    ``args`` given back (``out=``, in place: the same memory, shape, strides and dtype) is that
+    Tensor itself. deviceop tensors in ``args`` are read unless ``writes`` names
     them; ``reads``/``writes`` name more memory, as for :func:`~deviceop.interop.external`,
     whose rules hold here too (``fn`` only enqueues work; it calls no deviceop op).
     """
@@ -140,20 +142,23 @@ def _from_numpy(th: Any, arr: Any) -> Any:
         raise DTypeError(f"PyTorch cannot share a numpy array of dtype {arr.dtype} ({e}); use another dtype") from None
 
 
-def _outputs(cx: Any, out: Any) -> tuple[Any, list[Any]]:
-    """fn's output with PyTorch tensors as deviceop Tensors, and their write accesses."""
+def _outputs(cx: Any, out: Any, args: tuple[Any, ...]) -> tuple[Any, list[Any]]:
+    """fn's output with PyTorch tensors as deviceop Tensors, and their write accesses. A PyTorch
+    tensor that is one of the op's deviceop tensors (the same memory, shape, strides and dtype:
+    an ``out=`` or in-place result) comes back as that tensor itself."""
     acc: list[Any] = []
     if type(out).__module__.startswith("torch") and hasattr(out, "data_ptr"):
-        return _wrap(cx, out, acc), acc
+        return _wrap(cx, out, acc, args), acc
     if isinstance(out, (tuple, list)):
         conv = [
-            _wrap(cx, x, acc) if type(x).__module__.startswith("torch") and hasattr(x, "data_ptr") else x for x in out
+            _wrap(cx, x, acc, args) if type(x).__module__.startswith("torch") and hasattr(x, "data_ptr") else x
+            for x in out
         ]
         return (tuple(conv) if isinstance(out, tuple) else conv), acc
     return out, acc
 
 
-def _wrap(cx: Any, t: Any, acc: list[Any]) -> Tensor:
+def _wrap(cx: Any, t: Any, acc: list[Any], args: tuple[Any, ...]) -> Tensor:
     be = cx.backend
     if t.is_cuda != bool(be.cuda_memory):
         raise UsageError(
@@ -169,8 +174,20 @@ def _wrap(cx: Any, t: Any, acc: list[Any]) -> Tensor:
             f"the PyTorch code returned a {t.dtype} tensor, which deviceop has no dtype for; convert it "
             "(float32, float16, bfloat16, int32, int64, uint8) before returning"
         ) from None
-    it = t.element_size()
     ptr = int(t.data_ptr())
+    for a in args:  # an input given back (out=, in place): no second wrapper of its memory
+        x = a.tensor if type(a) is Partition else a
+        if (
+            type(x) is Tensor
+            and x.ptr == ptr
+            and x.dtype is dt
+            and x.shape == tuple(t.shape)
+            and x.strides == t.stride()
+        ):
+            lo, hi = x.span
+            acc.append((x.buffer, lo, hi, True))
+            return x
+    it = t.element_size()
     shape = tuple(t.shape)
     strides = tuple(t.stride())
     lo, hi = span(ptr, shape, tuple(s * it for s in strides), it)
