@@ -71,11 +71,34 @@ def _resources() -> dict[str, Any]:
     }
 
 
-def pipeline(x: np.ndarray, g: float) -> do.DeviceOp:
-    """to_numpy((x * g) + x) through fresh device buffers, as a request handler writes it."""
+SPIN = K.Kernel(
+    r"""
+extern "C" __global__ void spin(float* out, long long cycles) {
+  long long t0 = clock64();
+  while (clock64() - t0 < cycles) { }
+  if (threadIdx.x == 0) out[blockIdx.x] = (float)cycles;
+}
+""",
+    "spin",
+    params=(K.Out(do.float32), do.int64),
+    host=lambda out, cycles: time.sleep(float(cycles) / 1.98e9),
+)
+
+
+def pipeline(x: np.ndarray, g: float, delay: float = 0.0) -> do.DeviceOp:
+    """to_numpy((x * g) + x) through fresh device buffers, as a request handler writes it;
+    ``delay``: seconds of GPU work first (a spin kernel), so that a cancellation or a timeout
+    lands while the request's work is in flight."""
+    op = do.from_numpy(x)
+    if delay:
+        cycles = int(delay * 1.98e9)
+        op = op.then(
+            lambda t: (
+                do.empty((32,), do.float32).then(lambda s: SPIN(s, cycles, grid=(1,), block=(32,))).map(lambda _: t)
+            )
+        )
     return (
-        do.from_numpy(x)
-        .then(lambda t: do.empty(t.shape, t.dtype).then(lambda y: K.scale(y.partition((N,)), t, g)))
+        op.then(lambda t: do.empty(t.shape, t.dtype).then(lambda y: K.scale(y.partition((N,)), t, g)))
         .map(lambda r: r[0].tensor)
         .then(lambda y: do.empty(y.shape, y.dtype).then(lambda z: K.add(z.partition((N,)), y, y)))
         .map(lambda r: r[0].tensor)
@@ -123,7 +146,9 @@ class Soak:
         x = np.full(N, rng.uniform(-4, 4), np.float32)
         g = rng.choice([0.5, 2.0, -1.0])
         mode = rng.random()
-        op = pipeline(x, g)
+        # the requests a client gives up on take up to 2 ms of GPU time: short ones complete
+        # before any cancellation or deadline could land
+        op = pipeline(x, g, rng.uniform(0, 0.002) if mode < 0.3 else 0.0)
         if mode < 0.15:  # a client that goes away: cancel the request in flight
             task = asyncio.ensure_future(op.wait())
             await asyncio.sleep(rng.uniform(0, 0.002))

@@ -603,6 +603,13 @@ def test_a_poll_looks_without_yielding_for_its_spin_then_yields() -> None:
         return ok, yielded
 
     assert asyncio.run(main(1.0, 3)) == (True, 0)  # done within the spin: the loop never ran
+
+    async def past_deadline() -> float:
+        t0 = time.perf_counter()
+        assert not await _poll("asyncio", lambda: False, 5.0, t0 - 1.0, 5.0)
+        return time.perf_counter() - t0
+
+    assert asyncio.run(past_deadline()) < 1.0  # neither spins nor polls past the deadline
     ok, yielded = asyncio.run(main(0.0, 3))
     assert ok and yielded >= 2  # no spin: a yield before every look
 

@@ -246,10 +246,12 @@ async def _park(
 
 
 async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: float | None, spin: float = 0.0) -> bool:
-    """Yield to the loop and check, for at most ``budget`` seconds; True once ``done()``. The
-    first ``spin`` seconds check without yielding."""
+    """Yield to the loop and check, for at most ``budget`` seconds (and not past ``deadline``);
+    True once ``done()``. The first ``spin`` seconds check without yielding."""
     clock = time.perf_counter
     t0 = clock()
+    if deadline is not None:
+        spin = min(spin, deadline - t0)
     if spin > 0:
         while clock() - t0 < spin:
             if done():
