@@ -10,6 +10,7 @@ fallback when every slot is armed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -473,6 +474,27 @@ def test_cancelled_await_with_a_pre_wake_pending_leaves_the_scanner_idle(backend
     assert passes < 2000, (passes, _reactor.stats())
 
 
+@contextlib.contextmanager
+def _armed(s, ch):  # type: ignore[no-untyped-def]
+    """A slot armed on ``s`` with token 7 on ``ch``; retired (or disowned) after ``s`` drains."""
+    h = _reactor.arm(s, ch, 7)
+    assert h >= 0
+    try:
+        yield h
+    finally:
+        s.synchronize()
+        if not _reactor.retire(h):
+            _reactor.disown(h)
+
+
+async def _learned(s) -> do.Tensor:  # type: ignore[no-untyped-def]
+    """A tensor, and ``s``'s executions learned as about 100 ms long (three awaited fills)."""
+    t = await do.zeros(128, do.float32).wait(stream=s)
+    for _ in range(3):
+        await slow_fill(t, 1.0, 0.1).wait(stream=s)
+    return t
+
+
 def test_a_wake_near_the_predicted_completion_polls_and_one_far_from_it_parks(backend) -> None:
     """A parked task woken before its work completed asks the reactor how long to poll: far
     from the predicted completion (its re-check timer fired early) it parks again; near or past
@@ -480,65 +502,41 @@ def test_a_wake_near_the_predicted_completion_polls_and_one_far_from_it_parks(ba
     ahead is dropped (the task would only be woken again)."""
     s = pool_of(4)[1]  # (DEVICEOP_STREAMS=1: a pool of four is selected)
 
-    async def learn() -> do.Tensor:
-        t = await do.zeros(128, do.float32).wait(stream=s)
-        for _ in range(3):
-            await slow_fill(t, 1.0, 0.1).wait(stream=s)
-        return t
-
-    t = asyncio.run(learn())
+    t = asyncio.run(_learned(s))
     from deviceop._core._base import Channel
 
     ch = Channel()
     slow_fill(t, 2.0, 0.4).submit(stream=s)  # runs four times as long as the stream's estimate
-    h = _reactor.arm(s, ch, 7)
-    assert h >= 0
-    try:
+    with _armed(s, ch) as h:
         assert _reactor.prewoken(h) is None  # about 100 ms ahead of the prediction: park again
         time.sleep(0.15)  # past the prediction, the work still running
         assert not _reactor.done(h)
         span = _reactor.prewoken(h)
         assert span is not None and 0 < span < 0.01, span  # poll until shortly past the prediction
-    finally:
-        s.synchronize()
-        if not _reactor.retire(h):
-            _reactor.disown(h)
 
 
 def test_a_pre_woken_task_polls_whenever_the_pre_wake_comes(backend) -> None:
-    """The scanner aims its sleep its learned lateness ahead of a pre-wake, so a sleep that
-    ends on time pushes the token early by up to that much: the task woken by it polls from
-    then on (it used to park again with no pre-wake left to come, and waited for a backing-off
-    look, up to a millisecond later than the work's completion)."""
+    """A pre-wake comes early by up to its lead (the scanner's sleep may end on time, and the
+    loop resume at once): the task woken by it polls from then on (it used to park again with
+    no pre-wake left to come, and waited for a backing-off look, up to a millisecond later than
+    the work's completion)."""
     import select
 
     from deviceop._core._base import Channel
 
     s = pool_of(4)[1]
 
-    async def learn() -> do.Tensor:
-        t = await do.zeros(128, do.float32).wait(stream=s)
-        for _ in range(3):
-            await slow_fill(t, 1.0, 0.1).wait(stream=s)
-        return t
-
-    t = asyncio.run(learn())
+    t = asyncio.run(_learned(s))
     ch = Channel()
     pre0 = _reactor.stats()["prewakes"]
     slow_fill(t, 2.0, 0.2).submit(stream=s)  # twice the estimate: the pre-wake comes about 100 ms early
-    h = _reactor.arm(s, ch, 7)
-    assert h >= 0
-    try:
+    with _armed(s, ch) as h:
         ready, _, _ = select.select([ch], [], [], 1.0)
         assert ready and 7 in ch.drain(), "no pre-wake within a second of a 100 ms prediction"
         assert _reactor.stats()["prewakes"] > pre0
         assert not _reactor.done(h)
         span = _reactor.prewoken(h)
         assert span is not None and 0 < span < 0.01, span  # poll until shortly past the prediction
-    finally:
-        s.synchronize()
-        if not _reactor.retire(h):
-            _reactor.disown(h)
 
 
 def test_the_poll_after_a_pre_wake_lasts_past_the_prediction_whatever_the_budget(backend, monkeypatch) -> None:
@@ -558,9 +556,7 @@ def test_the_poll_after_a_pre_wake_lasts_past_the_prediction_whatever_the_budget
         return r
 
     async def main() -> None:
-        t = await do.zeros(128, do.float32).wait(stream=s)
-        for _ in range(3):
-            await slow_fill(t, 1.0, 0.1).wait(stream=s)
+        t = await _learned(s)
         monkeypatch.setattr(_await, "_poll", poll)
         do.set_poll_budget(1e-6)
         try:

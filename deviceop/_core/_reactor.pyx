@@ -14,9 +14,10 @@ tens to hundreds of microseconds on a server), so the reactor also learns that l
 its own timed sleeps, and how long a woken loop takes to resume its task. Shortly before the
 predicted completion, by the sum of the two, it *pre-wakes* the waiting loop (the token arrives
 before the flag is written); the awaiting task then polls the flag in its loop until shortly past
-the prediction, awake when the GPU finishes, and parks again if the work runs late. After the predicted completion the scanner looks at intervals of an eighth of the time
-waited (at most 1 ms, or 1/32 of the predicted duration); it also looks on that schedule from
-the start, so work that ends well before its prediction is seen. With nothing armed the scanner
+the prediction, awake when the GPU finishes, and parks again if the work runs late. After the
+predicted completion the scanner looks at intervals of an eighth of the time waited (at most
+1 ms, or 1/32 of the predicted duration); it also looks on that schedule from the start, so
+work that ends well before its prediction is seen. With nothing armed the scanner
 parks. The CPU policy (:func:`set_policy`):
 
 - ``"adaptive"`` (default): as above; awaiting a 200 ms op costs about 1.5 % of a core, all threads.

@@ -6,8 +6,8 @@ its channel. When the await polls in its loop is learned: when the stream's rece
 say completion is due soon (within the reactor's pre-wake lead), the task polls between bare
 yields to the loop, which beats any cross-thread wake-up for a short kernel (work due within
 10 µs, with no other await's work pending, is looked for without yielding for up to 15 µs:
-one yield costs more, 5 µs under trio); otherwise it parks
-and the reactor pre-wakes it shortly before the predicted completion to poll then. Such polls
+one yield costs more, 5 µs under trio); otherwise it parks and the reactor pre-wakes it
+shortly before the predicted completion to poll then. Such polls
 last until shortly past the predicted completion (the reactor bounds them by the wake-up
 lateness it learned); the poll budget (default 1 ms; 0: never poll) bounds the poll of work
 whose duration is not learned yet.
