@@ -36,7 +36,10 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from await_cost import spin_k
 
 import deviceop as do
 
@@ -71,20 +74,6 @@ def _resources() -> dict[str, Any]:
     }
 
 
-SPIN = K.Kernel(
-    r"""
-extern "C" __global__ void spin(float* out, long long cycles) {
-  long long t0 = clock64();
-  while (clock64() - t0 < cycles) { }
-  if (threadIdx.x == 0) out[blockIdx.x] = (float)cycles;
-}
-""",
-    "spin",
-    params=(K.Out(do.float32), do.int64),
-    host=lambda out, cycles: time.sleep(float(cycles) / 1.98e9),
-)
-
-
 def pipeline(x: np.ndarray, g: float, delay: float = 0.0) -> do.DeviceOp:
     """to_numpy((x * g) + x) through fresh device buffers, as a request handler writes it;
     ``delay``: seconds of GPU work first (a spin kernel), so that a cancellation or a timeout
@@ -94,7 +83,7 @@ def pipeline(x: np.ndarray, g: float, delay: float = 0.0) -> do.DeviceOp:
         cycles = int(delay * 1.98e9)
         op = op.then(
             lambda t: (
-                do.empty((32,), do.float32).then(lambda s: SPIN(s, cycles, grid=(1,), block=(32,))).map(lambda _: t)
+                do.empty((32,), do.float32).then(lambda s: spin_k(s, cycles, grid=(1,), block=(32,))).map(lambda _: t)
             )
         )
     return (

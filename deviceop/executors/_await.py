@@ -25,6 +25,7 @@ entries in place until the work has really completed.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import time
 from collections.abc import Awaitable, Callable
@@ -177,25 +178,21 @@ def _waker_class(lib: str) -> Any:
     """What a parked await waits on: trio's Event, or under asyncio a bare future with the
     Event's ``set`` (one wait, one waiter: an ``asyncio.Event`` costs about 2.5 µs more per park
     under uvloop, measured on a 2-core workstation)."""
-    if lib == "trio":
-        return event_class(lib)
-    import asyncio
-
-    global _FutureWaker
-    if _FutureWaker is None:
-
-        class FutureWaker(asyncio.Future):  # type: ignore[type-arg]
-            __slots__ = ()
-
-            def set(self) -> None:
-                if not self.done():
-                    self.set_result(None)
-
-        _FutureWaker = FutureWaker
-    return _FutureWaker
+    return event_class(lib) if lib == "trio" else _future_waker()
 
 
-_FutureWaker: Any = None
+@functools.cache
+def _future_waker() -> Any:
+    import asyncio  # not at import: deviceop does not import asyncio until a loop awaits
+
+    class FutureWaker(asyncio.Future):  # type: ignore[type-arg]
+        __slots__ = ()
+
+        def set(self) -> None:
+            if not self.done():
+                self.set_result(None)
+
+    return FutureWaker
 
 
 async def _park(

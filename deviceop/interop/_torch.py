@@ -175,21 +175,15 @@ def _wrap(cx: Any, t: Any, acc: list[Any], args: tuple[Any, ...]) -> Tensor:
             "(float32, float16, bfloat16, int32, int64, uint8) before returning"
         ) from None
     ptr = int(t.data_ptr())
+    shape = tuple(t.shape)
+    strides = tuple(t.stride())
     for a in args:  # an input given back (out=, in place): no second wrapper of its memory
         x = a.tensor if type(a) is Partition else a
-        if (
-            type(x) is Tensor
-            and x.ptr == ptr
-            and x.dtype is dt
-            and x.shape == tuple(t.shape)
-            and x.strides == t.stride()
-        ):
+        if type(x) is Tensor and x.ptr == ptr and x.dtype is dt and x.shape == shape and x.strides == strides:
             lo, hi = x.span
             acc.append((x.buffer, lo, hi, True))
             return x
     it = t.element_size()
-    shape = tuple(t.shape)
-    strides = tuple(t.stride())
     lo, hi = span(ptr, shape, tuple(s * it for s in strides), it)
     buf = buffer_for(be, lo, hi, t, lambda: _storage(t))
     out = Tensor(buf, shape, dt, strides, ptr - buf.ptr)
