@@ -18,28 +18,52 @@ K = do.kernels
 
 
 def test_to_numpy_is_ordered_before_a_later_write_from_another_thread(backend, monkeypatch):
-    # widen the window between to_numpy's registration and its copy: the copy waits 100 ms
-    # before it is enqueued; a write issued meanwhile from another thread on another stream
-    # must still land after the copy (the ledger's entry point holds the lock across both)
+    # widen the window between to_numpy's registration and its copy: the copy's enqueue takes
+    # 100 ms; a write issued meanwhile from another thread on another stream must still land
+    # after the copy (the ledger's entry point holds the lock across both). On the host backend
+    # its dtoh is slowed, on the stub driver the cuMemcpyDtoHAsync call; a GPU cannot be
+    # slowed, so there the test checks the order without a widened window.
     s0, s1 = pool_of(2)[:2]
     x = do.full(4096, 1.0, do.float32).sync_on(s0)
-    be = current_backend()
-    real = be.dtoh
+    # the write's kernel built beforehand: built inside the window, it would come too late to race
+    K.fill(do.empty(4096, do.float32).sync_on(s1).partition((128,)), 0.0).sync_on(s1)
     started = threading.Event()
+    if backend == "host":
+        be = current_backend()
+        real = be.dtoh
 
-    def slow_dtoh(*a, **kw):
-        started.set()
-        time.sleep(0.1)
-        return real(*a, **kw)
+        def slow_dtoh(*a, **kw):
+            started.set()
+            time.sleep(0.1)
+            return real(*a, **kw)
 
-    monkeypatch.setattr(be, "dtoh", slow_dtoh)
+        monkeypatch.setattr(be, "dtoh", slow_dtoh)
+        entered = started.wait
+    elif STUB_DRIVER:
+        from stub_driver import emulate
+
+        emulate.set_dtoh_call_delay(0.1)
+
+        def entered(timeout: float) -> bool:
+            end = time.monotonic() + timeout
+            while emulate.dtoh_calls_waiting() == 0:
+                if time.monotonic() > end:
+                    return False
+                time.sleep(0.001)
+            return True
+    else:
+        entered = lambda timeout: True  # noqa: E731
     got = {}
     reader = threading.Thread(target=lambda: got.setdefault("v", do.to_numpy(x).sync_on(s0)))
-    reader.start()
-    assert started.wait(10)
-    K.fill(x.partition((128,)), 2.0).sync_on(s1)  # issued while the copy is being enqueued
-    reader.join(30)
-    monkeypatch.undo()
+    try:
+        reader.start()
+        assert entered(10)
+        K.fill(x.partition((128,)), 2.0).sync_on(s1)  # issued while the copy is being enqueued
+        reader.join(30)
+    finally:
+        monkeypatch.undo()
+        if backend == "cuda" and STUB_DRIVER:
+            emulate.set_dtoh_call_delay(0)
     assert np.all(got["v"] == 1.0), "the later write reached the copy"
     assert np.all(x.numpy() == 2.0)
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import ALL_DTYPES, FLOAT_DTYPES, K, random_array
+from helpers import ALL_DTYPES, FLOAT_DTYPES, K, random_array, run_threads
 
 import deviceop as do
+from deviceop._core._base import staging_blocks
+from deviceop.device import current as current_backend
 
 DT_IDS = [d.name for d in ALL_DTYPES]
 
@@ -34,6 +36,61 @@ def test_from_numpy_snapshots_the_array(backend, dt):
     out = op.sync()
     a[:] = 1  # after the copy ran: must not change the device tensor
     np.testing.assert_array_equal(out, np.zeros(16, dt.np_dtype))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda a: np.asfortranarray(a),
+        lambda a: a[:, ::2],
+        lambda a: a.T,
+        lambda a: a[::-1],
+    ],
+    ids=["fortran", "strided", "transposed", "reversed"],
+)
+def test_from_numpy_of_a_non_contiguous_array_copies_its_elements_in_order(backend, make):
+    a = make(np.arange(8 * 6, dtype=np.float32).reshape(8, 6))
+    t = do.from_numpy(a).sync()
+    assert t.shape == a.shape and t.is_contiguous()
+    np.testing.assert_array_equal(t.numpy(), a)
+
+
+def _idle_staging() -> int:
+    return sum(staging_blocks(current_backend().driver).values())
+
+
+def test_staging_blocks_are_reused_and_given_back_after_each_execution(backend):
+    if backend == "host":
+        pytest.skip("the host backend copies without staging blocks")
+    a = np.arange(3000, dtype=np.float32)
+    do.to_numpy(do.from_numpy(a)).sync()  # the size classes this test uses exist now
+    idle = _idle_staging()
+    for k in range(50):
+        np.testing.assert_array_equal(do.to_numpy(do.from_numpy(a + k)).sync(), a + k)
+    assert _idle_staging() == idle, "each copy gives its staging block back when it completes"
+    # a failure while enqueuing: what was enqueued completes, its blocks come back
+    t = do.from_numpy(a).sync()
+
+    def fail(_arr):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        do.to_numpy(t).map(fail).then(lambda _: do.value(0)).sync()
+    assert _idle_staging() == idle
+
+
+def test_threads_copying_through_the_staging_pool_get_their_own_data(backend):
+    rounds = 40
+
+    def worker(k: int) -> None:
+        rng = np.random.default_rng(k)
+        s = do.streams()[k % len(do.streams())]
+        for _ in range(rounds):
+            n = int(rng.integers(1, 40_000))  # several size classes, taken and given back at once
+            a = rng.standard_normal(n).astype(np.float32)
+            np.testing.assert_array_equal(do.to_numpy(do.from_numpy(a)).sync_on(s), a)
+
+    assert run_threads(worker, 6) == []
 
 
 @pytest.mark.parametrize("dt", ALL_DTYPES, ids=DT_IDS)

@@ -33,6 +33,10 @@ ctypedef int (*mem_alloc_t)(uintptr_t* ptr, size_t nbytes, void* stream) noexcep
 ctypedef int (*write_value32_t)(void* stream, uintptr_t addr, unsigned int value) noexcept nogil
 ctypedef int (*host_func_t)(void* stream, void (*fn)(void*) noexcept nogil, void* data) noexcept nogil
 ctypedef int (*host_register_t)(void* ptr, size_t nbytes, uintptr_t* device_addr) noexcept nogil
+# copies between host and device memory (host side page-locked), and page-locked host memory
+ctypedef int (*memcpy_htod_t)(uintptr_t dst, const void* src, size_t nbytes, void* stream) noexcept nogil
+ctypedef int (*memcpy_dtoh_t)(void* dst, uintptr_t src, size_t nbytes, void* stream) noexcept nogil
+ctypedef int (*host_alloc_t)(void** ptr, size_t nbytes) noexcept nogil
 
 
 cdef class Lock:
@@ -117,7 +121,11 @@ cdef class Driver:
     cdef write_value32_t write_value32
     cdef host_func_t host_func
     cdef host_register_t host_register
+    cdef memcpy_htod_t memcpy_htod
+    cdef memcpy_dtoh_t memcpy_dtoh
+    cdef host_alloc_t host_alloc
     cdef void* context
+    cdef dict pinned          # idle page-locked staging blocks: size class -> list of addresses
     cdef public BlockCache blocks
     cdef public object error   # error(code, call) -> CudaError: the backend's error maker
 
@@ -127,3 +135,7 @@ cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nb
 cdef Lock _LOCK
 
 cdef int make_current(Driver d) except -1
+
+
+cdef object stage_in(Driver d, uintptr_t stream, uintptr_t dst, object src)
+cdef object stage_out(Driver d, uintptr_t stream, uintptr_t src, object out)

@@ -62,4 +62,13 @@ class BlockCache:
 
 def set_current(driver: Any) -> None: ...
 def driver_alloc(driver: Any, be: Any, stream: Any, nbytes: int) -> Buffer: ...
+def staged_upload(driver: Any, stream: int, dst: int, src: Any) -> Any:
+    """Enqueue a staged copy of array ``src`` to device address ``dst``; what to call at completion, or None."""
+
+def staged_download(driver: Any, stream: int, src: int, out: Any) -> Any:
+    """Enqueue a staged copy from device address ``src`` into array ``out``; what to call at completion (it fills ``out``), or None."""
+
+def staging_blocks(driver: Any) -> dict[int, int]:
+    """Idle staging blocks of ``driver`` by size class."""
+
 def __getattr__(name: str) -> Any: ...

@@ -6,6 +6,7 @@ Nothing here imports another deviceop module (but its errors) or a driver bindin
 :class:`Driver` with their entry points, and the layers above call through it.
 """
 
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_SetFromErrno
 from cpython.pythread cimport PyThread_get_thread_ident
 
@@ -20,6 +21,7 @@ cdef extern from *:
     int _Py_IsFinalizing "dvo_is_finalizing" ()
 from libc.errno cimport errno, EINTR, EAGAIN
 from libc.stdlib cimport malloc, realloc, free
+from libc.string cimport memcpy
 from libc.stdint cimport uint64_t
 import os
 
@@ -42,7 +44,7 @@ cdef extern from "<sys/eventfd.h>" nogil:
     int EFD_CLOEXEC
 
 __all__ = [
-    "Lock", "LOCK", "Buffer", "BlockCache", "Channel", "Driver", "STREAM_TYPES", "register_stream_type", "size_class",
+    "staged_upload", "staged_download", "staging_blocks", "Lock", "LOCK", "Buffer", "BlockCache", "Channel", "Driver", "STREAM_TYPES", "register_stream_type", "size_class",
     "driver_alloc", "TensorBase", "PartitionBase", "layout_id", "forget_layouts", "contiguous_strides",
 ]
 
@@ -502,3 +504,164 @@ cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nb
     buf.last_stream = stream
     buf.cache = blocks
     return buf
+
+
+# ---- staged copies between host and device memory -------------------------------------------
+# The host side of a copy goes through a page-locked staging block (the DMA engine reads or
+# writes it while the host goes on). Blocks come in power-of-two size classes from 4 KiB, are
+# kept per device once allocated (cuMemHostAlloc costs milliseconds) and are taken and given
+# back under the GIL, which makes the free lists' one-step updates atomic without a lock.
+
+#: copies at least this large run with the GIL released (other threads go on meanwhile)
+cdef Py_ssize_t _NOGIL_BYTES = 1 << 20
+
+
+cdef inline Py_ssize_t _staging_class(Py_ssize_t n) noexcept:
+    cdef Py_ssize_t s = 4096
+    while s < n:
+        s <<= 1
+    return s
+
+
+cdef uintptr_t _take_staging(Driver d, Py_ssize_t size) except 0:
+    """An idle staging block of ``size`` bytes, or a new one."""
+    cdef void* p = NULL
+    cdef int err
+    lst = d.pinned.get(size)
+    if lst:
+        return <uintptr_t>lst.pop()
+    with nogil:
+        err = d.host_alloc(&p, <size_t>size)
+    if err:
+        raise d.error(err, "cuMemHostAlloc")
+    return <uintptr_t>p
+
+
+cdef int _give_staging(Driver d, uintptr_t p, Py_ssize_t size) except -1:
+    lst = d.pinned.get(size)
+    if lst is None:
+        lst = d.pinned.setdefault(size, [])
+    lst.append(p)
+    return 0
+
+
+cdef inline void _host_copy(void* dst, const void* src, Py_ssize_t n) noexcept:
+    if n >= _NOGIL_BYTES:
+        with nogil:
+            memcpy(dst, src, <size_t>n)
+    else:
+        memcpy(dst, src, <size_t>n)
+
+
+cdef class StagedIn:
+    """What a copy to the device leaves to do once it completes: give its staging block back."""
+
+    cdef Driver d
+    cdef uintptr_t p
+    cdef Py_ssize_t size
+
+    def __call__(self):
+        if self.p:
+            _give_staging(self.d, self.p, self.size)
+            self.p = 0
+
+
+cdef class StagedOut:
+    """What a copy from the device leaves to do once it completes: copy the staged bytes into
+    ``out`` and give the staging block back (also after a failure, when ``out`` is never
+    handed out)."""
+
+    cdef Driver d
+    cdef uintptr_t p
+    cdef Py_ssize_t size
+    cdef object out
+
+    def __call__(self):
+        cdef Py_buffer view
+        if not self.p:
+            return
+        try:
+            PyObject_GetBuffer(self.out, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+            try:
+                _host_copy(view.buf, <const void*>self.p, view.len)
+            finally:
+                PyBuffer_Release(&view)
+        finally:
+            self.out = None
+            _give_staging(self.d, self.p, self.size)
+            self.p = 0
+
+
+cdef object stage_in(Driver d, uintptr_t stream, uintptr_t dst, object src):
+    """Enqueue on ``stream`` a copy of array ``src`` (read now: a snapshot) to device address
+    ``dst``; return what to call once the stream has passed it (None for no bytes)."""
+    cdef Py_buffer view
+    cdef Py_ssize_t n, size
+    cdef uintptr_t p
+    cdef int err
+    cdef StagedIn done
+    try:
+        PyObject_GetBuffer(src, &view, PyBUF_C_CONTIGUOUS)
+    except (BufferError, ValueError):  # a strided or Fortran-ordered array: its C-ordered copy
+        src = src.copy(order="C")  # (a numpy array's own copy: no numpy import here)
+        PyObject_GetBuffer(src, &view, PyBUF_C_CONTIGUOUS)
+    try:
+        n = view.len
+        if n == 0:
+            return None
+        size = _staging_class(n)
+        p = _take_staging(d, size)
+        _host_copy(<void*>p, view.buf, n)
+    finally:
+        PyBuffer_Release(&view)
+    with nogil:  # (the driver may block: a full queue)
+        err = d.memcpy_htod(dst, <const void*>p, <size_t>n, <void*>stream)
+    if err:
+        _give_staging(d, p, size)
+        raise d.error(err, "cuMemcpyHtoDAsync")
+    done = StagedIn.__new__(StagedIn)
+    done.d = d
+    done.p = p
+    done.size = size
+    return done
+
+
+cdef object stage_out(Driver d, uintptr_t stream, uintptr_t src, object out):
+    """Enqueue on ``stream`` a copy from device address ``src`` into C-contiguous array ``out``
+    (all its bytes); return what to call once the stream has passed it, which fills ``out``
+    (None for no bytes)."""
+    cdef Py_ssize_t n = out.nbytes
+    cdef Py_ssize_t size
+    cdef uintptr_t p
+    cdef int err
+    cdef StagedOut done
+    if n == 0:
+        return None
+    size = _staging_class(n)
+    p = _take_staging(d, size)
+    with nogil:
+        err = d.memcpy_dtoh(<void*>p, src, <size_t>n, <void*>stream)
+    if err:
+        _give_staging(d, p, size)
+        raise d.error(err, "cuMemcpyDtoHAsync")
+    done = StagedOut.__new__(StagedOut)
+    done.d = d
+    done.p = p
+    done.size = size
+    done.out = out
+    return done
+
+
+def staged_upload(Driver d, uintptr_t stream, uintptr_t dst, src):
+    """:func:`stage_in` for backends: the callable to run at completion, or None."""
+    return stage_in(d, stream, dst, src)
+
+
+def staged_download(Driver d, uintptr_t stream, uintptr_t src, out):
+    """:func:`stage_out` for backends: the callable to run at completion (it fills ``out``), or None."""
+    return stage_out(d, stream, src, out)
+
+
+def staging_blocks(Driver d):
+    """``{size class: idle staging blocks}`` of ``d`` (for tests and diagnostics)."""
+    return {k: len(v) for k, v in d.pinned.items()} if d.pinned is not None else {}

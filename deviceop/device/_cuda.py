@@ -2,19 +2,27 @@
 
 One primary context on device 0, a pool of non-blocking streams, events created with
 BLOCKING_SYNC (a waiting thread sleeps instead of spinning), stream-ordered allocation from the
-device's default memory pool (kept cached: release threshold at its maximum), pinned staging
-for host copies. Driver calls release the GIL inside cuda.bindings.
+device's default memory pool (kept cached: release threshold at its maximum), page-locked staging
+for host copies (``deviceop._core._base``). Driver calls release the GIL inside cuda.bindings.
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Any
 
 import numpy as np
 
-from .._core._base import BlockCache, Buffer, driver_alloc, register_stream_type, set_current, size_class
+from .._core._base import (
+    BlockCache,
+    Buffer,
+    driver_alloc,
+    register_stream_type,
+    set_current,
+    size_class,
+    staged_download,
+    staged_upload,
+)
 from .._errors import BackendError, CudaError
 from . import _capture
 from . import _cuda_driver as _nd
@@ -149,35 +157,6 @@ class CudaStream:
         _nd.notify(channel, self.handle_int, token)
 
 
-class _PinnedPool:
-    """Reusable page-locked host buffers, by power-of-two size class, each with its numpy view."""
-
-    def __init__(self) -> None:
-        self._free: dict[int, list[int]] = {}
-        self._views: dict[int, np.ndarray] = {}
-        self._lock = threading.Lock()
-
-    def acquire(self, nbytes: int) -> tuple[int, int]:
-        size = max(4096, 1 << (max(nbytes, 1) - 1).bit_length())
-        with self._lock:
-            lst = self._free.get(size)
-            if lst:
-                return lst.pop(), size
-        ptr = int(check(_drv.cuMemHostAlloc(size, 0), "cuMemHostAlloc"))
-        view = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(ptr))
-        with self._lock:
-            self._views[ptr] = view
-        return ptr, size
-
-    def view(self, ptr: int, nbytes: int) -> np.ndarray:
-        """The first ``nbytes`` of the pinned block at ``ptr`` as a uint8 array."""
-        return self._views[ptr][:nbytes]
-
-    def release(self, ptr: int, size: int) -> None:
-        with self._lock:
-            self._free.setdefault(size, []).append(ptr)
-
-
 class CudaBackend:
     """The CUDA driver backend for device ``ordinal``."""
 
@@ -238,7 +217,6 @@ class CudaBackend:
         CudaEvent._FLAGS = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING) | int(
             _drv.CUevent_flags.CU_EVENT_BLOCKING_SYNC
         )
-        self.pinned = _PinnedPool()
         self.free_events: list[int] = []  # handles of dropped events
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
         self._modules: dict[bytes, Any] = {}
@@ -342,33 +320,19 @@ class CudaBackend:
             raise cuda_error(err, "cuMemsetAsync")
 
     def htod(self, buf: Buffer, offset: int, src: np.ndarray, stream: CudaStream, cx: Any) -> None:
-        data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
-        n = data.size
-        if n == 0:
-            return
-        ptr, size = self.pinned.acquire(n)
-        np.copyto(self.pinned.view(ptr, n), data)
-        err = _nd.memcpy_htod_async(buf.ptr + offset, ptr, n, stream.handle_int)
-        if err:
-            self.pinned.release(ptr, size)
-            raise cuda_error(err, "cuMemcpyHtoDAsync")
-        cx.on_done(lambda: self.pinned.release(ptr, size))
+        """Enqueue on ``stream`` (the execution ``cx``'s) a copy of ``src`` into ``buf`` at
+        ``offset``, staged through a page-locked block given back when ``cx`` completes."""
+        done = staged_upload(self.driver, stream.handle_int, buf.ptr + offset, src)
+        if done is not None:
+            cx.on_done(done)
 
     def dtoh(self, buf: Buffer, offset: int, nbytes: int, stream: CudaStream, cx: Any) -> np.ndarray:
+        """Enqueue on ``stream`` (the execution ``cx``'s) a copy of ``nbytes`` of ``buf`` at
+        ``offset``; the uint8 array returned is filled when ``cx`` completes."""
         out = np.empty(nbytes, dtype=np.uint8)
-        if nbytes == 0:
-            return out
-        ptr, size = self.pinned.acquire(nbytes)
-        err = _nd.memcpy_dtoh_async(ptr, buf.ptr + offset, nbytes, stream.handle_int)
-        if err:
-            self.pinned.release(ptr, size)
-            raise cuda_error(err, "cuMemcpyDtoHAsync")
-
-        def finish() -> None:
-            np.copyto(out, self.pinned.view(ptr, nbytes))
-            self.pinned.release(ptr, size)
-
-        cx.on_done(finish)
+        done = staged_download(self.driver, stream.handle_int, buf.ptr + offset, out)
+        if done is not None:
+            cx.on_done(done)
         return out
 
     def dtod(self, dst: Buffer, doff: int, src: Buffer, soff: int, nbytes: int, stream: CudaStream) -> None:

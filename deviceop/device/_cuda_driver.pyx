@@ -16,8 +16,8 @@ from .._core._base cimport BlockCache, Channel, Driver, chan_push, chan_t, chan_
 
 __all__ = [
     "make_driver", "event_record", "event_query", "event_create", "event_destroy", "event_sync", "stream_sync",
-    "stream_wait", "graph_launch", "notify", "mem_free_async", "memcpy_htod_async",
-    "memcpy_dtoh_async", "memcpy_dtod_async", "memset_async", "NOT_READY",
+    "stream_wait", "graph_launch", "notify", "mem_free_async",
+    "memcpy_dtod_async", "memset_async", "NOT_READY",
 ]
 
 NOT_READY = 600  # CUDA_ERROR_NOT_READY
@@ -75,6 +75,19 @@ cdef int _host_register(void* ptr, size_t nbytes, uintptr_t* device_addr) noexce
     return err
 
 
+cdef int _memcpy_htod(uintptr_t dst, const void* src, size_t n, void* stream) noexcept nogil:
+    return <int>cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dst, src, n, <CUstream>stream)
+
+
+cdef int _memcpy_dtoh(void* dst, uintptr_t src, size_t n, void* stream) noexcept nogil:
+    return <int>cydriver.cuMemcpyDtoHAsync(dst, <cydriver.CUdeviceptr>src, n, <CUstream>stream)
+
+
+cdef int _host_alloc(void** ptr, size_t n) noexcept nogil:
+    # PORTABLE: a staging block serves copies of every device's context
+    return <int>cydriver.cuMemHostAlloc(ptr, n, cydriver.CU_MEMHOSTALLOC_PORTABLE)
+
+
 def make_driver(uintptr_t context, error, BlockCache blocks):
     """The core's entry-point table for the primary context ``context``; ``error(code, call)``
     makes the backend's CudaError; ``blocks`` is the backend's cache of idle memory blocks."""
@@ -90,6 +103,10 @@ def make_driver(uintptr_t context, error, BlockCache blocks):
     d.write_value32 = _write_value32
     d.host_func = _host_func
     d.host_register = _host_register
+    d.memcpy_htod = _memcpy_htod
+    d.memcpy_dtoh = _memcpy_dtoh
+    d.host_alloc = _host_alloc
+    d.pinned = {}
     d.context = <void*>context
     d.error = error
     return d
@@ -164,16 +181,6 @@ def notify(Channel ch, uintptr_t stream, uint64_t token):
 def mem_free_async(uintptr_t ptr, uintptr_t stream):
     """cuMemFreeAsync -> CUresult."""
     return <int>cydriver.cuMemFreeAsync(<cydriver.CUdeviceptr>ptr, <CUstream>stream)
-
-
-def memcpy_htod_async(uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream):
-    """cuMemcpyHtoDAsync -> CUresult."""
-    return <int>cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dst, <const void*>src, n, <CUstream>stream)
-
-
-def memcpy_dtoh_async(uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream):
-    """cuMemcpyDtoHAsync -> CUresult."""
-    return <int>cydriver.cuMemcpyDtoHAsync(<void*>dst, <cydriver.CUdeviceptr>src, n, <CUstream>stream)
 
 
 def memcpy_dtod_async(uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream):

@@ -188,6 +188,19 @@ def install() -> None:
     _state["lib"] = lib
 
 
+def set_dtoh_call_delay(seconds: float) -> None:
+    """Make each cuMemcpyDtoHAsync call take ``seconds`` on the calling thread (0: none), to
+    widen the window between an access's registration and its copy's enqueue in tests."""
+    _state["lib"].stub_set_dtoh_call_delay(ctypes.c_uint(int(seconds * 1e6)))
+
+
+def dtoh_calls_waiting() -> int:
+    """cuMemcpyDtoHAsync calls waiting out the delay of :func:`set_dtoh_call_delay` now."""
+    fn = _state["lib"].stub_dtoh_calls_waiting
+    fn.restype = ctypes.c_long
+    return int(fn())
+
+
 def launches() -> int:
     """Kernel launches the stub has executed (graph replays included)."""
     return int(_state["lib"].stub_launches())

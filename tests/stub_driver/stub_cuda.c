@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -45,6 +46,12 @@ void stub_set_hooks(launch_hook_t launch, nparams_hook_t nparams) {
 }
 long stub_launches(void) { return launches; }
 long stub_live_allocs(void) { return live_allocs; }
+// The harness widens race windows: cuMemcpyDtoHAsync's call itself takes this long (µs)
+// (stub_dtoh_calls_waiting: how many such calls are waiting out the delay now)
+static volatile unsigned dtoh_call_us;
+static volatile long dtoh_waiting;
+void stub_set_dtoh_call_delay(unsigned us) { dtoh_call_us = us; }
+long stub_dtoh_calls_waiting(void) { return __atomic_load_n(&dtoh_waiting, __ATOMIC_SEQ_CST); }
 
 typedef struct func {
     char name[128];
@@ -328,7 +335,14 @@ static CUresult copy(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) {
     return submit(s, &w);
 }
 CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, void *s) { return copy(dst, (CUdeviceptr)src, n, s); }
-CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, void *s) { return copy((CUdeviceptr)dst, src, n, s); }
+CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, void *s) {
+    if (dtoh_call_us) {
+        __atomic_add_fetch(&dtoh_waiting, 1, __ATOMIC_SEQ_CST);
+        usleep(dtoh_call_us);
+        __atomic_sub_fetch(&dtoh_waiting, 1, __ATOMIC_SEQ_CST);
+    }
+    return copy((CUdeviceptr)dst, src, n, s);
+}
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) { return copy(dst, src, n, s); }
 static CUresult memset_n(CUdeviceptr dst, unsigned v, size_t n, int width, void *s) {
     work_t w = {.kind = W_MEMSET, .dst = dst, .n = n, .value = v, .width = width};

@@ -1,0 +1,171 @@
+# cython: language_level=3
+"""Copies between host and device memory: the ops ``from_numpy`` and ``to_numpy``, and the
+staged copies behind them.
+
+On a backend whose driver table has the copy entry points (cuda), a copy is C from the op to
+the driver (``stage_in`` / ``stage_out`` of ``_base``): the host side goes through a
+page-locked staging block, given back when the execution completes; the array's memory is
+reached through the buffer protocol; nothing but the output array is a Python object. Other
+backends (host) implement ``htod`` / ``dtoh`` and are called through them. Either way the copy
+is ordered, registered and enqueued under the ledger lock, as every access is (see
+:func:`~deviceop._core._ledger.enqueue`).
+"""
+
+from libc.stdint cimport uintptr_t
+
+import numpy as np
+
+from ._base cimport _LOCK as LOCK, Buffer, Driver, PartitionBase, TensorBase, stage_in, stage_out
+from ._base import contiguous_strides
+from ._ledger cimport ExecutionContext, check_backend, order
+from ._op cimport DeviceOp
+
+from ._alloc import alloc_tensor
+from .._dtypes import as_dtype
+from .._errors import CaptureError, UsageError
+
+__all__ = ["FromNumpy", "ToNumpy", "resolve_tensor"]
+
+
+cdef inline Driver _copier(ExecutionContext cx):
+    """The driver table whose copy entry points serve ``cx``, or None (the backend copies)."""
+    cdef Driver d = cx.drv
+    if d is None or d.memcpy_htod == NULL or d.pinned is None:
+        return None
+    return d
+
+
+cdef int _upload(ExecutionContext cx, Driver d, Buffer buf, Py_ssize_t off, object src) except -1:
+    done = stage_in(d, cx.sh, buf.ptr + <uintptr_t>off, src)
+    if done is not None:
+        cx.on_done(done)
+    return 0
+
+
+cdef int _download(ExecutionContext cx, Driver d, Buffer buf, Py_ssize_t off, object out) except -1:
+    done = stage_out(d, cx.sh, buf.ptr + <uintptr_t>off, out)
+    if done is not None:
+        cx.on_done(done)
+    return 0
+
+
+cpdef TensorBase resolve_tensor(x, what):
+    """A Tensor from a Tensor or a Partition; raise UsageError otherwise."""
+    if isinstance(x, TensorBase):
+        return <TensorBase>x
+    if isinstance(x, PartitionBase):
+        return (<PartitionBase>x).tensor
+    raise UsageError(f"{what} needs a Tensor (or a Partition of one), got {type(x).__name__}")
+
+
+cdef class FromNumpy(DeviceOp):
+    """Allocate a tensor and copy a numpy array into it (the array is read when the op runs)."""
+
+    cdef object _array
+    cdef readonly object dtype
+
+    allocates = True
+
+    def __init__(self, array):
+        if not isinstance(array, np.ndarray):
+            raise UsageError(
+                f"do.from_numpy() needs a numpy.ndarray, got {type(array).__name__}; "
+                "use numpy.asarray(x) first, or do.from_dlpack(x) for GPU arrays"
+            )
+        self.dtype = as_dtype(array.dtype, "array dtype")
+        self._array = array
+
+    def __repr__(self):
+        return f"<from_numpy{self._array.shape} {self.dtype.name}>"
+
+    cpdef object _run(self, ExecutionContext cx):
+        a = self._array
+        cdef TensorBase t = alloc_tensor(cx, a.shape, self.dtype, self)
+        cdef Driver d
+        if not t.size:
+            return t
+        d = _copier(cx)
+        LOCK.take()
+        try:
+            order(cx, t.buffer, 0, t.hi, True, self)  # registered by the allocation: covered
+            if d is not None:
+                _upload(cx, d, t.buffer, 0, a)
+            else:
+                cx.backend.htod(t.buffer, 0, a, cx.stream, cx)
+        finally:
+            LOCK.drop()
+        return t
+
+
+cdef class ToNumpy(DeviceOp):
+    """Copy a tensor (or the tensor an op produces) into a new numpy array."""
+
+    cdef object _src
+
+    def __init__(self, src):
+        if isinstance(src, DeviceOp):
+            (<DeviceOp>src).take("do.to_numpy()")
+        else:
+            resolve_tensor(src, "do.to_numpy()")
+        self._src = src
+
+    def __repr__(self):
+        return "<to_numpy>"
+
+    cpdef object _run(self, ExecutionContext cx):
+        cdef TensorBase t
+        cdef Driver d
+        if cx.capturing:
+            raise CaptureError(
+                "do.to_numpy() inside a graph recording: the copy to host memory completes on the "
+                "host, which a replay cannot repeat. Record the GPU work, then run "
+                "do.to_numpy(t) (or t.numpy()) after each replay"
+            )
+        src = self._src
+        t = resolve_tensor((<DeviceOp>src)._run(cx) if isinstance(src, DeviceOp) else src, "do.to_numpy()")
+        check_backend(cx, t.buffer.backend, "do.to_numpy()")
+        npdt = t.dtype.np_dtype
+        contiguous = t.size <= 1 or t.strides == contiguous_strides(t.shape)
+        d = _copier(cx)
+        # ordered, registered and enqueued atomically: a write issued later on another stream
+        # (any thread) is ordered after this copy
+        LOCK.take()
+        try:
+            order(cx, t.buffer, t.lo, t.hi, False, self)
+            if d is not None and contiguous:
+                out = np.empty(t.shape, dtype=npdt)
+                _download(cx, d, t.buffer, t.lo, out)
+                return out
+            if d is not None:
+                raw = np.empty(t.hi - t.lo, dtype=np.uint8)
+                _download(cx, d, t.buffer, t.lo, raw)
+            else:
+                raw = cx.backend.dtoh(t.buffer, t.lo, t.hi - t.lo, cx.stream, cx)
+        finally:
+            LOCK.drop()
+        if contiguous:
+            return raw.view(npdt).reshape(t.shape)
+        return _gathered(cx, t, raw)
+
+
+cdef class _Gather:
+    """At completion: the elements of a strided view, staged as its span's bytes, into ``out``."""
+
+    cdef object out
+    cdef object strided
+
+    def __call__(self):
+        np.copyto(self.out, self.strided)
+        self.strided = None
+
+
+cdef object _gathered(ExecutionContext cx, TensorBase t, raw):
+    """A new C-ordered array of ``t``'s elements, gathered from ``raw`` (the bytes of ``t``'s
+    span, filled at completion) when the execution completes."""
+    cdef _Gather g = _Gather.__new__(_Gather)
+    npdt = t.dtype.np_dtype
+    it = npdt.itemsize
+    g.strided = np.lib.stride_tricks.as_strided(raw.view(npdt), shape=t.shape, strides=tuple([s * it for s in t.strides]))
+    g.out = np.empty(t.shape, dtype=npdt)
+    cx.on_done(g)
+    return g.out
