@@ -10,7 +10,8 @@ event. Same-stream work is ordered by the stream itself.
 :func:`enqueue` is the one entry point for work: under the ledger lock it orders the work
 after conflicting in-flight work, registers its accesses and enqueues it, so no execution on
 another thread can slip a launch between another's check and its registration. The compiled
-launch paths (kernels, graph replays) use the same steps (:func:`order` under ``LOCK``).
+paths (kernel launches, GEMM, graph replays, from_numpy / to_numpy copies) use the same steps
+(:func:`order` under ``LOCK``).
 
 Finished executions remove their entries (:meth:`ExecutionContext.finish`), so lists stay short.
 """
