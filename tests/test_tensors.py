@@ -211,6 +211,35 @@ def test_partition_grid(backend):
     assert do.zeros((2, 4, 8)).sync().partition((1, 2, 8)).grid == (2, 2, 1)
 
 
+def test_partitions_of_a_known_layout_skip_validation_and_equal_validated_ones(backend, monkeypatch):
+    from deviceop.device import _tensor
+
+    first = do.zeros((16, 64), do.float32).sync().partition((4, 64))
+    validated = []
+    real_init = _tensor.Partition.__init__
+
+    def counting_init(self, tensor, tile):
+        validated.append(tile)
+        real_init(self, tensor, tile)
+
+    monkeypatch.setattr(_tensor.Partition, "__init__", counting_init)
+    fresh = do.zeros((16, 64), do.float32).sync()  # a new tensor of the same layout
+    p = fresh.partition((4, 64))
+    assert validated == []
+    assert type(p) is do.Partition and p.tensor is fresh
+    assert (p.tile, p.grid, p._key) == (first.tile, first.grid, first._key)
+    assert repr(p) == repr(first)
+    # what is not plainly the same tile is validated (and refused) as before
+    for bad, match in (((True, 64), "non-negative"), ((4.0, 64), "non-negative"), ((5, 64), "divide")):
+        with pytest.raises(do.ShapeError, match=match):
+            fresh.partition(bad)
+    assert fresh.partition([4, 64]).grid == (4, 1)  # a list: validated, then equal
+    assert validated == [(True, 64), (4.0, 64), (5, 64), [4, 64]]
+    # another layout (strides) with the same shape is its own entry
+    view = do.zeros((16, 128), do.float32).sync()[:, ::2]
+    assert view.partition((4, 64)).grid == (4, 1) and validated[-1] == (4, 64)
+
+
 def test_numpy_after_sync_is_a_copy(backend):
     t = do.full(32, 1.0, do.float32).sync()
     a = t.numpy()

@@ -3,7 +3,7 @@
 Names not declared here are internal to the core and typed ``Any``.
 """
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from .._dtypes import DType
 
@@ -51,6 +51,15 @@ class PartitionBase:
     tile: tuple[int, ...]
     grid: tuple[int, ...]
     def __init__(self, tensor: TensorBase, tile: tuple[int, ...], grid: tuple[int, ...]) -> None: ...
+
+def plain_shape(shape: object) -> TypeGuard[tuple[int, ...]]:
+    """Whether ``shape`` is already a shape: a tuple of non-negative Python ints (not bools)."""
+
+def known_partition(cls: type[Any], tensor: TensorBase, tile: object) -> Any:
+    """A ``cls`` partition of ``tensor`` into tiles ``tile`` if this layout and tile were validated before, else None."""
+
+def remember_partition(p: PartitionBase) -> None:
+    """Let later partitions of ``p``'s layout and tile skip validation."""
 
 class BlockCache:
     """Idle device memory blocks kept for reuse."""

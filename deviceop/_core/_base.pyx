@@ -46,6 +46,7 @@ cdef extern from "<sys/eventfd.h>" nogil:
 __all__ = [
     "staged_upload", "staged_download", "staging_blocks", "Lock", "LOCK", "Buffer", "BlockCache", "Channel", "Driver", "STREAM_TYPES", "register_stream_type", "size_class",
     "driver_alloc", "TensorBase", "PartitionBase", "layout_id", "forget_layouts", "contiguous_strides",
+    "plain_shape", "known_partition", "remember_partition",
 ]
 
 #: the stream classes of the backends (each registers its own): what terminals accept as a stream
@@ -349,6 +350,46 @@ cdef class PartitionBase:
         self.tile = tile
         self.grid = grid
         self._key = layout_id((tile, tensor._key))
+
+
+cpdef bint plain_shape(shape):
+    """Whether ``shape`` is already a shape: a tuple of non-negative Python ints (not bools)."""
+    if type(shape) is not tuple:
+        return False
+    for s in <tuple>shape:
+        if type(s) is not int or s < 0:
+            return False
+    return True
+
+
+# partitions already validated, by (tensor layout id, tile): (grid, partition layout id). A
+# layout id is never given to another layout, so an entry stays right; bounded.
+cdef dict _PARTITIONS = {}
+
+
+cpdef object known_partition(type cls, TensorBase tensor, tile):
+    """A ``cls`` partition of ``tensor`` into tiles ``tile`` if one of this layout and tile was
+    made before (no validation needed), else None."""
+    cdef PartitionBase p
+    if not plain_shape(tile):
+        return None  # (True, 4) equals (1, 4) as a key, but is refused as a tile
+    hit = _PARTITIONS.get((tensor._key, tile))
+    if hit is None:
+        return None
+    p = cls.__new__(cls)
+    p.tensor = tensor
+    p.tile = tile
+    p.grid = (<tuple>hit)[0]
+    p._key = (<tuple>hit)[1]
+    return p
+
+
+cpdef int remember_partition(PartitionBase p) except -1:
+    """Let later partitions of ``p``'s layout and tile skip validation (``p`` was validated)."""
+    if len(_PARTITIONS) >= 4096:
+        _PARTITIONS.clear()
+    _PARTITIONS[(p.tensor._key, p.tile)] = (p.grid, p._key)
+    return 0
 
 
 # ---- wake-up channels ------------------------------------------------------------------------

@@ -8,7 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from .._core._base import PartitionBase, TensorBase, contiguous_strides
+from .._core._base import (
+    PartitionBase,
+    TensorBase,
+    contiguous_strides,
+    known_partition,
+    plain_shape,
+    remember_partition,
+)
 from .._core._ledger import in_flight
 from .._dtypes import DType
 from .._errors import BorrowError, DTypeError, ShapeError, TensorIndexError
@@ -21,7 +28,7 @@ HOOKS: dict[str, Any] = {}
 
 def as_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
     """Normalize an int or a sequence of ints into a shape tuple, rejecting bad input."""
-    if type(shape) is tuple and all(type(s) is int and s >= 0 for s in shape):
+    if plain_shape(shape):
         return shape  # the common case, already a shape
     if isinstance(shape, (bool, np.bool_)):
         raise ShapeError(f"{what} must be an int or a sequence of ints, got {shape!r} (a bool)")
@@ -154,7 +161,11 @@ class Tensor(TensorBase):
 
     def partition(self, tile: Any) -> Partition:
         """Split this tensor into exclusive tiles of shape ``tile``; gives a kernel's launch grid."""
-        return Partition(self, tile)
+        p = known_partition(Partition, self, tile)
+        if p is None:
+            p = Partition(self, tile)  # validates
+            remember_partition(p)
+        return p  # type: ignore[no-any-return]
 
     # ---- host access ----------------------------------------------------------------------
     def check_host_access(self, verb: str = "read") -> None:
