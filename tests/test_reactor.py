@@ -634,51 +634,6 @@ def test_an_await_spins_only_for_work_due_within_microseconds_with_nothing_else_
         assert seen and seen[0] == pytest.approx(want), (answer, seen)
 
 
-@pytest.mark.parametrize("lib", ["asyncio", "trio"])
-def test_awaits_of_several_tasks_on_one_loop_do_not_spin(backend, monkeypatch, lib) -> None:
-    """Gathered requests whose work is due within microseconds: if each await spun, each
-    request would finish before the next one started (one at a time); none may spin, and one
-    task awaiting in turn still may."""
-    if lib == "trio":
-        trio = pytest.importorskip("trio")
-    from deviceop.executors import _await
-
-    s = pool_of(4)[1]
-    spins: list[float] = []
-    real = _await._poll
-
-    async def poll(lib_, done, budget, deadline, spin=0.0):  # type: ignore[no-untyped-def]
-        spins.append(spin)
-        return await real(lib_, done, budget, deadline, spin)
-
-    async def main() -> list[float]:
-        t = await do.zeros(1 << 16, do.float32).wait(stream=s)
-        monkeypatch.setattr(_await, "_poll", poll)
-        monkeypatch.setattr(_reactor, "expected", lambda h: (4e-6, True))  # due soon, alone
-
-        async def request() -> None:
-            await slow_fill(t, 1.0, 0.002).wait(stream=s)
-
-        if lib == "trio":
-            async with trio.open_nursery() as n:
-                for _ in range(8):
-                    n.start_soon(request)
-        else:
-            await asyncio.gather(*(request() for _ in range(8)))
-        gathered = list(spins)
-        spins.clear()
-        for _ in range(3):  # one task in turn: the first await follows another task's
-            await slow_fill(t, 1.0, 0.002).wait(stream=s)
-        monkeypatch.undo()
-        return [*gathered, -1.0, *spins]
-
-    got = trio.run(main) if lib == "trio" else asyncio.run(main())
-    gathered, alone = got[: got.index(-1.0)], got[got.index(-1.0) + 1 :]
-    # (an await polls again after a pre-wake: at least one poll each)
-    assert len(gathered) >= 8 and all(sp == 0.0 for sp in gathered), gathered
-    assert alone[0] == 0.0 and sum(sp == pytest.approx(9e-6) for sp in alone) == 2, alone
-
-
 def test_work_much_shorter_than_predicted_is_seen_early(backend) -> None:
     """A stream that learned 150 ms executions, then a short one: the scanner looks on its
     backing-off schedule from the start, so the await does not sleep until the prediction."""

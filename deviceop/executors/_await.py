@@ -52,10 +52,9 @@ __all__ = [
 _POLL = [1e-3]
 #: a stream whose durations are not learned yet: poll this long, then park
 _POLL_UNKNOWN = 20e-6
-#: work predicted to complete within this long, with no other await's work pending and no other
-#: task awaiting on the loop just before, is looked for without yielding to the loop for up to
-#: that long + _SPIN_SLACK (a yield costs 1.4 µs under uvloop and 5.5 µs under trio, measured
-#: on a 2-core workstation)
+#: work predicted to complete within this long, with no other await's work pending, is looked
+#: for without yielding to the loop for up to that long + _SPIN_SLACK (a yield costs 1.4 µs
+#: under uvloop and 5.5 µs under trio, measured on a 2-core workstation)
 _SPIN = 10e-6
 _SPIN_SLACK = 5e-6
 #: polling goes on this long past the predicted completion before the task parks
@@ -63,15 +62,14 @@ _POLL_SLACK = 50e-6
 #: first and longest interval of the parked re-check
 _RECHECK = (20e-3, 200e-3)
 #: counters (see :func:`stats`)
-_COUNTS = {"parks": 0, "late": 0, "spins": 0}
+_COUNTS = {"parks": 0, "late": 0}
 
 
 def stats() -> dict[str, int]:
-    """Counters of awaits, for diagnostics: ``parks``; ``late``: parks that the re-check timer
-    ended with the work complete and no wake-up delivered (for work much shorter than the 20 ms
-    interval, a wake-up lost or late by about that much); ``spins``: awaits that looked for
-    their work's completion without yielding to the loop first. Awaits in several threads at
-    once may miss a count."""
+    """Counters of parked awaits, for diagnostics: ``parks``, and ``late``: parks that the
+    re-check timer ended with the work complete and no wake-up delivered (for work much
+    shorter than the 20 ms interval, a wake-up lost or late by about that much). Awaits in
+    several threads at once may miss a count."""
     return dict(_COUNTS)
 
 
@@ -277,7 +275,6 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     ev = cx.seal()
     deadline = None if timeout is None else time.perf_counter() + timeout
     d = dispatcher(lib)
-    shared = d.shared(lib)
     tok = d.register(None)
     h = -1
     try:
@@ -296,14 +293,11 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
                     poll = min(budget, _POLL_UNKNOWN)
                 elif rem > 0:  # too soon for a pre-wake: poll from the start until just past it
                     poll = rem + _POLL_SLACK if budget else 0.0
-                    if poll and alone and not shared and rem <= _SPIN:
-                        # due within microseconds, no other await's work pending (a queue
-                        # feeding other streams meanwhile would wait) and no other task
-                        # awaiting on this loop (64 requests gathered would each finish before
-                        # the next one started, one at a time): one yield to the loop costs
-                        # more than looking until then
+                    if poll and alone and rem <= _SPIN:
+                        # due within microseconds, and no other await's work pending (a queue
+                        # feeding other streams meanwhile would wait): one yield to the loop
+                        # costs more than looking until then
                         spin = rem + _SPIN_SLACK
-                        _COUNTS["spins"] += 1
                 else:  # the reactor pre-wakes this task shortly before the completion
                     poll = 0.0
             if not (poll and await _poll(lib, done, poll, deadline, spin)):

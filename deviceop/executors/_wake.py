@@ -52,22 +52,6 @@ class Dispatcher:
         self.waiters: dict[int, Any] = {}
         self._seq = itertools.count(1)
         self.wakeups = 0
-        self._last_task = 0
-
-    def shared(self, lib: str) -> bool:
-        """Whether the previous await on this loop came from another task than the calling one
-        (then other tasks are running on the loop and may be ready: an await must not hold the
-        loop by spinning). Records the calling task for the next await."""
-        if lib == "asyncio":
-            import asyncio
-
-            task = id(asyncio.current_task())
-        else:
-            import trio
-
-            task = id(trio.lowlevel.current_task())
-        last, self._last_task = self._last_task, task
-        return last != task
 
     def register(self, waker: Any) -> int:
         tok = next(self._seq)
