@@ -376,3 +376,30 @@ async def test_dispatcher_per_loop(backend, anyio_backend) -> None:
         assert _wake.stats()["dispatchers"] >= 1
     finally:
         do.set_poll_budget(1e-3)
+
+
+def test_an_await_records_no_event_a_thread_would_block_on(backend, monkeypatch) -> None:
+    """The reactor's flag says when awaited work is done: no completion event is recorded for
+    it (on cuda, an event a thread blocks on makes the GPU interrupt the host), while a
+    submitted op's watcher thread still blocks on one made for that."""
+    t = do.zeros(1024, do.float32).sync()
+    be = do.streams()[0].backend
+    kinds: list[bool] = []
+    real = be.new_event
+
+    def spy(host_wait: bool = False):  # type: ignore[no-untyped-def]
+        kinds.append(host_wait)
+        return real(host_wait)
+
+    monkeypatch.setattr(be, "new_event", spy)
+
+    async def main() -> None:
+        for v in range(3):
+            await K.fill(t.partition((256,)), float(v))
+
+    asyncio.run(main())
+    assert True not in kinds, kinds
+    assert float(t.numpy()[-1]) == 2.0
+    K.fill(t.partition((256,)), 5.0).submit().result(10)
+    assert True in kinds
+    assert float(t.numpy()[-1]) == 5.0

@@ -572,8 +572,8 @@ def test_the_poll_after_a_pre_wake_lasts_past_the_prediction_whatever_the_budget
     assert all(budget > 20e-6 for budget, _ in polls), polls  # to past the prediction, not 1 µs
 
 
-def test_a_poll_looks_without_yielding_for_its_spin_then_yields() -> None:
-    from deviceop.executors._await import _poll
+def test_a_spin_looks_without_yielding_and_a_poll_yields_before_every_look() -> None:
+    from deviceop.executors._await import _poll, _spin
 
     async def main(spin: float, ready_at: int) -> tuple[bool, int]:
         ticks = 0
@@ -593,7 +593,7 @@ def test_a_poll_looks_without_yielding_for_its_spin_then_yields() -> None:
         t = asyncio.ensure_future(ticker())
         await asyncio.sleep(0)  # the ticker runs once
         before = ticks
-        ok = await _poll("asyncio", done, 0.05, None, spin)
+        ok = _spin(done, spin, None) or await _poll("asyncio", done, 0.05, None)
         yielded = ticks - before
         t.cancel()
         return ok, yielded
@@ -602,7 +602,8 @@ def test_a_poll_looks_without_yielding_for_its_spin_then_yields() -> None:
 
     async def past_deadline() -> float:
         t0 = time.perf_counter()
-        assert not await _poll("asyncio", lambda: False, 5.0, t0 - 1.0, 5.0)
+        assert not _spin(lambda: False, 5.0, t0 - 1.0)
+        assert not await _poll("asyncio", lambda: False, 5.0, t0 - 1.0)
         return time.perf_counter() - t0
 
     assert asyncio.run(past_deadline()) < 1.0  # neither spins nor polls past the deadline
@@ -615,23 +616,23 @@ def test_an_await_spins_only_for_work_due_within_microseconds_with_nothing_else_
 
     s = pool_of(4)[1]
     seen: list[float] = []
-    real = _await._poll
+    real = _await._spin
 
-    async def poll(lib, done, budget, deadline, spin=0.0):  # type: ignore[no-untyped-def]
+    def spin(done, spin, deadline):  # type: ignore[no-untyped-def]
         seen.append(spin)
-        return await real(lib, done, budget, deadline, spin)
+        return real(done, spin, deadline)
 
     async def main(answer: tuple[float, bool]) -> None:
         t = await do.zeros(1 << 16, do.float32).wait(stream=s)
-        monkeypatch.setattr(_await, "_poll", poll)
+        monkeypatch.setattr(_await, "_spin", spin)
         monkeypatch.setattr(_reactor, "expected", lambda h: answer)
         await slow_fill(t, 1.0, 0.005).wait(stream=s)  # long enough to be pending when asked
         monkeypatch.undo()
 
-    for answer, want in (((4e-6, True), 9e-6), ((4e-6, False), 0.0), ((200e-6, True), 0.0)):
+    for answer, want in (((4e-6, True), [9e-6]), ((4e-6, False), []), ((200e-6, True), [])):
         seen.clear()
         asyncio.run(main(answer))
-        assert seen and seen[0] == pytest.approx(want), (answer, seen)
+        assert seen == pytest.approx(want), (answer, seen)
 
 
 def test_work_much_shorter_than_predicted_is_seen_early(backend) -> None:

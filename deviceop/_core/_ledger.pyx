@@ -134,14 +134,15 @@ cdef class ExecutionContext:
 
     # -- completion ----------------------------------------------------------------------------
     cdef object seal_c(self):
-        ev = self.backend.new_event()
+        ev = self.backend.new_event(True)  # a watcher thread may block on it
         self.stream.record(ev)
         self._event = ev
         self._sealed = True
         return ev
 
     def seal(self):
-        """Record the completion event after the last work of this execution; return it."""
+        """Record the completion event after the last work of this execution; return it (an
+        event a host thread may block on)."""
         return self.seal_c()
 
     def poll(self):

@@ -1,7 +1,7 @@
 """The cuda backend: the CUDA driver API through cuda.bindings (cuda-python).
 
-One primary context on device 0, a pool of non-blocking streams, events created with
-BLOCKING_SYNC (a waiting thread sleeps instead of spinning), stream-ordered allocation from the
+One primary context on device 0, a pool of non-blocking streams, events of two kinds (see
+:class:`CudaEvent`), stream-ordered allocation from the
 device's default memory pool (kept cached: release threshold at its maximum), page-locked staging
 for host copies (``deviceop._core._base``). Driver calls release the GIL inside cuda.bindings.
 """
@@ -34,28 +34,37 @@ __all__ = ["CudaBackend", "CudaEvent", "CudaStream", "check", "cuda_error"]
 
 
 class CudaEvent:
-    """A CUDA event (timing disabled; waits sleep rather than spin).
+    """A CUDA event, timing disabled, of one of two kinds.
 
-    Handles are reused: a dropped event's handle goes to a small free list and the next event
-    takes it, so a queue of short executions does not create and destroy an event each (a
-    later record replaces an earlier one; waits already enqueued keep the record they saw).
+    ``host_wait=True``: BLOCKING_SYNC, for an event a host thread blocks on (a future's
+    watcher sleeps in the driver instead of spinning). Such an event makes the GPU interrupt
+    the host when it completes, which the driver's event-handler thread then serves: on an H100
+    host that costs several microseconds of CPU per event. Every other event (ordering one
+    stream after another, a completion looked at with ``query``) is a plain one.
+
+    Handles are reused: a dropped event's handle goes to its kind's free list and the next event
+    of that kind takes it, so a queue of short executions does not create and destroy an event
+    each (a later record replaces an earlier one; waits already enqueued keep the record they saw).
     """
 
-    __slots__ = ("backend", "handle_int")
+    __slots__ = ("backend", "handle_int", "host_wait")
 
-    _FLAGS: int = 0
+    _FLAGS: int = 0  # set when a backend is made: CU_EVENT_DISABLE_TIMING
+    _HOST_WAIT_FLAGS: int = 0  # with CU_EVENT_BLOCKING_SYNC
     _FREE_MAX = 256
 
-    def __init__(self, backend: CudaBackend) -> None:
+    def __init__(self, backend: CudaBackend, host_wait: bool = False) -> None:
         self.backend = backend
-        free = backend.free_events  # per backend: an event belongs to its device's context
+        self.host_wait = host_wait
+        # per backend: an event belongs to its device's context
+        free = backend.free_host_wait_events if host_wait else backend.free_events
         if free:
             try:
                 self.handle_int = free.pop()
                 return
             except IndexError:  # another thread took the last one
                 pass
-        err, self.handle_int = _nd.event_create(CudaEvent._FLAGS)
+        err, self.handle_int = _nd.event_create(CudaEvent._HOST_WAIT_FLAGS if host_wait else CudaEvent._FLAGS)
         if err:
             raise cuda_error(err, "cuEventCreate")
 
@@ -81,7 +90,7 @@ class CudaEvent:
     def __del__(self) -> None:
         try:
             h = self.handle_int
-            free = self.backend.free_events
+            free = self.backend.free_host_wait_events if self.host_wait else self.backend.free_events
             if len(free) < CudaEvent._FREE_MAX and _capture.CAPTURE.scope is None:
                 free.append(h)
                 return
@@ -214,10 +223,10 @@ class CudaBackend:
             ),
             "cuMemPoolSetAttribute",
         )
-        CudaEvent._FLAGS = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING) | int(
-            _drv.CUevent_flags.CU_EVENT_BLOCKING_SYNC
-        )
-        self.free_events: list[int] = []  # handles of dropped events
+        CudaEvent._FLAGS = int(_drv.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        CudaEvent._HOST_WAIT_FLAGS = CudaEvent._FLAGS | int(_drv.CUevent_flags.CU_EVENT_BLOCKING_SYNC)
+        self.free_events: list[int] = []  # handles of dropped events, by kind
+        self.free_host_wait_events: list[int] = []
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
         self._modules: dict[bytes, Any] = {}
         self._mod_lock = threading.Lock()
@@ -285,8 +294,9 @@ class CudaBackend:
             return None
         return int(base), int(size)
 
-    def new_event(self) -> CudaEvent:
-        return CudaEvent(self)
+    def new_event(self, host_wait: bool = False) -> CudaEvent:
+        """An event; ``host_wait``: one a host thread will block on (see :class:`CudaEvent`)."""
+        return CudaEvent(self, host_wait)
 
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, nbytes: int, stream: CudaStream) -> Buffer:

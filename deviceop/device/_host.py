@@ -372,7 +372,8 @@ class HostBackend:
         """None: host memory is described by the array that owns it (see ``interop``)."""
         return None
 
-    def new_event(self) -> HostEvent:
+    def new_event(self, host_wait: bool = False) -> HostEvent:
+        """An event (``host_wait``: one a host thread will block on; every host event may be)."""
         return HostEvent(self)
 
     # -- memory --------------------------------------------------------------------------------

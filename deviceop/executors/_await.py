@@ -2,7 +2,8 @@
 
 An awaited execution arms a completion slot on its stream (see ``deviceop._core._reactor``):
 the GPU writes a flag after the work, one scanner thread sees it and wakes the loop through
-its channel. When the await polls in its loop is learned: when the stream's recent executions
+its channel. No completion event is recorded (an event a thread could block on makes the GPU
+interrupt the host). When the await polls in its loop is learned: when the stream's recent executions
 say completion is due soon (within the reactor's pre-wake lead), the task polls between bare
 yields to the loop, which beats any cross-thread wake-up for a short kernel (work due within
 10 µs, with no other await's work pending, is looked for without yielding for up to 15 µs:
@@ -242,17 +243,24 @@ async def _park(
             interval = min(interval * 2, _RECHECK[1])
 
 
-async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: float | None, spin: float = 0.0) -> bool:
-    """Yield to the loop and check, for at most ``budget`` seconds (and not past ``deadline``);
-    True once ``done()``. The first ``spin`` seconds check without yielding."""
+def _spin(done: Callable[[], bool], spin: float, deadline: float | None) -> bool:
+    """Check ``done()`` without yielding to the loop for at most ``spin`` seconds (and not past
+    ``deadline``); True once it is."""
     clock = time.perf_counter
     t0 = clock()
     if deadline is not None:
         spin = min(spin, deadline - t0)
-    if spin > 0:
-        while clock() - t0 < spin:
-            if done():
-                return True
+    while clock() - t0 < spin:
+        if done():
+            return True
+    return False
+
+
+async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: float | None) -> bool:
+    """Yield to the loop and check, for at most ``budget`` seconds (and not past ``deadline``);
+    True once ``done()``."""
+    clock = time.perf_counter
+    t0 = clock()
     y = _yielder(lib)
     while True:
         await y()
@@ -261,6 +269,18 @@ async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: flo
         now = clock()
         if now - t0 >= budget or (deadline is not None and now >= deadline):
             return False
+
+
+def _hand_over(stream: Any, ev: Any, cx: Any) -> None:
+    """The awaiting task stops waiting while the work may still run: the stream's watcher
+    finishes the execution once it is complete (its buffers and ledger entries hold until then)."""
+    if ev is None:
+        try:
+            ev = cx.seal()  # after the work enqueued so far: this execution's, perhaps later work too
+        except CudaError:
+            cx.finish(ok=False)  # the context failed: nothing more of it runs
+            return
+    watch(stream, ev, cx)
 
 
 async def await_op(op: Any, stream: Any, label: str, timeout: float | None = None, poll: float | None = None) -> Any:
@@ -272,18 +292,26 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     timeout = _check_timeout(timeout)
     lib = current_lib()  # before any work: outside an event loop this raises, whatever the op
     cx, out = start(op, stream, label)
-    ev = cx.seal()
     deadline = None if timeout is None else time.perf_counter() + timeout
     d = dispatcher(lib)
     tok = d.register(None)
     h = -1
+    # No completion event unless one is needed (the slot's flag says when the work is done): an
+    # event a thread could block on costs the host an interrupt; one is recorded where every slot
+    # is armed, and when the task stops waiting (see _hand_over)
+    ev = None
     try:
         h = _reactor.arm(stream, d.channel, tok)
         if h < 0:  # every slot is armed: the stream's host function wakes this loop
+            ev = cx.seal()
             stream.notify(d.channel, tok)
             done: Callable[[], bool] = ev.query
+            check: Callable[[], bool] = done
         else:
-            done = lambda: _reactor.done(h)  # noqa: E731
+            done = functools.partial(_reactor.done, h)
+            # the parked re-check: a faulted context never writes the flag, and the stream's
+            # query raises its error (it is complete once this work and any later work are)
+            check = stream.query
         if not done():
             spin = 0.0
             if poll is None:
@@ -300,15 +328,17 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
                         spin = rem + _SPIN_SLACK
                 else:  # the reactor pre-wakes this task shortly before the completion
                     poll = 0.0
-            if not (poll and await _poll(lib, done, poll, deadline, spin)):
-                await _park(lib, d, tok, done, ev.query, deadline, cx, timeout, h)
+            if spin and _spin(done, spin, deadline):
+                pass  # (no coroutine made for the common short wait)
+            elif not (poll and await _poll(lib, done, poll - spin, deadline)):
+                await _park(lib, d, tok, done, check, deadline, cx, timeout, h)
     except CudaError:
         _reactor.fail_context(stream.backend)  # wake every await on this device: they fail too
-        watch(stream, ev, cx)
+        _hand_over(stream, ev, cx)
         raise
     except BaseException:
         # cancelled, timed out or failed: the work may still run; the watcher finishes it
-        watch(stream, ev, cx)
+        _hand_over(stream, ev, cx)
         raise
     finally:
         d.unregister(tok)
