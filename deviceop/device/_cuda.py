@@ -1,9 +1,9 @@
 """The cuda backend: the CUDA driver API through cuda.bindings (cuda-python).
 
 One primary context on device 0, a pool of non-blocking streams, events of two kinds (see
-:class:`CudaEvent`), stream-ordered allocation from the
-device's default memory pool (kept cached: release threshold at its maximum), page-locked staging
-for host copies (``deviceop._core._base``). Driver calls release the GIL inside cuda.bindings.
+:class:`CudaEvent`), stream-ordered allocation from the device's default memory pool (kept
+cached: release threshold at its maximum), page-locked staging for host copies
+(``deviceop._core._base``). Driver calls release the GIL inside cuda.bindings.
 """
 
 from __future__ import annotations

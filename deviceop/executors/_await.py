@@ -3,8 +3,8 @@
 An awaited execution arms a completion slot on its stream (see ``deviceop._core._reactor``):
 the GPU writes a flag after the work, one scanner thread sees it and wakes the loop through
 its channel. No completion event is recorded (an event a thread could block on makes the GPU
-interrupt the host). When the await polls in its loop is learned: when the stream's recent executions
-say completion is due soon (within the reactor's pre-wake lead), the task polls between bare
+interrupt the host). When the await polls in its loop is learned: when the stream's recent
+executions say completion is due soon (within the reactor's pre-wake lead), the task polls between bare
 yields to the loop, which beats any cross-thread wake-up for a short kernel (work due within
 10 µs, with no other await's work pending, is looked for without yielding for up to 15 µs:
 one yield costs more, 5 µs under trio); otherwise it parks and the reactor pre-wakes it
@@ -13,7 +13,7 @@ last until shortly past the predicted completion (the reactor bounds them by the
 lateness it learned); the poll budget (default 1 ms; 0: never poll) bounds the poll of work
 whose duration is not learned yet.
 
-While parked, the event is also re-checked on a backing-off timer (20 ms, doubling to 200 ms:
+While parked, the stream is also queried on a backing-off timer (20 ms, doubling to 200 ms:
 every wake-up of an idle thread costs CPU time): a faulted context never writes its flags, and
 the re-check turns that into a ``CudaError`` (and retires every slot armed on that device)
 instead of a hang. Where every slot is armed, the await falls back to
@@ -207,8 +207,9 @@ async def _park(
     timeout: float | None,
     h: int = -1,
 ) -> None:
-    """Wait for ``tok`` on ``d``'s channel until ``done()``; ``check()`` (the event) is the
-    re-check that raises CudaError on a context error. ``h``: the reactor slot, whose pre-wake
+    """Wait for ``tok`` on ``d``'s channel until ``done()``; ``check()`` (a query of the stream,
+    or of the event where every slot is armed) is the re-check that raises CudaError on a
+    context error. ``h``: the reactor slot, whose pre-wake
     (the token before the flag) starts a poll until the predicted completion."""
 
     clock = time.perf_counter
