@@ -129,7 +129,7 @@ timeout 300 python3 experiments/exec_modes.py --reps $REPS --chain-bin /tmp/chai
 timeout 120 python3 experiments/host_cost.py --out "$OUT/host_cost.json" 2>&1 | tee "$OUT/host_cost.log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 # the user's program: a request pipeline with fresh buffers, beside PyTorch
-timeout 300 python3 experiments/pipeline_cost.py --rounds $((REPS / 15 + 3)) --out "$OUT/pipeline_cost.json" 2>&1 | tee "$OUT/pipeline_cost.log" | tail -n 8
+timeout 300 python3 experiments/pipeline_cost.py --out "$OUT/pipeline_cost.json" 2>&1 | tee "$OUT/pipeline_cost.log" | tail -n 8
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 timeout 120 python3 experiments/plan_reuse.py --out "$OUT/plan_reuse.json" 2>&1 | tee "$OUT/plan_reuse.log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1

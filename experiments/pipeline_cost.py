@@ -12,7 +12,9 @@ process. Measured for S in {1, 8, 32}:
 
 Host CPU is the process's CPU time (every thread: the driver's, deviceop's, PyTorch's) per
 request; wall time per request too. Rounds alternate deviceop and PyTorch; medians over
---rounds after a warm-up round; results are checked against each other.
+--rounds after a warm-up round (by default as many as fill about 2 s, 7 to 61: the host's speed
+moves within seconds, and one round of a 1-step request lasts 25 ms); results are checked
+against each other.
 
     python experiments/pipeline_cost.py --out pipeline_cost.json
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import sys
@@ -97,12 +100,22 @@ def one_at_a_time(request, torch_request, xs, rounds: int) -> dict:
             torch_request(x)
         torch.cuda.synchronize()
 
+    return _alternate(dev, tor, rounds, len(xs))
+
+
+def _alternate(dev, tor, rounds: int, n: int) -> dict:
+    """Warm up, then ``rounds`` rounds of ``dev`` and ``tor`` in turn (0: as many as fill about
+    2 s, from 7 to 61: on a host whose speed moves within seconds, short rounds need many)."""
     dev(), tor()  # warm-up: plans, cuBLAS heuristics, pools
+    if rounds <= 0:
+        t0 = time.perf_counter()
+        dev(), tor()
+        rounds = min(61, max(7, math.ceil(2.0 / (time.perf_counter() - t0))))
     d, t = [], []
     for _ in range(rounds):
         d.append(_cpu_wall(dev))
         t.append(_cpu_wall(tor))
-    return _summarize(d, t, len(xs))
+    return _summarize(d, t, n)
 
 
 def in_flight(request, torch_work, xs, rounds: int, width: int) -> dict:
@@ -133,15 +146,9 @@ def in_flight(request, torch_work, xs, rounds: int, width: int) -> dict:
 
     loop = asyncio.new_event_loop()
     try:
-        dev = lambda: loop.run_until_complete(serve())  # noqa: E731
-        dev(), tor()
-        d, t = [], []
-        for _ in range(rounds):
-            d.append(_cpu_wall(dev))
-            t.append(_cpu_wall(tor))
+        return _alternate(lambda: loop.run_until_complete(serve()), tor, rounds, len(xs))
     finally:
         loop.close()
-    return _summarize(d, t, len(xs))
 
 
 def _summarize(d: list, t: list, n: int) -> dict:
@@ -149,6 +156,7 @@ def _summarize(d: list, t: list, n: int) -> dict:
     tc = [c / n * 1e6 for c, _ in t]
     return {
         "requests_per_round": n,
+        "rounds": len(d),
         "deviceop_cpu_us": statistics.median(dc),
         "torch_cpu_us": statistics.median(tc),
         "cpu_ratio_median_of_rounds": statistics.median(a / b for a, b in zip(dc, tc)),
@@ -174,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default="1,8,32")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=0, help="rounds per measurement (0: enough for about 2 s)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     from exec_modes import machine_info
@@ -186,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": B,
         "width_d": D,
         "in_flight": a.width,
-        "rounds": a.rounds,
+        "rounds": a.rounds or "auto (each result says how many)",
         "results": [],
     }
     for steps in [int(v) for v in a.steps.split(",") if v]:
