@@ -11,3 +11,4 @@ cpdef object run_sync(DeviceOp op, object stream, str label)
 cpdef tuple start(DeviceOp op, object stream, str label)
 cpdef object as_stream(object stream)
 cpdef int refuse_in_capture(str what) except -1
+cpdef int hand_over(ExecutionContext cx, object stream, object ev=*) except -1

@@ -20,7 +20,7 @@ from ..device._select import next_stream, stream_of
 
 __all__ = [
     "DeviceOp", "Value", "Chain", "HOOKS", "SHAREABLE", "value", "chain", "start", "run_sync", "as_stream",
-    "refuse_in_capture", "is_op",
+    "refuse_in_capture", "is_op", "hand_over",
 ]
 
 class _Hooks(dict):
@@ -96,12 +96,15 @@ cdef int _wait_stream(ExecutionContext cx) except -1:
     return 0
 
 
-cdef int _hand_over(ExecutionContext cx, object stream) except -1:
-    """Work may still run but its terminal stops waiting (an interrupt, a second failure): the
-    stream's watcher finishes the execution once the work is really done, so its buffers and
-    ledger entries hold until then (as for a cancelled await)."""
+cpdef int hand_over(ExecutionContext cx, object stream, object ev=None) except -1:
+    """Work may still run but its terminal stops waiting (an interrupt, a cancelled or timed-out
+    await, a second failure): the stream's watcher finishes the execution once the work is
+    really done, so its buffers and ledger entries hold until then. ``ev``: its completion
+    event if one was recorded; otherwise one is recorded now (after the work enqueued so far:
+    this execution's, perhaps later work too)."""
     try:
-        ev = cx.seal_c()
+        if ev is None:
+            ev = cx.seal_c()
         HOOKS["watch"](stream, ev, cx)
     except CudaError:
         cx.finish_c(False)  # the context failed: nothing more of it runs
@@ -130,7 +133,7 @@ cpdef tuple start(DeviceOp op, object stream, str label):
         except CudaError:
             cx.finish_c(False)
         except BaseException:
-            _hand_over(cx, stream)  # interrupted while waiting: the watcher finishes it
+            hand_over(cx, stream)  # interrupted while waiting: the watcher finishes it
         else:
             cx.finish_c(False)
         raise
@@ -146,7 +149,7 @@ cpdef object run_sync(DeviceOp op, object stream, str label):
         cx.finish_c(False)  # the context failed: nothing more of it runs
         raise
     except BaseException:
-        _hand_over(cx, stream)  # KeyboardInterrupt, SystemExit...: the work may still run
+        hand_over(cx, stream)  # KeyboardInterrupt, SystemExit...: the work may still run
         raise
     cx.finish_c(True)
     return out

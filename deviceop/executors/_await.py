@@ -33,10 +33,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._core import _reactor
-from .._core._op import HOOKS, as_stream, refuse_in_capture, start
+from .._core._op import HOOKS, as_stream, hand_over, refuse_in_capture, start
 from .._errors import CudaError, SettingError, UsageError
 from . import _future
-from ._future import DeviceFuture, watch
+from ._future import DeviceFuture
 from ._wake import current_lib, dispatcher, event_class
 
 __all__ = [
@@ -272,18 +272,6 @@ async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: flo
             return False
 
 
-def _hand_over(stream: Any, ev: Any, cx: Any) -> None:
-    """The awaiting task stops waiting while the work may still run: the stream's watcher
-    finishes the execution once it is complete (its buffers and ledger entries hold until then)."""
-    if ev is None:
-        try:
-            ev = cx.seal()  # after the work enqueued so far: this execution's, perhaps later work too
-        except CudaError:
-            cx.finish(ok=False)  # the context failed: nothing more of it runs
-            return
-    watch(stream, ev, cx)
-
-
 async def await_op(op: Any, stream: Any, label: str, timeout: float | None = None, poll: float | None = None) -> Any:
     """Enqueue ``op`` on ``stream``; resume when its work is complete; return its output.
 
@@ -299,7 +287,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     h = -1
     # No completion event unless one is needed (the slot's flag says when the work is done): an
     # event a thread could block on costs the host an interrupt; one is recorded where every slot
-    # is armed, and when the task stops waiting (see _hand_over)
+    # is armed, and when the task stops waiting (see hand_over)
     ev = None
     try:
         h = _reactor.arm(stream, d.channel, tok)
@@ -335,11 +323,11 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
                 await _park(lib, d, tok, done, check, deadline, cx, timeout, h)
     except CudaError:
         _reactor.fail_context(stream.backend)  # wake every await on this device: they fail too
-        _hand_over(stream, ev, cx)
+        hand_over(cx, stream, ev)
         raise
     except BaseException:
         # cancelled, timed out or failed: the work may still run; the watcher finishes it
-        _hand_over(stream, ev, cx)
+        hand_over(cx, stream, ev)
         raise
     finally:
         d.unregister(tok)
