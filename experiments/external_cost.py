@@ -13,7 +13,8 @@
                  deviceop tensors into PyTorch tensors for every call)
 
    and one op per terminal: ``external(...).sync_on(s)`` against a direct call plus
-   ``synchronize``.
+   ``synchronize``; and deviceop's own part of a step (the external steps with an ``fn`` that
+   enqueues nothing). Process CPU, and the calling thread's alone (``*_thread_us``).
 
 2. A PyTorch MLP (8 x Linear(2048, 2048) + GELU, float16, batch 16) served per request from
    one asyncio loop (uvloop): a request copies a numpy input to the GPU, runs the MLP, copies
@@ -62,6 +63,9 @@ def step_cost(n: int, reps: int, profile: bool = False) -> dict:
     def lib(stream, *_):
         torch.add(a, b, out=c)
 
+    def noop(stream, *_):
+        pass
+
     def direct():
         with torch.cuda.stream(ts):
             for _ in range(n):
@@ -79,6 +83,13 @@ def step_cost(n: int, reps: int, profile: bool = False) -> dict:
         op = do.value(None)
         for _ in range(n):
             op = op.then(lambda _: do.external(lib, reads=(da, db), writes=(dc,)))
+        with torch.cuda.stream(ts):
+            op.sync_on(s)
+
+    def chained_noop():  # deviceop's own part of a step: the same op with fn enqueuing nothing
+        op = do.value(None)
+        for _ in range(n):
+            op = op.then(lambda _: do.external(noop, reads=(a, b), writes=(c,)))
         with torch.cuda.stream(ts):
             op.sync_on(s)
 
@@ -115,6 +126,7 @@ def step_cost(n: int, reps: int, profile: bool = False) -> dict:
         "direct": direct,
         "external": chained,
         "external_wrapped": chained_wrapped,
+        "external_noop": chained_noop,
         "adapter": adapter,
         "one_direct": one_direct,
         "one_external": one_external,
@@ -123,14 +135,18 @@ def step_cost(n: int, reps: int, profile: bool = False) -> dict:
         for _ in range(5):
             f()
     times: dict[str, list[float]] = {k: [] for k in fns}
+    thread: dict[str, list[float]] = {k: [] for k in fns}  # the calling thread's share
     for _ in range(reps):  # interleaved: drift hits every variant alike
         for k, f in fns.items():
-            t0 = time.process_time_ns()
+            t0, c0 = time.process_time_ns(), time.thread_time_ns()
             f()
-            times[k].append((time.process_time_ns() - t0) / 1e3)
+            c1, t1 = time.thread_time_ns(), time.process_time_ns()
+            times[k].append((t1 - t0) / 1e3)
+            thread[k].append((c1 - c0) / 1e3)
     for k, v in times.items():
-        per = n if k in ("direct", "external", "external_wrapped", "adapter") else 1
+        per = n if k in ("direct", "external", "external_wrapped", "external_noop", "adapter") else 1
         out[k + "_us"] = statistics.median(v) / per
+        out[k + "_thread_us"] = statistics.median(thread[k]) / per
     out["external_over_direct_us"] = out["external_us"] - out["direct_us"]
     out["external_wrapped_over_direct_us"] = out["external_wrapped_us"] - out["direct_us"]
     out["adapter_over_direct_us"] = out["adapter_us"] - out["direct_us"]
@@ -227,6 +243,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="print a cProfile of the external steps")
+    ap.add_argument("--steps-only", action="store_true", help="the external step's cost only, no MLP")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if do.backend_name() != "cuda":
@@ -240,7 +257,13 @@ def main() -> int:
         f"(+{st['adapter_over_direct_us']:.2f}); one op per terminal +{st['one_external_over_direct_us']:.2f} us",
         flush=True,
     )
-    doc["mlp"] = mlp_service(a.requests, a.rounds)
+    print(
+        f"  deviceop's part alone (fn enqueuing nothing) {st['external_noop_us']:.2f} us; the calling thread's "
+        f"CPU: direct {st['direct_thread_us']:.2f}, external {st['external_thread_us']:.2f} us",
+        flush=True,
+    )
+    if not a.steps_only:
+        doc["mlp"] = mlp_service(a.requests, a.rounds)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

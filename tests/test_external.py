@@ -576,6 +576,38 @@ def test_a_torch_tensor_named_again_after_changing_in_place_is_described_again(h
     assert ref() is None
 
 
+def test_a_torch_tensor_named_by_many_ops_is_described_once(host_backend, monkeypatch):
+    """Ops naming the same unchanged PyTorch tensor reuse its description (the compiled cache):
+    it is described once, and again only after it changed in place; every op registers the
+    same region, and the op's wrapper keeps the tensor alive."""
+    torch = pytest.importorskip("torch")
+    from deviceop.interop import _regions
+
+    calls = []
+    describe = _regions._describe
+
+    def counting(obj, be, what):
+        calls.append(obj.shape)
+        return describe(obj, be, what)
+
+    monkeypatch.setattr(_regions, "_describe", counting)
+    t = torch.zeros(64)
+    ops = [do.external(lambda stream: None, reads=(t,), writes=(t,)) for _ in range(5)]
+    assert len(calls) == 1
+    bufs = {id(a[0].accesses) for op in ops for a in op.acc}
+    assert len(bufs) == 1 and all(a[0].owner is t for op in ops for a in op.acc)
+    assert all(a[1:3] == (0, 256) for op in ops for a in op.acc)
+    for op in ops:
+        op.sync()
+    t.unsqueeze_(0)  # another shape, the same address: described again
+    do.external(lambda stream: None, writes=(t,)).sync()
+    assert len(calls) == 2
+    ref = weakref.ref(t)
+    del t, ops, op
+    gc.collect()
+    assert ref() is None  # the cache holds the tensor weakly
+
+
 def test_asyncio_gather_of_externals(backend):
     async def main():
         xs = [do.zeros(128, do.float32).sync() for _ in range(8)]

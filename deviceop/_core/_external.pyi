@@ -34,6 +34,13 @@ class External(DeviceOp[T], Generic[T]):
 def named(items: Any, what: str) -> tuple[Any, ...]:
     """``reads``/``writes`` as a tuple; a bare array or anything else is refused."""
 
+def seen(obj: Any, be: Any, write: bool) -> tuple[Any, int, int, bool] | None:
+    """The ledger access ``(buffer, lo, hi, write)`` of a PyTorch tensor described before on
+    device ``be`` and unchanged since, else None."""
+
+def remember(obj: Any, ptr: int, shape: Any, be: Any, buf: Any, lo: int, hi: int) -> None:
+    """Keep what describing PyTorch tensor ``obj`` found, for :func:`seen` (held weakly)."""
+
 def new_external(fn: Callable[..., T], args: tuple[Any, ...], reads: Any, writes: Any) -> External[T]:
     """``External(fn, args, reads, writes)`` without the constructor's argument parsing."""
 

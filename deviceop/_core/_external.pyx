@@ -7,6 +7,11 @@ above is registered by them in :data:`HOOKS`: naming a foreign array (``interop`
 and the host backend's call in stream order.
 """
 
+from cpython.contextvars cimport get_value
+from cpython.long cimport PyLong_FromVoidPtr
+from cpython.weakref cimport PyWeakref_NewRef
+from libc.stdint cimport uintptr_t
+
 from ._base cimport _LOCK as LOCK, Buffer, PartitionBase, TensorBase
 from ._ledger cimport ExecutionContext, check_backend, order, order_tensor
 from ._op cimport DeviceOp
@@ -14,9 +19,9 @@ from ._op cimport DeviceOp
 import threading
 
 from .._errors import UsageError
-from ..device._select import current
+from ..device._select import _selected, _state, current
 
-__all__ = ["External", "HOOKS", "inside", "named", "new_external"]
+__all__ = ["External", "HOOKS", "inside", "named", "new_external", "remember", "seen"]
 
 
 class _Inside(threading.local):
@@ -29,6 +34,102 @@ inside = _Inside()
 #: registered by ``deviceop.interop``: ``access_of(obj, backend, write, what)`` names a foreign
 #: array; ``call_in_order(op, cx, args, acc)`` runs fn on a host backend's stream worker
 HOOKS = {}
+
+
+cdef object _SELECTED = _selected
+cdef dict _STATE = _state
+
+
+cdef inline object _current():
+    """``current()`` without the Python call where a device is selected or made already."""
+    be = get_value(_SELECTED, None)
+    if be is None:
+        be = _STATE["backend"]
+        if be is None:
+            be = current()
+    return be
+
+
+# ---- foreign arrays named again and again (a model's inputs and outputs) ----------------------
+
+cdef class Seen:
+    """A PyTorch tensor as last described: the tensor (weak), its data address and shape then,
+    the device, its region (start, size, host view, access list), its byte range there, and
+    its last wrapper (weak)."""
+
+    cdef object ref
+    cdef uintptr_t ptr
+    cdef object shape
+    cdef object be
+    cdef uintptr_t start
+    cdef Py_ssize_t nbytes
+    cdef object host
+    cdef list accesses
+    cdef Py_ssize_t lo, hi
+    cdef object last
+
+
+# by id() of the tensor; an entry goes when its tensor does
+cdef dict SEEN = {}
+
+
+cdef class _Forget:
+    cdef object key
+
+    def __call__(self, ref):
+        e = SEEN.get(self.key)
+        if e is not None and (<Seen>e).ref is ref:
+            del SEEN[self.key]
+
+
+cpdef object seen(obj, be, bint write):
+    """The ledger access ``(buffer, lo, hi, write)`` of a PyTorch tensor described before on
+    device ``be`` and unchanged since (the same object, data address and shape), else None.
+
+    Its region lives (the tensor is one of its users); its last wrapper serves again while
+    something (work in flight) keeps it, else a new one is made, which keeps the tensor alive.
+    """
+    cdef Seen e
+    cdef Buffer buf
+    x = SEEN.get(PyLong_FromVoidPtr(<void*>obj))
+    if x is None:
+        return None
+    e = <Seen>x
+    if e.ref() is not obj or e.be is not be or <uintptr_t>obj.data_ptr() != e.ptr or obj.shape != e.shape:
+        return None
+    b = e.last()
+    if b is None:
+        buf = Buffer.__new__(Buffer)
+        buf.backend = be
+        buf.ptr = e.start
+        buf.nbytes = e.nbytes
+        buf.host = e.host
+        buf.owner = obj
+        buf.accesses = e.accesses
+        e.last = PyWeakref_NewRef(buf, None)
+        b = buf
+    return (b, e.lo, e.hi, write)
+
+
+def remember(obj, uintptr_t ptr, shape, be, Buffer buf, Py_ssize_t lo, Py_ssize_t hi):
+    """Keep what describing PyTorch tensor ``obj`` found (its data address and shape, and its
+    wrapper ``buf`` of its region, with the byte range [lo, hi) of the region), for
+    :func:`seen`. Held weakly: the tensor's death forgets it."""
+    cdef Seen e = Seen.__new__(Seen)
+    cdef _Forget f = _Forget.__new__(_Forget)
+    f.key = PyLong_FromVoidPtr(<void*>obj)
+    e.ref = PyWeakref_NewRef(obj, f)
+    e.ptr = ptr
+    e.shape = shape
+    e.be = be
+    e.start = buf.ptr
+    e.nbytes = buf.nbytes
+    e.host = buf.host
+    e.accesses = buf.accesses
+    e.lo = lo
+    e.hi = hi
+    e.last = PyWeakref_NewRef(buf, None)
+    SEEN[f.key] = e
 
 
 cpdef tuple named(items, str what):
@@ -78,8 +179,9 @@ cdef class External(DeviceOp):
                 raise UsageError(f"{self!r}: reads and writes name arrays, not ops; pass the op as an argument")
             else:
                 if be is None:
-                    be = current()
-                acc.append(HOOKS["access_of"](x, be, write, (self, write, i)))
+                    be = _current()
+                a = seen(x, be, write)
+                acc.append(a if a is not None else HOOKS["access_of"](x, be, write, (self, write, i)))
             i += 1
         return be
 

@@ -24,7 +24,11 @@ from typing import Any
 import numpy as np
 
 from .._core._base import Buffer
-from .._core._external import inside  # (re-exported: the stream whose external fn runs)
+from .._core._external import (
+    inside,  # (re-exported: the stream whose external fn runs)
+    remember,
+    seen,
+)
 from .._errors import UsageError
 from .._process import renew_at_fork
 from ..device._tensor import Partition, Tensor
@@ -189,47 +193,14 @@ def span(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None, item
     return ptr + lo, ptr + hi + itemsize
 
 
-class _Seen:
-    """A PyTorch tensor as last described: the tensor (weak), its data address and shape then,
-    the device, its region and byte range there, and its last wrapper (weak)."""
-
-    __slots__ = ("be", "hi", "last", "lo", "ptr", "ref", "region", "shape")
-
-    def __init__(self, ref: Any, ptr: int, shape: Any, be: Any, region: _Region, lo: int, hi: int, last: Any) -> None:
-        self.ref = ref
-        self.ptr = ptr
-        self.shape = shape
-        self.be = be
-        self.region = region
-        self.lo = lo
-        self.hi = hi
-        self.last = last
-
-
-# PyTorch tensors named again and again (a model's inputs and outputs), by id
-_torch_seen: dict[int, _Seen] = {}
-
-
-def _forget(k: int, ref: Any) -> None:
-    e = _torch_seen.get(k)
-    if e is not None and e.ref is ref:
-        del _torch_seen[k]
-
-
 def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
     """What the ledger registers for ``obj`` named in ``reads``/``writes``: ``(tensor, write)``
     for deviceop tensors and partitions, ``(buffer, lo, hi, write)`` for another library's
     array (wrapped without a copy, kept alive by the buffer). ``what`` names ``obj`` in error
     messages: a string, or ``(op, write, index)`` (made into one only for a message)."""
-    e = _torch_seen.get(id(obj))
-    if e is not None and e.ref() is obj and e.be is be and e.ptr == obj.data_ptr() and e.shape == obj.shape:
-        # a PyTorch tensor described before, unchanged: its region lives (the tensor is a user);
-        # its last wrapper serves again while something (work in flight) keeps it
-        buf = e.last()
-        if buf is None:
-            buf = _wrapper(be, e.region, obj)
-            e.last = weakref.ref(buf)
-        return (buf, e.lo, e.hi, write)
+    a = seen(obj, be, write)  # a PyTorch tensor described before, unchanged
+    if a is not None:
+        return a
     tp = type(obj)
     if tp is Partition:
         obj = obj.tensor
@@ -251,13 +222,7 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
         r.users[id(buf)] = buf
         if is_torch:
             r.users[id(obj)] = obj  # the region lives as long as the tensor does
-            k = id(obj)
-
-            def forget(ref: Any, k: int = k) -> None:
-                _forget(k, ref)
-
-            ref = weakref.ref(obj, forget)
-            _torch_seen[k] = _Seen(ref, ptr, obj.shape, be, r, lo - r.start, hi - r.start, weakref.ref(buf))
+            remember(obj, ptr, obj.shape, be, buf, lo - r.start, hi - r.start)
     return (buf, lo - buf.ptr, hi - buf.ptr, write)
 
 
