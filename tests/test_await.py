@@ -378,6 +378,36 @@ async def test_dispatcher_per_loop(backend, anyio_backend) -> None:
         do.set_poll_budget(1e-3)
 
 
+async def test_loop_dispatcher_is_the_running_loops(backend, anyio_backend) -> None:
+    """The await's shortcut gives what sniffio and the dispatcher table would: this loop's
+    library and dispatcher, again and again."""
+    lib, d = _wake.loop_dispatcher()
+    assert lib == _wake.current_lib() and d is _wake.dispatcher()
+    assert _wake.loop_dispatcher() == (lib, d)
+
+
+def test_loop_dispatcher_follows_loops_and_threads(backend) -> None:
+    """A new loop in the thread, or a loop in another thread, gets its own dispatcher; outside
+    a loop the shortcut refuses as the await does."""
+
+    async def get():
+        return _wake.loop_dispatcher()
+
+    a = asyncio.run(get())
+    b = asyncio.run(get())
+    assert a[0] == b[0] == "asyncio" and a[1] is not b[1]
+    box = []
+    th = threading.Thread(target=lambda: box.append(asyncio.run(get())))
+    th.start()
+    th.join()
+    assert box[0][1] is not b[1]
+    with pytest.raises(do.UsageError, match="running event loop"):
+        _wake.loop_dispatcher()
+    import trio
+
+    assert trio.run(get)[0] == "trio"
+
+
 def test_an_await_records_no_event_a_thread_would_block_on(backend, monkeypatch) -> None:
     """The reactor's flag says when awaited work is done: no completion event is recorded for
     it (on cuda, an event a thread blocks on makes the GPU interrupt the host), while a

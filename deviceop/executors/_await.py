@@ -37,7 +37,7 @@ from .._core._op import HOOKS, as_stream, hand_over, refuse_in_capture, start
 from .._errors import CudaError, SettingError, UsageError
 from . import _future
 from ._future import DeviceFuture
-from ._wake import current_lib, dispatcher, event_class
+from ._wake import event_class, loop_dispatcher
 
 __all__ = [
     "await_future",
@@ -278,11 +278,11 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     ``poll``: seconds to poll in the loop before parking (default: learned, at most the poll
     budget; see :func:`set_poll_budget`).
     """
-    timeout = _check_timeout(timeout)
-    lib = current_lib()  # before any work: outside an event loop this raises, whatever the op
+    if timeout is not None:
+        timeout = _check_timeout(timeout)
+    lib, d = loop_dispatcher()  # before any work: outside an event loop this raises, whatever the op
     cx, out = start(op, stream, label)
     deadline = None if timeout is None else time.perf_counter() + timeout
-    d = dispatcher(lib)
     tok = d.register(None)
     h = -1
     # No completion event unless one is needed (the slot's flag says when the work is done): an
@@ -340,10 +340,9 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
 async def await_future(fut: DeviceFuture[Any], timeout: float | None = None) -> Any:
     """Resume when the submitted work behind ``fut`` is complete; return its output."""
     timeout = _check_timeout(timeout)
-    lib = current_lib()
+    lib, d = loop_dispatcher()
     deadline = None if timeout is None else time.perf_counter() + timeout
     if not fut.done() and not await _poll(lib, fut.done, _POLL[0], deadline):
-        d = dispatcher(lib)
         tok = d.register(None)
         ch = d.channel
         fut.add_done_callback(lambda _f: ch.push(tok))

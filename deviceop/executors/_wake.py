@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import weakref
 from typing import Any
@@ -22,7 +23,7 @@ import sniffio
 from .._core._base import Channel
 from .._errors import UsageError
 
-__all__ = ["Dispatcher", "current_lib", "dispatcher"]
+__all__ = ["Dispatcher", "current_lib", "dispatcher", "loop_dispatcher"]
 
 
 def current_lib() -> str:
@@ -117,6 +118,41 @@ def dispatcher(lib: str | None = None) -> Dispatcher:
     if d is None:
         raise UsageError(f"deviceop awaits under asyncio, uvloop or trio, not {lib!r}")
     return d
+
+
+_sniffed = sniffio.thread_local
+_sniffed_cvar = sniffio.current_async_library_cvar
+
+
+class _Last(threading.local):
+    #: the last asyncio loop an await in this thread ran on, and its dispatcher (both weakly)
+    pair: tuple[Any, Any] | None = None
+
+
+_last = _Last()
+
+
+def loop_dispatcher() -> tuple[str, Dispatcher]:
+    """``(current_lib(), dispatcher())`` at a fraction of the cost, for every await.
+
+    What sniffio would be told first (trio, or a library that names itself) is read as
+    sniffio reads it; else a running asyncio loop in this thread is asyncio's, and the loop the
+    thread last awaited on keeps its dispatcher at hand.
+    """
+    if _sniffed.name is None and _sniffed_cvar.get() is None:
+        aio = sys.modules.get("asyncio")
+        loop = aio._get_running_loop() if aio is not None else None
+        if loop is not None:
+            p = _last.pair
+            if p is not None and p[0]() is loop:
+                d: Dispatcher | None = p[1]()
+                if d is not None:
+                    return "asyncio", d
+            d = dispatcher("asyncio")
+            _last.pair = (weakref.ref(loop), weakref.ref(d))
+            return "asyncio", d
+    lib = current_lib()
+    return lib, dispatcher(lib)
 
 
 async def _trio_pump(d: Dispatcher, token: Any) -> None:
