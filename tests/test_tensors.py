@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+import time
+
 import numpy as np
 import pytest
-from helpers import ALL_DTYPES, FLOAT_DTYPES, K, random_array, run_threads
+from helpers import ALL_DTYPES, FLOAT_DTYPES, K, random_array, run_threads, slow_fill
 
 import deviceop as do
-from deviceop._core._base import staging_blocks
+from deviceop._core._base import lent_bytes, set_lend_cap, staging_blocks
 from deviceop.device import current as current_backend
 
 DT_IDS = [d.name for d in ALL_DTYPES]
@@ -77,6 +80,71 @@ def test_staging_blocks_are_reused_and_given_back_after_each_execution(backend):
     with pytest.raises(RuntimeError, match="boom"):
         do.to_numpy(t).map(fail).then(lambda _: do.value(0)).sync()
     assert _idle_staging() == idle
+
+
+def test_to_numpy_results_live_in_lent_page_locked_blocks(backend):
+    """A contiguous result's memory is a staging block lent to the array (the copy lands there):
+    the array and its views keep it; it goes back to the pool, and is reused, when they are gone."""
+    if backend == "host":
+        pytest.skip("the host backend copies without staging blocks")
+    base = lent_bytes()
+    a = np.arange(3000, dtype=np.float32)
+    do.to_numpy(do.from_numpy(a)).sync()  # the size classes this test uses exist now
+    idle = _idle_staging()
+    r = do.to_numpy(do.from_numpy(a)).sync()
+    np.testing.assert_array_equal(r, a)
+    assert r.flags.writeable and r.flags.c_contiguous and r.shape == a.shape
+    assert lent_bytes() == base + 16384 and _idle_staging() == idle - 1
+    v = r[10:]
+    del r
+    gc.collect()
+    assert lent_bytes() == base + 16384  # a view keeps the block
+    v[0] = -1.0
+    np.testing.assert_array_equal(v[1:], a[11:])
+    del v
+    gc.collect()
+    assert lent_bytes() == base and _idle_staging() == idle
+    # many results at once, each its own block; all come back
+    rs = [do.to_numpy(do.from_numpy(a + k)).sync() for k in range(20)]
+    for k, r in enumerate(rs):
+        np.testing.assert_array_equal(r, a + k)
+    del rs, r
+    gc.collect()
+    assert lent_bytes() == base
+
+
+def test_a_lent_block_stays_with_its_execution_until_the_copy_completes(backend):
+    """Dropping the result (and its future) while the copy is still to run does not give the
+    block back early: the execution holds it until the work has completed."""
+    if backend == "host":
+        pytest.skip("the host backend copies without staging blocks")
+    base = lent_bytes()
+    t = do.zeros(4096, do.float32).sync()
+    fut = do.to_numpy(slow_fill(t, 3.0, 0.3).map(lambda _: t)).submit()
+    del fut
+    gc.collect()
+    assert lent_bytes() == base + 16384
+    deadline = time.monotonic() + 10
+    while lent_bytes() != base and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lent_bytes() == base
+    np.testing.assert_array_equal(t.numpy(), np.full(4096, 3.0, np.float32))
+
+
+def test_past_the_lending_cap_results_are_copied_into_memory_of_their_own(backend):
+    if backend == "host":
+        pytest.skip("the host backend copies without staging blocks")
+    a = np.arange(1000, dtype=np.int32)
+    base = lent_bytes()
+    prev = set_lend_cap(0)
+    try:
+        r = do.to_numpy(do.from_numpy(a)).sync()
+        assert r.base is None and lent_bytes() == base
+        np.testing.assert_array_equal(r, a)
+    finally:
+        set_lend_cap(prev)
+    with pytest.raises(do.UsageError, match="bytes >= 0"):
+        set_lend_cap(-1)
 
 
 def test_threads_copying_through_the_staging_pool_get_their_own_data(backend):

@@ -139,3 +139,4 @@ cdef int make_current(Driver d) except -1
 
 cdef object stage_in(Driver d, uintptr_t stream, uintptr_t dst, object src)
 cdef object stage_out(Driver d, uintptr_t stream, uintptr_t src, object out)
+cdef object lend_out(Driver d, uintptr_t stream, uintptr_t src, Py_ssize_t n)

@@ -80,4 +80,15 @@ def staged_download(driver: Any, stream: int, src: int, out: Any) -> Any:
 def staging_blocks(driver: Any) -> dict[int, int]:
     """Idle staging blocks of ``driver`` by size class."""
 
+class Lent:
+    """A page-locked block lent to the numpy array a copy from the device returns."""
+
+    def __call__(self) -> None: ...
+
+def lent_bytes() -> int:
+    """Page-locked bytes lent to result arrays now (for tests and diagnostics)."""
+
+def set_lend_cap(nbytes: int) -> int:
+    """Lend at most ``nbytes`` of page-locked memory to result arrays; returns the previous cap."""
+
 def __getattr__(name: str) -> Any: ...

@@ -6,7 +6,7 @@ Nothing here imports another deviceop module (but its errors) or a driver bindin
 :class:`Driver` with their entry points, and the layers above call through it.
 """
 
-from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_SetFromErrno
 from cpython.pythread cimport PyThread_get_thread_ident
 
@@ -691,6 +691,96 @@ cdef object stage_out(Driver d, uintptr_t stream, uintptr_t src, object out):
     done.size = size
     done.out = out
     return done
+
+
+#: page-locked bytes lent to result arrays at most (past it, results are copied out of a staging
+#: block): page-locked memory cannot be swapped, and a program keeping many results would pin them all
+cdef Py_ssize_t _LEND_CAP = 256 << 20
+cdef const char* _BYTE_FORMAT = "B"
+cdef Py_ssize_t _lent = 0
+
+
+cdef class Lent:
+    """A page-locked block lent to the numpy array a copy from the device returns: the copy
+    writes the array's memory directly, with no host copy when it completes. The block goes
+    back to its device's pool once the array and every view of it are gone; the execution
+    holds it too (as a completion callback that does nothing) until the copy has completed."""
+
+    cdef Driver d
+    cdef uintptr_t p
+    cdef Py_ssize_t size
+    cdef Py_ssize_t n
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        view.buf = <void*>self.p
+        view.len = self.n
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = <char*>_BYTE_FORMAT if flags & PyBUF_FORMAT else NULL
+        view.ndim = 1
+        view.shape = &self.n
+        view.strides = NULL
+        view.suboffsets = NULL
+        view.internal = NULL
+        view.obj = self
+
+    def __releasebuffer__(self, Py_buffer* view):
+        pass
+
+    def __call__(self):
+        pass
+
+    def __dealloc__(self):
+        global _lent
+        if self.p and not _Py_IsFinalizing():
+            _lent -= self.size
+            _give_staging(self.d, self.p, self.size)
+        self.p = 0
+
+
+cdef object lend_out(Driver d, uintptr_t stream, uintptr_t src, Py_ssize_t n):
+    """Enqueue on ``stream`` a copy of ``n`` bytes from device address ``src`` into a page-locked
+    block lent to the caller's result (see :class:`Lent`); None where none is lent (no bytes,
+    or as many are lent as the cap allows): then copy through :func:`stage_out`."""
+    global _lent
+    cdef Py_ssize_t size
+    cdef uintptr_t p
+    cdef int err
+    cdef Lent blk
+    if n == 0:
+        return None
+    size = _staging_class(n)
+    if _lent + size > _LEND_CAP:
+        return None
+    p = _take_staging(d, size)
+    with nogil:
+        err = d.memcpy_dtoh(<void*>p, src, <size_t>n, <void*>stream)
+    if err:
+        _give_staging(d, p, size)
+        raise d.error(err, "cuMemcpyDtoHAsync")
+    blk = Lent.__new__(Lent)
+    blk.d = d
+    blk.p = p
+    blk.size = size
+    blk.n = n
+    _lent += size
+    return blk
+
+
+def lent_bytes():
+    """Page-locked bytes lent to result arrays now (for tests and diagnostics)."""
+    return _lent
+
+
+def set_lend_cap(Py_ssize_t nbytes):
+    """Lend at most ``nbytes`` of page-locked memory to result arrays (default 256 MiB; 0: never,
+    every result is copied into memory of its own); returns the previous cap."""
+    global _LEND_CAP
+    if nbytes < 0:
+        raise UsageError(f"the lending cap is a number of bytes >= 0, got {nbytes}")
+    prev = _LEND_CAP
+    _LEND_CAP = nbytes
+    return prev
 
 
 def staged_upload(Driver d, uintptr_t stream, uintptr_t dst, src):

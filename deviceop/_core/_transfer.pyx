@@ -5,7 +5,9 @@ staged copies behind them.
 On a backend whose driver table has the copy entry points (cuda), a copy is C from the op to
 the driver (``stage_in`` / ``stage_out`` of ``_base``): the host side goes through a
 page-locked staging block, given back when the execution completes; the array's memory is
-reached through the buffer protocol; nothing but the output array is a Python object. Other
+reached through the buffer protocol; nothing but the output array is a Python object. A
+contiguous ``to_numpy`` result lives in the page-locked block itself, lent to the array (the
+copy lands there, with no host copy at completion) until the array is gone. Other
 backends (host) implement ``htod`` / ``dtoh`` and are called through them. Either way the copy
 is ordered, registered and enqueued under the ledger lock, as every access is (see
 :func:`~deviceop._core._ledger.enqueue`).
@@ -15,7 +17,7 @@ from libc.stdint cimport uintptr_t
 
 import numpy as np
 
-from ._base cimport _LOCK as LOCK, Buffer, Driver, PartitionBase, TensorBase, stage_in, stage_out
+from ._base cimport _LOCK as LOCK, Buffer, Driver, PartitionBase, TensorBase, lend_out, stage_in, stage_out
 from ._base import contiguous_strides
 from ._ledger cimport ExecutionContext, check_backend, order
 from ._op cimport DeviceOp
@@ -133,6 +135,11 @@ cdef class ToNumpy(DeviceOp):
         try:
             order(cx, t.buffer, t.lo, t.hi, False, self)
             if d is not None and contiguous:
+                # the result's memory is a page-locked block the copy writes directly
+                blk = lend_out(d, cx.sh, t.buffer.ptr + <uintptr_t>t.lo, t.hi - t.lo)
+                if blk is not None:
+                    cx.on_done(blk)  # held until the copy has completed, whatever becomes of the array
+                    return np.ndarray(t.shape, dtype=npdt, buffer=blk)
                 out = np.empty(t.shape, dtype=npdt)
                 _download(cx, d, t.buffer, t.lo, out)
                 return out

@@ -32,7 +32,11 @@ def from_numpy(array: Any) -> DeviceOp[Tensor]:
 def to_numpy(tensor: Any) -> DeviceOp[np.ndarray]:
     """An op that copies a tensor (or an op's tensor output) to a new numpy array.
 
-    The array is filled when the execution completes: the terminal returns it then.
+    The array is filled when the execution completes: the terminal returns it then. On cuda,
+    a contiguous tensor's array lives in page-locked memory that the copy writes directly (no
+    host copy at completion): a staging block lent to the array (its ``base``) and given back
+    to deviceop's pool once the array and its views are gone. At most 256 MiB are lent at once;
+    past that, arrays get memory of their own through a staged copy.
     """
     return ToNumpy(tensor)
 
