@@ -147,6 +147,35 @@ def test_past_the_lending_cap_results_are_copied_into_memory_of_their_own(backen
         set_lend_cap(-1)
 
 
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 4), (2, 0, 3), (16, 2048)])
+def test_an_allocated_tensor_has_the_layout_a_tensor_made_on_its_buffer_has(backend, shape):
+    """Allocations make their tensors from a table of layouts seen before; every field is what
+    the Tensor constructor works out, for fresh buffers of a known layout too."""
+    from deviceop.device._tensor import Tensor
+
+    for dt in (do.float16, do.float32, do.int64):
+        for _ in range(2):  # the second time from the table
+            t = do.empty(shape, dt).sync()
+            u = Tensor(t.buffer, shape, dt)
+            assert type(t) is Tensor
+            fields = ("shape", "strides", "size", "offset", "addr", "_span", "_key", "nbytes", "dtype")
+            assert [getattr(t, f) for f in fields] == [getattr(u, f) for f in fields]
+
+
+def test_forgetting_a_devices_layouts_forgets_its_fresh_tensor_layouts(backend):
+    """A device's layout ids are dropped when it closes; allocations then work the layout out
+    again (the table of fresh layouts holds nothing of the device either)."""
+    from deviceop._core._base import forget_layouts
+    from deviceop.device._tensor import Tensor
+
+    t1 = do.empty((7, 3), do.float32).sync()
+    t1b = do.empty((7, 3), do.float32).sync()
+    assert t1b._key == t1._key
+    forget_layouts(t1.buffer.backend)
+    t2 = do.empty((7, 3), do.float32).sync()
+    assert t2._key != t1._key and t2._key == Tensor(t2.buffer, (7, 3), do.float32)._key
+
+
 def test_threads_copying_through_the_staging_pool_get_their_own_data(backend):
     rounds = 40
 

@@ -10,11 +10,11 @@ import math
 
 import numpy as np
 
-from ._base cimport _LOCK as LOCK, Buffer, Driver, driver_alloc
+from ._base cimport _LOCK as LOCK, Buffer, Driver, driver_alloc, new_contiguous
 from ._ledger cimport ExecutionContext, order
 from ._op cimport DeviceOp
 
-from .._dtypes import as_dtype
+from .._dtypes import DType, as_dtype
 from .._errors import CaptureError, DTypeError, ShapeError
 from ..device._tensor import Tensor, as_shape
 
@@ -44,11 +44,13 @@ cdef Buffer _block(ExecutionContext cx, Py_ssize_t nbytes):
 
 cpdef object alloc_tensor(ExecutionContext cx, tuple shape, dtype, what):
     """A new tensor on ``cx``'s stream, registered as written by the execution (not filled)."""
-    cdef Py_ssize_t nbytes = math.prod(shape) * dtype.itemsize
+    cdef Py_ssize_t nbytes = dtype.itemsize, n
     cdef Buffer buf
+    for n in shape:
+        nbytes *= n
     refuse_allocation(cx, what)
     buf = _block(cx, nbytes)
-    t = Tensor(buf, shape, dtype)
+    t = new_contiguous(Tensor, buf, shape, dtype)
     LOCK.take()  # a new buffer conflicts with nothing; registered as every access is
     try:
         order(cx, buf, 0, nbytes, True, what)
@@ -70,7 +72,7 @@ cdef class Alloc(DeviceOp):
     def __init__(self, str name, shape, dtype, fill):
         self.name = name
         self.shape = as_shape(shape)
-        self.dtype = as_dtype(dtype)
+        self.dtype = dtype if type(dtype) is DType else as_dtype(dtype)
         if math.prod(self.shape) * self.dtype.itemsize > MAX_BYTES:
             raise ShapeError(
                 f"{name}{self.shape} of {self.dtype.name} would take {math.prod(self.shape) * self.dtype.itemsize} bytes, "

@@ -85,6 +85,9 @@ cdef class TensorBase:
     cdef object __weakref__
 
 
+cdef TensorBase new_contiguous(type cls, Buffer buf, tuple shape, dtype)
+
+
 cdef class PartitionBase:
     cdef readonly TensorBase tensor
     cdef readonly tuple tile

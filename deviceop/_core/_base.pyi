@@ -85,6 +85,9 @@ class Lent:
 
     def __call__(self) -> None: ...
 
+def set_fresh_tensor_hook(fn: Any) -> None:
+    """Call ``fn(tensor)`` with every tensor an allocation makes from now on (None: stop)."""
+
 def lent_bytes() -> int:
     """Page-locked bytes lent to result arrays now (for tests and diagnostics)."""
 

@@ -281,6 +281,58 @@ def forget_layouts(backend):
     device that is gone."""
     for k in [k for k in _LAYOUTS if k and k[0] is backend]:
         del _LAYOUTS[k]
+    for k in [k for k in _FRESH if k[0] is backend]:
+        del _FRESH[k]
+
+
+# fresh contiguous tensors by (device, shape, dtype, address alignment): (strides, size, bytes,
+# layout id); what TensorBase.__init__ would work out, once per layout. Bounded.
+cdef dict _FRESH = {}
+#: called with each tensor an allocation makes, where set (see set_fresh_tensor_hook)
+cdef object _FRESH_HOOK = None
+
+
+def set_fresh_tensor_hook(fn):
+    """Call ``fn(tensor)`` with every tensor an allocation makes from now on (None: stop). For
+    harnesses that map device addresses to tensors, such as the stub driver's kernels: these
+    tensors are made without ``Tensor.__init__``."""
+    global _FRESH_HOOK
+    if fn is not None and not callable(fn):
+        raise UsageError(f"the fresh-tensor hook must be callable or None, got {type(fn).__name__}")
+    _FRESH_HOOK = fn
+
+
+cdef TensorBase new_contiguous(type cls, Buffer buf, tuple shape, dtype):
+    """A ``cls`` tensor (TensorBase or a subclass) of shape ``shape`` over ``buf`` from its start,
+    contiguous: what ``cls(buf, shape, dtype)`` makes, without working out its layout again."""
+    cdef TensorBase t = TensorBase.__new__(cls)
+    cdef Py_ssize_t size = 1, n
+    cdef tuple e
+    be = buf.backend
+    k = (be, shape, dtype, buf.ptr & 15)
+    x = _FRESH.get(k)
+    if x is None:
+        for n in shape:
+            size *= n
+        strides = contiguous_strides(shape)
+        x = (strides, size, size * dtype.itemsize, layout_id((be, shape, strides, dtype, buf.ptr & 15)))
+        if len(_FRESH) >= 1024:
+            _FRESH.clear()
+        _FRESH[k] = x
+    e = <tuple>x
+    t.buffer = buf
+    t.shape = shape
+    t.dtype = dtype
+    t.offset = 0
+    t.strides = <tuple>e[0]
+    t.size = <Py_ssize_t>e[1]
+    t.addr = buf.ptr
+    t.lo = 0
+    t.hi = <Py_ssize_t>e[2]
+    t._key = <Py_ssize_t>e[3]
+    if _FRESH_HOOK is not None:
+        _FRESH_HOOK(t)
+    return t
 
 
 cpdef tuple contiguous_strides(tuple shape):

@@ -7,8 +7,9 @@ _rowwise) and the family's host implementation computes the result in place. So 
 backend's packing of parameters is checked by the results, as on a GPU.
 
 User kernels run their ``host=`` function: the harness remembers each Kernel by name and each
-tensor's layout by address (it wraps ``Kernel.__init__`` and ``Tensor.__init__``), so a
-pointer parameter becomes the array the host backend would pass. cuBLAS is not emulated: GEMM
+tensor's layout by address (it wraps ``Kernel.__init__`` and ``Tensor.__init__``, and is told
+of each tensor an allocation makes), so a pointer parameter becomes the array the host backend
+would pass. cuBLAS is not emulated: GEMM
 tests skip under the stub, as do tests that need work to run asynchronously (the stub runs
 everything at once, in the enqueuing thread).
 """
@@ -151,6 +152,7 @@ def _count(name: bytes) -> int:
 
 
 def _remember_layouts() -> None:
+    from deviceop._core._base import set_fresh_tensor_hook
     from deviceop.device._tensor import Tensor
     from deviceop.kernels._kernel import Kernel
 
@@ -164,11 +166,17 @@ def _remember_layouts() -> None:
             layouts.clear()
         layouts[self.addr] = (self.shape, self.strides, self.dtype)
 
+    def fresh(t: Any) -> None:
+        if len(layouts) > 200_000:
+            layouts.clear()
+        layouts[t.addr] = (t.shape, t.strides, t.dtype)
+
     def kernel_init(self: Any, *a: Any, **kw: Any) -> None:
         k_init(self, *a, **kw)
         kernels[self.name] = self
 
     Tensor.__init__ = tensor_init  # type: ignore[method-assign]
+    set_fresh_tensor_hook(fresh)  # allocations make their tensors without __init__
     Kernel.__init__ = kernel_init  # type: ignore[method-assign]
     _state["layouts"], _state["kernels"] = layouts, kernels
 
