@@ -719,6 +719,19 @@ cdef object stage_in(Driver d, uintptr_t stream, uintptr_t dst, object src):
     return done
 
 
+cdef uintptr_t _staged_dtoh(Driver d, uintptr_t stream, uintptr_t src, Py_ssize_t n, Py_ssize_t size) except 0:
+    """A staging block of ``size`` bytes into which a copy of ``n`` bytes from device address
+    ``src`` is enqueued on ``stream`` (the block goes back if the driver refuses the copy)."""
+    cdef uintptr_t p = _take_staging(d, size)
+    cdef int err
+    with nogil:
+        err = d.memcpy_dtoh(<void*>p, src, <size_t>n, <void*>stream)
+    if err:
+        _give_staging(d, p, size)
+        raise d.error(err, "cuMemcpyDtoHAsync")
+    return p
+
+
 cdef object stage_out(Driver d, uintptr_t stream, uintptr_t src, object out):
     """Enqueue on ``stream`` a copy from device address ``src`` into C-contiguous array ``out``
     (all its bytes); return what to call once the stream has passed it, which fills ``out``
@@ -726,17 +739,11 @@ cdef object stage_out(Driver d, uintptr_t stream, uintptr_t src, object out):
     cdef Py_ssize_t n = out.nbytes
     cdef Py_ssize_t size
     cdef uintptr_t p
-    cdef int err
     cdef StagedOut done
     if n == 0:
         return None
     size = _staging_class(n)
-    p = _take_staging(d, size)
-    with nogil:
-        err = d.memcpy_dtoh(<void*>p, src, <size_t>n, <void*>stream)
-    if err:
-        _give_staging(d, p, size)
-        raise d.error(err, "cuMemcpyDtoHAsync")
+    p = _staged_dtoh(d, stream, src, n, size)
     done = StagedOut.__new__(StagedOut)
     done.d = d
     done.p = p
@@ -796,23 +803,15 @@ cdef object lend_out(Driver d, uintptr_t stream, uintptr_t src, Py_ssize_t n):
     or as many are lent as the cap allows): then copy through :func:`stage_out`."""
     global _lent
     cdef Py_ssize_t size
-    cdef uintptr_t p
-    cdef int err
     cdef Lent blk
     if n == 0:
         return None
     size = _staging_class(n)
     if _lent + size > _LEND_CAP:
         return None
-    p = _take_staging(d, size)
-    with nogil:
-        err = d.memcpy_dtoh(<void*>p, src, <size_t>n, <void*>stream)
-    if err:
-        _give_staging(d, p, size)
-        raise d.error(err, "cuMemcpyDtoHAsync")
     blk = Lent.__new__(Lent)
     blk.d = d
-    blk.p = p
+    blk.p = _staged_dtoh(d, stream, src, n, size)
     blk.size = size
     blk.n = n
     _lent += size

@@ -6,6 +6,7 @@ Names not declared here are internal to the core and typed ``Any``.
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from ._base import Buffer
 from ._op import DeviceOp
 
 T = TypeVar("T")
@@ -37,6 +38,10 @@ def named(items: Any, what: str) -> tuple[Any, ...]:
 def seen(obj: Any, be: Any, write: bool) -> tuple[Any, int, int, bool] | None:
     """The ledger access ``(buffer, lo, hi, write)`` of a PyTorch tensor described before on
     device ``be`` and unchanged since, else None."""
+
+def wrapper(be: Any, start: int, nbytes: int, host: Any, owner: Any, accesses: list[Any]) -> Buffer:
+    """A Buffer of foreign memory [start, start + nbytes) on device ``be`` that keeps ``owner``
+    alive and shares the region's access list ``accesses``."""
 
 def remember(obj: Any, ptr: int, shape: Any, be: Any, buf: Any, lo: int, hi: int) -> None:
     """Keep what describing PyTorch tensor ``obj`` found, for :func:`seen` (held weakly)."""

@@ -21,7 +21,7 @@ import threading
 from .._errors import UsageError
 from ..device._select import _selected, _state, current
 
-__all__ = ["External", "HOOKS", "inside", "named", "new_external", "remember", "seen"]
+__all__ = ["External", "HOOKS", "inside", "named", "new_external", "remember", "seen", "wrapper"]
 
 
 class _Inside(threading.local):
@@ -90,7 +90,6 @@ cpdef object seen(obj, be, bint write):
     something (work in flight) keeps it, else a new one is made, which keeps the tensor alive.
     """
     cdef Seen e
-    cdef Buffer buf
     x = SEEN.get(PyLong_FromVoidPtr(<void*>obj))
     if x is None:
         return None
@@ -99,16 +98,22 @@ cpdef object seen(obj, be, bint write):
         return None
     b = e.last()
     if b is None:
-        buf = Buffer.__new__(Buffer)
-        buf.backend = be
-        buf.ptr = e.start
-        buf.nbytes = e.nbytes
-        buf.host = e.host
-        buf.owner = obj
-        buf.accesses = e.accesses
-        e.last = PyWeakref_NewRef(buf, None)
-        b = buf
+        b = wrapper(be, e.start, e.nbytes, e.host, obj, e.accesses)
+        e.last = PyWeakref_NewRef(b, None)
     return (b, e.lo, e.hi, write)
+
+
+cpdef Buffer wrapper(be, uintptr_t start, Py_ssize_t nbytes, host, owner, list accesses):
+    """A Buffer of foreign memory [start, start + nbytes) on device ``be`` that keeps ``owner``
+    alive and shares the region's access list ``accesses``."""
+    cdef Buffer buf = Buffer.__new__(Buffer)
+    buf.backend = be
+    buf.ptr = start
+    buf.nbytes = nbytes
+    buf.host = host
+    buf.owner = owner
+    buf.accesses = accesses
+    return buf
 
 
 def remember(obj, uintptr_t ptr, shape, be, Buffer buf, Py_ssize_t lo, Py_ssize_t hi):

@@ -28,6 +28,7 @@ from .._core._external import (
     inside,  # (re-exported: the stream whose external fn runs)
     remember,
     seen,
+    wrapper,
 )
 from .._errors import UsageError
 from .._process import renew_at_fork
@@ -144,9 +145,7 @@ def _locate(be: Any, lo: int, hi: int, root: Any) -> _Region:
 
 def _wrapper(be: Any, r: _Region, owner: Any) -> Buffer:
     """A Buffer of region ``r`` that keeps ``owner`` alive, sharing the region's access list."""
-    buf = Buffer(be, r.start, r.end - r.start, r.host, owner)
-    buf.accesses = r.accesses
-    return buf
+    return wrapper(be, r.start, r.end - r.start, r.host, owner, r.accesses)
 
 
 def buffer_for(
