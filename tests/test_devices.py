@@ -142,7 +142,7 @@ def test_mixed_device_kernel_is_refused(two) -> None:
 @pytest.mark.parametrize("spec", [5, -1, "host:9", "cuda:7", 1.0, None, True, "gpu", "host:x"])
 def test_bad_devices_are_refused_before_any_work(backend, monkeypatch, spec) -> None:
     monkeypatch.setenv("DEVICEOP_HOST_DEVICES", "2")
-    if backend == "cuda" and spec == 1:
+    if backend == "cuda" and spec == 1 and len(do.devices()) > 1:
         pytest.skip("a real second device")
     with pytest.raises(do.UsageError):
         do.device(spec)

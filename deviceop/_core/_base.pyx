@@ -568,6 +568,27 @@ def set_current(Driver d):
     make_current(d)
 
 
+def swap_current(Driver d):
+    """Make ``d``'s context current on the calling thread and return the context that was (0 if
+    none was known), for :func:`restore_current`: a call made for another device in the middle
+    of an execution, whose later driver calls need its own device's context back."""
+    cdef void* prev = dvo_current_ctx
+    make_current(d)
+    return <uintptr_t>prev
+
+
+def restore_current(Driver d, uintptr_t prev):
+    """Make context ``prev`` (from :func:`swap_current`) current again; 0 leaves ``d``'s."""
+    global dvo_current_ctx
+    cdef int err
+    if prev == 0 or <void*>prev == dvo_current_ctx or d.ctx_set == NULL:
+        return
+    err = d.ctx_set(<void*>prev)
+    if err:
+        raise d.error(err, "cuCtxSetCurrent")
+    dvo_current_ctx = <void*>prev
+
+
 cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nbytes):
     """A buffer of ``nbytes`` on ``stream``: a cached idle block of its size class, else one from
     the driver's pool (``d.mem_alloc``); when the pool is out of memory the backend's cached

@@ -1,6 +1,6 @@
 """The cuda backend: the CUDA driver API through cuda.bindings (cuda-python).
 
-One primary context on device 0, a pool of non-blocking streams, events of two kinds (see
+One primary context per device (``CudaBackend(ordinal)``), a pool of non-blocking streams, events of two kinds (see
 :class:`CudaEvent`), stream-ordered allocation from the device's default memory pool (kept
 cached: release threshold at its maximum), page-locked staging for host copies
 (``deviceop._core._base``). Driver calls release the GIL inside cuda.bindings.
@@ -8,7 +8,9 @@ cached: release threshold at its maximum), page-locked staging for host copies
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -18,10 +20,12 @@ from .._core._base import (
     Buffer,
     driver_alloc,
     register_stream_type,
+    restore_current,
     set_current,
     size_class,
     staged_download,
     staged_upload,
+    swap_current,
 )
 from .._errors import BackendError, CudaError
 from . import _capture
@@ -64,7 +68,13 @@ class CudaEvent:
                 return
             except IndexError:  # another thread took the last one
                 pass
-        err, self.handle_int = _nd.event_create(CudaEvent._HOST_WAIT_FLAGS if host_wait else CudaEvent._FLAGS)
+        # cuEventCreate makes the event in the current context, which may be another device's
+        # (the join of a copy to another device); it must be the stream's that records it
+        prev = swap_current(backend.driver)
+        try:
+            err, self.handle_int = _nd.event_create(CudaEvent._HOST_WAIT_FLAGS if host_wait else CudaEvent._FLAGS)
+        finally:
+            restore_current(backend.driver, prev)
         if err:
             raise cuda_error(err, "cuEventCreate")
 
@@ -245,6 +255,17 @@ class CudaBackend:
         backend, so switching between devices on one thread is always seen)."""
         set_current(self.driver)
 
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """This device's context current for the block and the thread's previous one after it:
+        driver calls made for this device in the middle of another device's execution (a copy
+        between devices, a library handle made on first use)."""
+        prev = swap_current(self.driver)
+        try:
+            yield
+        finally:
+            restore_current(self.driver, prev)
+
     def raise_if_error(self) -> None:
         """Raise CudaError if the context has a sticky error."""
         self.make_current()
@@ -270,7 +291,8 @@ class CudaBackend:
 
     # -- streams and events --------------------------------------------------------------------
     def new_stream(self, index: int) -> CudaStream:
-        return CudaStream(self, index)
+        with self.current():  # a stream belongs to the current context
+            return CudaStream(self, index)
 
     def stream_from_handle(self, handle: int) -> CudaStream:
         """The stream for CUstream ``handle``: the pool's own, or one wrapper per foreign handle
@@ -366,7 +388,7 @@ class CudaBackend:
     # -- modules -------------------------------------------------------------------------------
     def load_function(self, cubin: bytes, name: str) -> Any:
         """The CUfunction ``name`` from ``cubin`` (modules are loaded once per image)."""
-        with self._mod_lock:
+        with self._mod_lock, self.current():  # a module loads into the current context
             mod = self._modules.get(cubin)
             if mod is None:
                 mod = check(_drv.cuModuleLoadData(cubin), "cuModuleLoadData")

@@ -9,6 +9,7 @@ a random time so that a missing cross-stream dependency shows up as a wrong resu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import random
@@ -337,6 +338,10 @@ class HostBackend:
                 "do.external or a kernel's host function); that work must not start deviceop "
                 "ops or terminals. Build the deviceop work as a separate op instead"
             )
+
+    def current(self) -> contextlib.nullcontext[None]:
+        """Nothing to make current for a block on the host (see the cuda backend's)."""
+        return contextlib.nullcontext()
 
     # -- DLPack --------------------------------------------------------------------------------
     def accepts_dlpack_device(self, dev: tuple[int, int]) -> bool:

@@ -84,7 +84,9 @@ def _create(stream: Any) -> int:
     from cuda.bindings import driver as drv
 
     m = cublas()
-    with relaxed_capture():
+    # a handle belongs to the device current when it is made, the workspace is allocated there:
+    # the stream's device, whichever device's execution asks first
+    with relaxed_capture(), stream.backend.current():
         h = call(m.create)
         err, ws = drv.cuMemAlloc(WORKSPACE_BYTES)
         if err:

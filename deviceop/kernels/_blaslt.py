@@ -25,6 +25,7 @@ renew_at_fork(globals(), _lock=threading.RLock)  # a thread may hold it at fork(
 _plans: dict[tuple[Any, ...], LtPlan | None] = {}
 _MAX_PLANS = 4096
 _state: dict[str, Any] = {}
+_handles: dict[Any, int] = {}  # backend (a device) -> its cublasLtHandle_t
 
 
 def _lt() -> Any:
@@ -36,16 +37,17 @@ def _lt() -> Any:
     return m
 
 
-def lt_handle() -> int:
-    """The process's cuBLASLt handle (streams are given per call)."""
-    h = _state.get("handle")
+def lt_handle(backend: Any) -> int:
+    """``backend``'s cuBLASLt handle (streams are given per call): a handle belongs to the
+    device current when it is made, so each device has its own."""
+    h = _handles.get(backend)
     if h is None:
         with _lock:
-            h = _state.get("handle")
+            h = _handles.get(backend)
             if h is None:
-                with relaxed_capture():
-                    h = _state["handle"] = call(_lt().create)
-    return h  # type: ignore[no-any-return]
+                with relaxed_capture(), backend.current():
+                    h = _handles[backend] = call(_lt().create)
+    return h
 
 
 def matmul_address() -> int:
@@ -93,15 +95,17 @@ class LtPlan:
 
 
 def lt_plan(g: Any, cuda_type: int, compute: int) -> LtPlan | None:
-    """The plan for geometry ``g`` (see _gemm), or None if cuBLASLt offers no algorithm."""
-    key = (cuda_type, compute, g.m, g.n, g.k, g.op_a, g.op_b, g.ld_a, g.ld_b, g.ld_c, g.al_a, g.al_b, g.al_c)
+    """The plan for geometry ``g`` (see _gemm) on its device, or None if cuBLASLt offers no algorithm."""
+    be = g.be
+    shape = (g.m, g.n, g.k, g.op_a, g.op_b, g.ld_a, g.ld_b, g.ld_c, g.al_a, g.al_b, g.al_c)
+    key = (be.device_label, cuda_type, compute, *shape)
     if key in _plans:
         return _plans[key]
-    lt_handle()  # before the plan lock
+    lt_handle(be)  # before the plan lock
     with _lock:
         if key not in _plans:
-            with relaxed_capture():
-                plan = _make(key)
+            with relaxed_capture(), be.current():
+                plan = _make(key, lt_handle(be))
             if len(_plans) < _MAX_PLANS:
                 _plans[key] = plan
             return plan
@@ -113,10 +117,9 @@ def _set(fn: Any, obj: int, attr: Any, ctype: Any, value: int) -> None:
     call(fn, obj, int(attr), ctypes.addressof(v), ctypes.sizeof(v))
 
 
-def _make(key: tuple[Any, ...]) -> LtPlan | None:
+def _make(key: tuple[Any, ...], h: int) -> LtPlan | None:
     lt = _lt()
-    dt, compute, m, n, k, op_a, op_b, ld_a, ld_b, ld_c, al_a, al_b, al_c = key
-    h = lt_handle()
+    _, dt, compute, m, n, k, op_a, op_b, ld_a, ld_b, ld_c, al_a, al_b, al_c = key
     # the row-major product as column-major: c^T (n x m) = op(b') (n x k) op(a') (k x m)
     desc = call(lt.matmul_desc_create, compute, 0)  # scale type: CUDA_R_32F
     A = lt.MatmulDescAttribute

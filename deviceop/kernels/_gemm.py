@@ -197,7 +197,7 @@ def _lt_call(g: _Geometry, dtype: DType, tf32: bool) -> tuple[int, ...] | None:
     if lp is None:
         return None
     g.lt = lp
-    g.lt_call = (matmul_address(), lt_handle(), lp.desc, lp.layout_a, lp.layout_b, lp.layout_c, lp.algo)
+    g.lt_call = (matmul_address(), lt_handle(g.be), lp.desc, lp.layout_a, lp.layout_b, lp.layout_c, lp.algo)
     call: tuple[int, ...] | None = g.lt_call
     return call
 

@@ -89,7 +89,9 @@ class ToDevice(DeviceOp[Tensor]):
         cx.stream.record(fork)
         child = cx.fork(dst.streams[next(self._turn) % len(dst.streams)], fork)
         try:
-            return self._copy(child, t)
+            # the destination's context while the copy is enqueued there, this execution's after
+            with dst.current():
+                return self._copy(child, t)
         finally:
             cx.join(child)
 

@@ -26,6 +26,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import queue
 import sys
 import threading
 import time
@@ -63,7 +64,9 @@ class Replica:
         self.w = [do.from_numpy(w).sync() for w in make_weights(width, steps)]
 
     def device(self) -> str:
-        return f"{self.do.backend_name()} pid {os.getpid()} {self.do.devices()}"
+        """Where this replica runs: backend, process, the devices it sees and which GPUs those are."""
+        gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return f"{self.do.backend_name()} pid {os.getpid()} {self.do.devices()}" + (f" (GPU {gpus})" if gpus else "")
 
     def _request(self, x: np.ndarray) -> Any:
         do, K = self.do, self.K
@@ -137,18 +140,28 @@ def _serve(conn: Any, gpu: int | None, width: int, steps: int) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         pending: set[asyncio.Task[None]] = set()
-        while True:
-            msg = await loop.run_in_executor(None, conn.recv)
+        done = loop.create_future()
+
+        async def answer(i: int, x: np.ndarray) -> None:
+            conn.send((i, await rep.infer(x)))
+
+        def start(msg: Any) -> None:
             if msg is None:
-                break
-            i, x = msg
-
-            async def answer(i: int = i, x: np.ndarray = x) -> None:
-                conn.send((i, await rep.infer(x)))
-
-            t = asyncio.ensure_future(answer())
+                done.set_result(None)
+                return
+            t = loop.create_task(answer(*msg))
             pending.add(t)
             t.add_done_callback(pending.discard)
+
+        def reader() -> None:  # requests arrive on a thread of their own: the loop only awaits
+            while True:
+                msg = conn.recv()
+                loop.call_soon_threadsafe(start, msg)
+                if msg is None:
+                    return
+
+        threading.Thread(target=reader, daemon=True).start()
+        await done
         await asyncio.gather(*pending)
 
     asyncio.run(main())
@@ -192,22 +205,33 @@ def run_processes(a: argparse.Namespace, xs: list[np.ndarray]) -> dict[str, Any]
                 f = waiting.pop(i)
             f.get_loop().call_soon_threadsafe(f.set_result, y)
 
+    def sender(c: Any, q: queue.SimpleQueue[Any]) -> None:  # a full pipe blocks this thread, not the loop
+        while True:
+            msg = q.get()
+            c.send(msg)
+            if msg is None:
+                return
+
+    outboxes: list[queue.SimpleQueue[Any]] = []
     for c in pipes:
+        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        outboxes.append(q)
         threading.Thread(target=reader, args=(c,), daemon=True).start()
+        threading.Thread(target=sender, args=(c, q), daemon=True).start()
 
     async def call(k: int, x: np.ndarray) -> np.ndarray:
         fut: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         i = next(ids)
         with lock:
             waiting[i] = fut
-        pipes[k].send((i, x))
+        outboxes[k].put((i, x))
         return await fut
 
     try:
         return measure(a, xs, call, where)
     finally:
-        for c in pipes:
-            c.send(None)
+        for q in outboxes:
+            q.put(None)
         for p in procs:
             p.join(timeout=60)
 

@@ -12,6 +12,12 @@
 // and cuGraphLaunch enqueues it again. A failed launch makes the context's error sticky: every
 // later call returns it, as after a kernel fault.
 //
+// DEVICEOP_STUB_DEVICES=N (1 to 8, default 1) emulates N devices, each with its primary context.
+// Streams, events and modules belong to the context current when they are made; recording an
+// event on another context's stream, or launching a function on one, fails as on the driver
+// (CUDA_ERROR_INVALID_HANDLE), and a call that makes one with no context current fails
+// (CUDA_ERROR_INVALID_CONTEXT): work for two devices from one thread must switch contexts.
+//
 // DEVICEOP_STUB_INLINE=1 runs each item when it is enqueued, on the calling thread, instead of on
 // the stream's worker: every stream then completes in issue order and a synchronize returns at
 // once, so the host cost of deviceop's own paths can be timed and profiled without the workers'
@@ -30,7 +36,14 @@
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
-enum { OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_NOT_FOUND = 500, E_CAPTURE_INVALIDATED = 901 };
+enum {
+    OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_INVALID_CONTEXT = 201, E_INVALID_HANDLE = 400,
+    E_NOT_FOUND = 500, E_CAPTURE_INVALIDATED = 901
+};
+enum { MAX_DEVICES = 8 };
+static int n_devices = 1;
+static int contexts[MAX_DEVICES];  // the primary contexts: a context is the address of its slot
+static __thread void *current;
 
 typedef int (*launch_hook_t)(const char *name, const unsigned *grid, const unsigned *block, void **params);
 typedef int (*nparams_hook_t)(const char *name);
@@ -56,7 +69,12 @@ long stub_dtoh_calls_waiting(void) { return __atomic_load_n(&dtoh_waiting, __ATO
 typedef struct func {
     char name[128];
     int nparams;
+    void *ctx;  // its module's context
 } func_t;
+
+typedef struct module {
+    void *ctx;  // the context it was loaded into
+} module_t;
 
 // One cuEventRecord: done once its stream reaches it. A wait holds the record it saw when it was
 // enqueued, so a later record of the same event (a reused handle) never releases it early.
@@ -67,6 +85,7 @@ typedef struct record {
 
 typedef struct event {
     record_t *latest;  // NULL: never recorded (complete)
+    void *ctx;         // the context current when it was made
 } event_t;
 
 static pthread_mutex_t ev_mu = PTHREAD_MUTEX_INITIALIZER;  // every event and record
@@ -106,6 +125,7 @@ typedef struct stream {
     int capturing;
     graph_t *capture;
     pthread_t thread;
+    void *ctx;               // the context current when it was made
 } stream_t;
 
 static CUresult push_work(graph_t *g, const work_t *w) {
@@ -234,11 +254,18 @@ CUresult cuInit(unsigned flags) {
     inline_mode = i && strcmp(i, "1") == 0;
     const char *m = getenv("DEVICEOP_STUB_NO_MEMOPS");
     no_memops = m && strcmp(m, "1") == 0;
+    const char *d = getenv("DEVICEOP_STUB_DEVICES");
+    n_devices = d ? (int)strtol(d, NULL, 10) : 1;
+    if (n_devices < 1 || n_devices > MAX_DEVICES) n_devices = 1;
     return OK;
 }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
-CUresult cuDeviceGetCount(int *n) { *n = 1; return OK; }
-CUresult cuDeviceGet(int *dev, int ordinal) { if (ordinal != 0) return E_INVALID_VALUE; *dev = 0; return OK; }
+CUresult cuDeviceGetCount(int *n) { *n = n_devices; return OK; }
+CUresult cuDeviceGet(int *dev, int ordinal) {
+    if (ordinal < 0 || ordinal >= n_devices) return E_INVALID_VALUE;
+    *dev = ordinal;
+    return OK;
+}
 CUresult cuDeviceGetName(char *name, int len, int dev) { snprintf(name, len, "deviceop stub device"); return OK; }
 CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
     switch (attr) {
@@ -249,13 +276,21 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
     }
     return OK;
 }
-static int the_context;
-static __thread void *current;
-CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) { *ctx = &the_context; return OK; }
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+    if (dev < 0 || dev >= n_devices) return E_INVALID_VALUE;
+    *ctx = &contexts[dev];
+    return OK;
+}
 CUresult cuDevicePrimaryCtxRelease(int dev) { return OK; }
 CUresult cuCtxSetCurrent(void *ctx) { current = ctx; return OK; }
 CUresult cuCtxGetCurrent(void **ctx) { *ctx = current; return OK; }
-CUresult cuCtxGetDevice(int *dev) { *dev = 0; return OK; }
+CUresult cuCtxGetDevice(int *dev) {
+    if (!current) return E_INVALID_CONTEXT;
+    *dev = (int)((int *)current - contexts);
+    return OK;
+}
+// the context a stream handle belongs to (NULL: a special handle, such as the legacy stream)
+static void *ctx_of_stream(void *hs) { return (uintptr_t)hs > 2 ? ((stream_t *)hs)->ctx : NULL; }
 CUresult cuCtxSynchronize(void) { return OK; }
 
 // ---- memory --------------------------------------------------------------------------------
@@ -344,6 +379,10 @@ CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, void *s) {
     return copy((CUdeviceptr)dst, src, n, s);
 }
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) { return copy(dst, src, n, s); }
+CUresult cuMemcpyPeerAsync(CUdeviceptr dst, void *dctx, CUdeviceptr src, void *sctx, size_t n, void *s) {
+    if (!dctx || !sctx) return E_INVALID_CONTEXT;
+    return copy(dst, src, n, s);
+}
 static CUresult memset_n(CUdeviceptr dst, unsigned v, size_t n, int width, void *s) {
     work_t w = {.kind = W_MEMSET, .dst = dst, .n = n, .value = v, .width = width};
     return submit(s, &w);
@@ -354,8 +393,10 @@ CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, void *s) { return
 
 // ---- streams, events, host functions -------------------------------------------------------
 CUresult cuStreamCreate(void **hs, unsigned flags) {
+    if (!current) return E_INVALID_CONTEXT;
     stream_t *s = calloc(1, sizeof(stream_t));
     if (!s) return E_OUT_OF_MEMORY;
+    s->ctx = current;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     if (pthread_create(&s->thread, NULL, worker, s) != 0) { free(s); return E_OUT_OF_MEMORY; }
@@ -381,8 +422,10 @@ CUresult cuStreamQuery(void *hs) {
     return n ? 600 : OK;  // CUDA_ERROR_NOT_READY
 }
 CUresult cuEventCreate(void **hev, unsigned flags) {
+    if (!current) return E_INVALID_CONTEXT;
     event_t *ev = calloc(1, sizeof(event_t));
     if (!ev) return E_OUT_OF_MEMORY;
+    ev->ctx = current;
     *hev = ev;
     return OK;
 }
@@ -396,6 +439,8 @@ CUresult cuEventDestroy(void *hev) {
 }
 CUresult cuEventRecord(void *hev, void *s) {
     event_t *ev = hev;
+    void *sctx = ctx_of_stream(s);
+    if (sctx && ev->ctx != sctx) return E_INVALID_HANDLE;  // an event of another device
     record_t *r = calloc(1, sizeof(record_t));
     if (!r) return E_OUT_OF_MEMORY;
     r->refs = 2;  // the event's latest, the queued record
@@ -470,12 +515,20 @@ CUresult cuLaunchHostFunc(void *s, void (*fn)(void *), void *data) {
 }
 
 // ---- modules and launches --------------------------------------------------------------------
-CUresult cuModuleLoadData(void **mod, const void *image) { *mod = malloc(1); return *mod ? OK : E_OUT_OF_MEMORY; }
+CUresult cuModuleLoadData(void **mod, const void *image) {
+    if (!current) return E_INVALID_CONTEXT;
+    module_t *m = calloc(1, sizeof(module_t));
+    if (!m) return E_OUT_OF_MEMORY;
+    m->ctx = current;
+    *mod = m;
+    return OK;
+}
 CUresult cuModuleUnload(void *mod) { free(mod); return OK; }
 CUresult cuModuleGetFunction(void **fn, void *mod, const char *name) {
     func_t *f = calloc(1, sizeof(func_t));
     if (!f) return E_OUT_OF_MEMORY;
     snprintf(f->name, sizeof f->name, "%s", name);
+    f->ctx = ((module_t *)mod)->ctx;
     // without a harness (measuring host cost): every kernel is accepted and does nothing
     f->nparams = nparams_hook ? nparams_hook(name) : 0;
     if (f->nparams < 0 || f->nparams > 32) {
@@ -491,6 +544,8 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     if (sticky) return sticky;
     if (!f || (uint64_t)gx * gy * gz == 0 || (uint64_t)bx * by * bz == 0 || (uint64_t)bx * by * bz > 1024)
         return E_INVALID_VALUE;
+    void *sctx = ctx_of_stream(s);
+    if (sctx && f->ctx != sctx) return E_INVALID_HANDLE;  // a function of another device's module
     work_t w = {.kind = W_KERNEL, .fn = f, .nparams = f->nparams, .grid = {gx, gy, gz}, .block = {bx, by, bz}};
     for (int i = 0; i < f->nparams; i++) memcpy(&w.values[i], params[i], 8);
     return submit(s, &w);
