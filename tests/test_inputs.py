@@ -99,10 +99,31 @@ def test_scalars_beyond_the_dtype_are_refused_when_built(backend):
     K.scale(y.partition((128,)), x, float("inf")).sync()  # inf itself is a float32 value
 
 
-@pytest.mark.parametrize("shape", [2**62, (2**31, 2**31), (1 << 40, 1 << 10)])
+@pytest.mark.parametrize("shape", [2**62, (2**31, 2**31), (1 << 40, 1 << 10), (1 << 47, 0, 1 << 47)])
 def test_impossible_sizes_are_refused_when_built(shape):
+    if 0 in np.atleast_1d(shape):  # an empty tensor is possible whatever its other dimensions
+        assert do.empty(shape).shape == tuple(shape)
+        return
     with pytest.raises(do.ShapeError, match="more than any device holds"):
         do.zeros(shape)
+    with pytest.raises(do.ShapeError, match="more than any device holds"):
+        do.empty(shape, do.float16)  # empty's own path for plain shapes checks the size too
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"), [((16, 2048), do.float16), ([3, 4], "float32"), (np.int64(5), np.float32), (0, do.int32)]
+)
+def test_empty_takes_what_zeros_takes(backend, shape, dtype):
+    a, z = do.empty(shape, dtype), do.zeros(shape, dtype)
+    assert (a.shape, a.dtype) == (z.shape, z.dtype)
+    t = a.sync()
+    assert t.shape == z.shape and t.dtype is z.dtype
+
+
+@pytest.mark.parametrize("bad", [(-1, 4), (2.0, 3), "abc", (True, 2)])
+def test_empty_refuses_bad_shapes_when_built(bad):
+    with pytest.raises(do.ShapeError):
+        do.empty(bad, do.float16)
 
 
 def test_an_interrupted_sync_keeps_its_work_registered_until_it_completes(host_backend, monkeypatch):

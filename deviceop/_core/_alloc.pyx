@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ._base cimport _LOCK as LOCK, Buffer, Driver, driver_alloc, new_contiguous
+from ._base cimport _LOCK as LOCK, Buffer, Driver, driver_alloc, new_contiguous, plain_shape
 from ._ledger cimport ExecutionContext, order
 from ._op cimport DeviceOp
 
@@ -18,10 +18,11 @@ from .._dtypes import DType, as_dtype
 from .._errors import CaptureError, DTypeError, ShapeError
 from ..device._tensor import Tensor, as_shape
 
-__all__ = ["Alloc", "alloc_tensor", "refuse_allocation"]
+__all__ = ["Alloc", "alloc_tensor", "empty_op", "refuse_allocation"]
 
 #: no allocation can be larger (2^48 bytes: 256 TiB); larger shapes are mistakes, refused when built
 MAX_BYTES = 1 << 48
+cdef Py_ssize_t _MAX_BYTES = MAX_BYTES
 
 
 cpdef int refuse_allocation(ExecutionContext cx, what) except -1:
@@ -111,3 +112,26 @@ cdef class Alloc(DeviceOp):
         else:
             be.htod(t.buffer, 0, np.full(self.shape, value, dtype=self.dtype.np_dtype), cx.stream, cx)
         return t
+
+
+cpdef Alloc empty_op(shape, dtype):
+    """``Alloc("empty", shape, dtype, None)``: a request's fresh buffer, made without the
+    checks' Python calls when ``shape`` is a plain shape and ``dtype`` a DType whose size is
+    in range (anything else goes through ``Alloc``, which checks it and says what is wrong)."""
+    cdef Alloc a
+    cdef Py_ssize_t n
+    cdef Py_ssize_t nbytes
+    if type(dtype) is DType and plain_shape(shape):
+        nbytes = dtype.itemsize
+        for n in <tuple>shape:
+            if n and nbytes > _MAX_BYTES // n:
+                break
+            nbytes *= n
+        else:
+            a = Alloc.__new__(Alloc)
+            a.name = "empty"
+            a.shape = shape
+            a.dtype = dtype
+            a.fill = None
+            return a
+    return Alloc("empty", shape, dtype, None)

@@ -86,6 +86,7 @@ cdef class TensorBase:
 
 
 cdef TensorBase new_contiguous(type cls, Buffer buf, tuple shape, dtype)
+cpdef bint plain_shape(shape)
 
 
 cdef class PartitionBase:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from .._core._alloc import Alloc, alloc_tensor, refuse_allocation
+from .._core._alloc import Alloc, alloc_tensor, empty_op, refuse_allocation
 from .._core._ledger import enqueue
 from .._core._op import Value, value
 from .._dtypes import DType, float32
@@ -49,4 +49,4 @@ def full(shape: Any, value: Any, dtype: Any = float32) -> DeviceOp[Tensor]:
 
 def empty(shape: Any, dtype: Any = float32) -> DeviceOp[Tensor]:
     """An op that allocates a tensor without initializing it."""
-    return Alloc("empty", shape, dtype, None)
+    return empty_op(shape, dtype)
