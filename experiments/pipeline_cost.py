@@ -12,7 +12,7 @@ process. Measured for S in {1, 8, 32}:
 
 Host CPU is the process's CPU time (every thread: the driver's, deviceop's, PyTorch's) per
 request; wall time per request too. Rounds alternate deviceop and PyTorch; medians over
---rounds after a warm-up round (by default as many as fill about 2 s, 7 to 61: the host's speed
+--rounds after a warm-up round (by default as many as fill about 3 s, 15 to 61: the host's speed
 moves within seconds, and one round of a 1-step request lasts 25 ms); results are checked
 against each other.
 
@@ -105,12 +105,13 @@ def one_at_a_time(request, torch_request, xs, rounds: int) -> dict:
 
 def _alternate(dev, tor, rounds: int, n: int) -> dict:
     """Warm up, then ``rounds`` rounds of ``dev`` and ``tor`` in turn (0: as many as fill about
-    2 s, from 7 to 61: on a host whose speed moves within seconds, short rounds need many)."""
+    3 s, from 15 to 61: on a host whose speed moves within seconds, short rounds need many, and
+    long ones enough for a steady median)."""
     dev(), tor()  # warm-up: plans, cuBLAS heuristics, pools
     if rounds <= 0:
         t0 = time.perf_counter()
         dev(), tor()
-        rounds = min(61, max(7, math.ceil(2.0 / (time.perf_counter() - t0))))
+        rounds = min(61, max(15, math.ceil(3.0 / (time.perf_counter() - t0))))
     d, t = [], []
     for _ in range(rounds):
         d.append(_cpu_wall(dev))
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default="1,8,32")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=0, help="rounds per measurement (0: enough for about 2 s)")
+    ap.add_argument("--rounds", type=int, default=0, help="rounds per measurement (0: enough for about 3 s, at least 15)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     from exec_modes import machine_info
