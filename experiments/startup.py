@@ -7,6 +7,10 @@ Each figure is measured in fresh interpreter processes (median of --runs):
                   (``do.zeros(1024).sync()``), i.e. what deviceop adds on top of a started driver
                   (built-in kernels come from the disk cache, as in any process after the first)
 
+deviceop's modules are byte-compiled first, as ``pip install`` leaves an installed package: a
+checkout run under ``PYTHONDONTWRITEBYTECODE=1`` would otherwise compile every module from
+source in every process (about 15 ms more on a workstation, twice that on the H100's host).
+
     python experiments/startup.py --out startup.json
 """
 
@@ -55,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    # byte-compile the package (compileall writes whatever PYTHONDONTWRITEBYTECODE says)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(ROOT, "deviceop")], check=True)
     run(FIRST)  # fills the kernel cache and warms the page cache
     imp = [run(IMPORT)[0] for _ in range(a.runs)]
     first = [run(FIRST) for _ in range(a.runs)]
