@@ -129,6 +129,35 @@ def test_work_on_the_other_device_orders_against_this_one(two) -> None:
     assert (back.numpy() == 16.0).all()
 
 
+def test_work_for_another_device_leaves_this_threads_context(two) -> None:
+    # what one device's execution makes for another (the copy's join event, a foreign address
+    # lookup, a stream) is made in that device's context, and the thread's context is this
+    # device's again after: the stub driver refuses another context's events and functions
+    if two != "cuda":
+        pytest.skip("contexts exist on the cuda backend")
+    from cuda.bindings import driver as drv
+
+    def ctx() -> int:
+        err, c = drv.cuCtxGetCurrent()
+        assert not err
+        return int(c)
+
+    be0 = current_backend()
+    with do.device(1):
+        be1 = current_backend()
+    x = do.full(64, 3.0).sync()
+    assert ctx() == int(be0.context)
+    with be1.current():
+        assert ctx() == int(be1.context)
+    assert ctx() == int(be0.context)
+    be1.new_event(), be1.allocation_range(0), be1.new_stream(-1)
+    assert ctx() == int(be0.context)
+    y = do.to_device(x, 1).sync()
+    assert ctx() == int(be0.context)
+    K.add(x.partition((64,)), x, x).sync()  # device 0's kernel, launched after the copy
+    assert (x.numpy() == 6.0).all() and (y.numpy() == 3.0).all()
+
+
 def test_mixed_device_kernel_is_refused(two) -> None:
     a = do.zeros(8).sync()
     with do.device(1):

@@ -268,8 +268,8 @@ class CudaBackend:
 
     def raise_if_error(self) -> None:
         """Raise CudaError if the context has a sticky error."""
-        self.make_current()
-        err = _drv.cuStreamQuery(self.streams[0].handle)[0]
+        with self.current():
+            err = _drv.cuStreamQuery(self.streams[0].handle)[0]
         if err and err != _drv.CUresult.CUDA_ERROR_NOT_READY:
             raise cuda_error(err, "context check")
 
@@ -309,9 +309,13 @@ class CudaBackend:
 
     def allocation_range(self, ptr: int) -> tuple[int, int] | None:
         """``(base, size)`` of the device allocation holding address ``ptr``, or None if the
-        driver knows none (the ledger's region for foreign memory)."""
-        self.make_current()
-        err, base, size = _drv.cuMemGetAddressRange(ptr)
+        driver knows none (the ledger's region for foreign memory). Asked while another
+        device's execution runs (its memory named by an op there): that device's context after."""
+        prev = swap_current(self.driver)
+        try:
+            err, base, size = _drv.cuMemGetAddressRange(ptr)
+        finally:
+            restore_current(self.driver, prev)
         if err:
             return None
         return int(base), int(size)
@@ -332,11 +336,11 @@ class CudaBackend:
 
     def empty_cache(self) -> int:
         """Give every cached (idle) block back to the driver's pool; return the bytes freed."""
-        self.make_current()
         freed = 0
-        for ptr, size in self.blocks.drain():
-            release(_nd.mem_free_async, ptr, self.streams[0].handle_int)
-            freed += size
+        with self.current():
+            for ptr, size in self.blocks.drain():
+                release(_nd.mem_free_async, ptr, self.streams[0].handle_int)
+                freed += size
         return freed
 
     def used_bytes(self) -> int:
