@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", default="1,8,32")
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--rounds", type=int, default=0, help="rounds per measurement (0: enough for about 3 s, at least 15)")
+    ap.add_argument(
+        "--rounds", type=int, default=0, help="rounds per measurement (0: enough for about 3 s, at least 15)"
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     from exec_modes import machine_info
