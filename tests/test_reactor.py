@@ -539,6 +539,36 @@ def test_a_pre_woken_task_polls_whenever_the_pre_wake_comes(backend) -> None:
         assert span is not None and 0 < span < 0.01, span  # poll until shortly past the prediction
 
 
+def test_a_pre_wake_answered_only_after_the_completion_teaches_the_loops_lateness(backend) -> None:
+    """A loop that resumes a pre-woken task only after the work completed (its thread slept
+    deeply) never answers the pre-wake with ``prewoken``: the task reports it when it finds the
+    work done (``resumed``), and the reactor's loop lateness grows by it, so that later pre-wakes
+    come that much earlier. Only answered pre-wakes were learned before: the lead followed the
+    quick resumes and kept missing the slow ones."""
+    import select
+
+    from deviceop._core._base import Channel
+
+    s = pool_of(4)[1]
+
+    t = asyncio.run(_learned(s))
+    ch = Channel()
+    late0 = _reactor.stats()["late_resumes"]
+    slow_fill(t, 2.0, 0.1).submit(stream=s)  # as long as the estimate: the pre-wake comes just before
+    with _armed(s, ch) as h:
+        ready, _, _ = select.select([ch], [], [], 1.0)
+        assert ready and 7 in ch.drain(), "no pre-wake within a second of a 100 ms prediction"
+        s.synchronize()
+        time.sleep(0.002)  # the loop resumes the task 2 ms after the completion
+        assert _reactor.done(h)
+        _reactor.resumed(h)
+        st = _reactor.stats()
+        assert st["late_resumes"] == late0 + 1
+        assert st["loop_lateness_s"] >= 0.9e-3  # at least 2 ms late, learned up to its 1 ms cap
+        _reactor.resumed(h)  # once per pre-wake
+        assert _reactor.stats()["late_resumes"] == late0 + 1
+
+
 def test_the_poll_after_a_pre_wake_lasts_past_the_prediction_whatever_the_budget(backend, monkeypatch) -> None:
     """The poll budget bounds the poll of work whose duration is not learned; a pre-woken task
     polls until shortly past the predicted completion (a poll cut short by the budget parked

@@ -48,7 +48,7 @@ from ._base cimport (
 import os
 
 __all__ = [
-    "arm", "done", "expected", "prewoken", "retire", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
+    "arm", "done", "expected", "prewoken", "resumed", "retire", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
     "Signal", "POLICIES",
 ]
 
@@ -172,6 +172,10 @@ cdef int NFREE = 0
 cdef int NSLOTS = 0
 cdef entry_t* E = NULL
 cdef int N = 0
+# per slot: when a pre-wake was pushed to its await and not yet answered (0: none), and the
+# sequence number it was pushed for; outlives the slot's retirement, for :func:`resumed`
+cdef int64_t* PUSHED = NULL
+cdef uint32_t* PUSHED_SEQ = NULL
 cdef pred_t PRED[NPRED]
 cdef pthread_mutex_t MU
 cdef bint READY = False
@@ -187,6 +191,7 @@ cdef uintptr_t DADDR = 0
 # counters
 cdef uint64_t C_ARMED = 0, C_DONE = 0, C_MEMOP = 0, C_HOSTFN = 0, C_HOST = 0, C_EXHAUSTED = 0
 cdef uint64_t C_PASSES = 0, C_SLEEPS = 0, C_PARKS = 0, C_FAILED = 0, C_QUARANTINED = 0, C_PREWAKES = 0, C_REARMED = 0
+cdef uint64_t C_LATE_RESUMES = 0
 
 
 cdef int _slots_wanted() except -1:
@@ -204,7 +209,7 @@ cdef int _slots_wanted() except -1:
 
 
 cdef int _init() except -1:
-    global FLAGS, SEQ, FREE, NFREE, NSLOTS, E, READY
+    global FLAGS, SEQ, FREE, NFREE, NSLOTS, E, READY, PUSHED, PUSHED_SEQ
     cdef int n = _slots_wanted()
     cdef void* p = NULL
     cdef size_t nbytes = ((<size_t>n * 4 + 4095) // 4096) * 4096
@@ -215,7 +220,9 @@ cdef int _init() except -1:
     SEQ = <uint32_t*>calloc(n, 4)
     FREE = <uint32_t*>malloc(n * 4)
     E = <entry_t*>calloc(n, sizeof(entry_t))
-    if SEQ == NULL or FREE == NULL or E == NULL:
+    PUSHED = <int64_t*>calloc(n, sizeof(int64_t))
+    PUSHED_SEQ = <uint32_t*>calloc(n, 4)
+    if SEQ == NULL or FREE == NULL or E == NULL or PUSHED == NULL or PUSHED_SEQ == NULL:
         raise MemoryError("deviceop's completion table: out of memory")
     for i in range(n):
         FREE[i] = n - 1 - i
@@ -240,6 +247,7 @@ cdef void _after_fork_child() noexcept nogil:
     N = 0
     for i in range(NSLOTS):
         FREE[i] = NSLOTS - 1 - i
+        PUSHED[i] = 0
     NFREE = NSLOTS
     memset(PRED, 0, sizeof(PRED))
     STARTED = False
@@ -360,6 +368,8 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                     nb += 1
                     e.prewake = 0
                     e.pushed = now
+                    PUSHED[e.slot] = now
+                    PUSHED_SEQ[e.slot] = e.seq
                     C_PREWAKES += 1
                 elif now >= e.wake:
                     if now < e.hot_until:
@@ -520,6 +530,7 @@ def arm(stream, Channel ch, uint64_t token):
     e = &E[N]
     N += 1
     e.slot = slot
+    PUSHED[slot] = 0
     e.seq = seq
     e.chan = c
     e.token = token
@@ -589,6 +600,7 @@ def prewoken(uint64_t handle):
             if pre:
                 _decaying_max(&LLAT, now - E[i].pushed)
                 E[i].pushed = 0
+                PUSHED[slot] = 0
             if E[i].due:
                 est = _pred(E[i].key).est
                 # a pre-wake comes early by up to its lead (the scanner's sleep may end on time,
@@ -656,6 +668,27 @@ def expected(uint64_t handle):
             break
     pthread_mutex_unlock(&MU)
     return r, alone
+
+
+def resumed(uint64_t handle):
+    """Called by a parked task that woke to find its work complete. If the reactor had pre-woken
+    it and it had not answered (:func:`prewoken`) by then, the loop resumed it too late to poll:
+    learn that lateness (now since the pre-wake), so later pre-wakes come that much earlier.
+    Only answered pre-wakes were learned before, so the lead followed the quick resumes alone
+    and missed the slow ones again and again."""
+    global C_LATE_RESUMES
+    cdef uint32_t slot = <uint32_t>(handle >> 32)
+    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
+    cdef int64_t t
+    if slot >= <uint32_t>NSLOTS or PUSHED == NULL:
+        return
+    pthread_mutex_lock(&MU)
+    t = PUSHED[slot]
+    if t != 0 and PUSHED_SEQ[slot] == seq:
+        _decaying_max(&LLAT, dvo_now_ns() - t)
+        PUSHED[slot] = 0
+        C_LATE_RESUMES += 1
+    pthread_mutex_unlock(&MU)
 
 
 def retire(uint64_t handle):
@@ -783,6 +816,7 @@ def stats():
         "armed": C_ARMED, "completed": C_DONE, "memop": C_MEMOP, "host_function": C_HOSTFN,
         "host_stream": C_HOST, "exhausted": C_EXHAUSTED, "failed": C_FAILED, "quarantined": C_QUARANTINED,
         "passes": C_PASSES, "sleeps": C_SLEEPS, "parks": C_PARKS, "prewakes": C_PREWAKES, "rearmed": C_REARMED,
+        "late_resumes": C_LATE_RESUMES,
         "wake_lateness_s": LAT * 1e-9, "loop_lateness_s": LLAT * 1e-9, "pending": N, "free": NFREE,
         "slots": NSLOTS, "policy": POLICIES[POLICY], "memops": bool(MEMOPS), "scanner": bool(STARTED),
     }

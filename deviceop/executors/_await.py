@@ -231,6 +231,8 @@ async def _park(
             limit = min(limit, left)
         timed_out = await _sleep_or_wake(lib, waker, limit)
         if done() or check():
+            if h >= 0:
+                _reactor.resumed(h)  # a pre-wake this task answers only now: its loop's lateness
             if timed_out and limit == interval:
                 _COUNTS["late"] += 1
             return
