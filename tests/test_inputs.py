@@ -99,11 +99,8 @@ def test_scalars_beyond_the_dtype_are_refused_when_built(backend):
     K.scale(y.partition((128,)), x, float("inf")).sync()  # inf itself is a float32 value
 
 
-@pytest.mark.parametrize("shape", [2**62, (2**31, 2**31), (1 << 40, 1 << 10), (1 << 47, 0, 1 << 47)])
+@pytest.mark.parametrize("shape", [2**62, (2**31, 2**31), (1 << 40, 1 << 10)])
 def test_impossible_sizes_are_refused_when_built(shape):
-    if 0 in np.atleast_1d(shape):  # an empty tensor is possible whatever its other dimensions
-        assert do.empty(shape).shape == tuple(shape)
-        return
     with pytest.raises(do.ShapeError, match="more than any device holds"):
         do.zeros(shape)
     with pytest.raises(do.ShapeError, match="more than any device holds"):
@@ -111,7 +108,14 @@ def test_impossible_sizes_are_refused_when_built(shape):
 
 
 @pytest.mark.parametrize(
-    ("shape", "dtype"), [((16, 2048), do.float16), ([3, 4], "float32"), (np.int64(5), np.float32), (0, do.int32)]
+    ("shape", "dtype"),
+    [
+        ((16, 2048), do.float16),
+        ([3, 4], "float32"),
+        (np.int64(5), np.float32),
+        (0, do.int32),
+        ((1 << 47, 0, 1 << 47), do.float16),  # empty, whatever its other dimensions
+    ],
 )
 def test_empty_takes_what_zeros_takes(backend, shape, dtype):
     a, z = do.empty(shape, dtype), do.zeros(shape, dtype)

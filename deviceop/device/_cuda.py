@@ -70,11 +70,8 @@ class CudaEvent:
                 pass
         # cuEventCreate makes the event in the current context, which may be another device's
         # (the join of a copy to another device); it must be the stream's that records it
-        prev = swap_current(backend.driver)
-        try:
+        with backend.current():
             err, self.handle_int = _nd.event_create(CudaEvent._HOST_WAIT_FLAGS if host_wait else CudaEvent._FLAGS)
-        finally:
-            restore_current(backend.driver, prev)
         if err:
             raise cuda_error(err, "cuEventCreate")
 
