@@ -515,6 +515,29 @@ def test_a_wake_near_the_predicted_completion_polls_and_one_far_from_it_parks(ba
         assert span is not None and 0 < span < 0.01, span  # poll until shortly past the prediction
 
 
+def test_work_still_running_past_its_poll_raises_the_estimate_at_once(backend) -> None:
+    """A task whose poll after a pre-wake ran out tells the reactor (``overdue``): the stream's
+    work takes at least as long as this one has run, and the estimate rises to that at once
+    (observations raise it by an eighth per await, so a low estimate took many awaits to
+    recover, each parked past its completion)."""
+    from deviceop._core._base import Channel
+
+    s = pool_of(4)[1]
+
+    t = asyncio.run(_learned(s))
+    est0 = _reactor._estimates()[s.handle_int]
+    assert 0.05 < est0 < 0.15, est0
+    ch = Channel()
+    slow_fill(t, 2.0, 0.3).submit(stream=s)  # three times the estimate
+    with _armed(s, ch) as h:
+        time.sleep(0.2)
+        assert not _reactor.done(h)
+        _reactor.overdue(h)
+        assert _reactor._estimates()[s.handle_int] >= 0.2  # not 0.1 + 0.1 / 8
+        _reactor.overdue(h)  # only ever raises it
+        assert _reactor._estimates()[s.handle_int] >= 0.2
+
+
 def test_a_pre_woken_task_polls_whenever_the_pre_wake_comes(backend) -> None:
     """A pre-wake comes early by up to its lead (the scanner's sleep may end on time, and the
     loop resume at once): the task woken by it polls from then on (it used to park again with

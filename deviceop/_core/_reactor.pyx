@@ -48,7 +48,7 @@ from ._base cimport (
 import os
 
 __all__ = [
-    "arm", "done", "expected", "prewoken", "resumed", "retire", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
+    "arm", "done", "expected", "prewoken", "overdue", "resumed", "retire", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
     "Signal", "POLICIES",
 ]
 
@@ -668,6 +668,28 @@ def expected(uint64_t handle):
             break
     pthread_mutex_unlock(&MU)
     return r, alone
+
+
+def overdue(uint64_t handle):
+    """Called by a task whose poll after a pre-wake ran out before its work completed: the
+    stream's work takes at least as long as this one has run so far, and the estimate rises to
+    that at once. Observations only ever raised it by an eighth per await (they are upper
+    bounds), so an estimate that fell too low (a first await armed late after its launch, or
+    work that grew) took many awaits to recover, each parked past its completion."""
+    cdef uint32_t slot = <uint32_t>(handle >> 32)
+    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
+    cdef int i
+    cdef int64_t lb
+    cdef pred_t* p
+    pthread_mutex_lock(&MU)
+    for i in range(N):
+        if E[i].slot == slot and E[i].seq == seq:
+            p = _pred(E[i].key)
+            lb = dvo_now_ns() - E[i].start
+            if lb > p.est:
+                p.est = lb
+            break
+    pthread_mutex_unlock(&MU)
 
 
 def resumed(uint64_t handle):

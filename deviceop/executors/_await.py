@@ -240,8 +240,10 @@ async def _park(
         # with the pre-wake, or before it, when the work takes about as long as the interval);
         # either way, near the predicted completion the task polls for it
         span = _reactor.prewoken(h) if h >= 0 else None
-        if span is not None and _POLL[0] and await _poll(lib, done, span, deadline):
-            return
+        if span is not None and _POLL[0]:
+            if await _poll(lib, done, span, deadline):
+                return
+            _reactor.overdue(h)  # still running past the prediction: it takes longer than learned
         if timed_out:
             interval = min(interval * 2, _RECHECK[1])
 
