@@ -158,6 +158,32 @@ def test_work_for_another_device_leaves_this_threads_context(two) -> None:
     assert (x.numpy() == 6.0).all() and (y.numpy() == 3.0).all()
 
 
+def test_a_context_switched_behind_deviceops_back_is_switched_back(two) -> None:
+    # another library may make another device's context current on this thread (PyTorch's
+    # torch.cuda.set_device, a cudaSetDevice), also inside do.external's fn: deviceop asks the
+    # driver what is current instead of trusting what it last set (the stub driver refuses a
+    # launch on a stream whose context is not current)
+    if two != "cuda":
+        pytest.skip("contexts exist on the cuda backend")
+    from cuda.bindings import driver as drv
+
+    x = do.full(64, 1.0).sync()
+    with do.device(1):
+        be1 = current_backend()
+    (err,) = drv.cuCtxSetCurrent(be1.context)
+    assert not err
+    K.add(x.partition((64,)), x, x).sync()  # device 0's kernel, with device 1's context current before
+    assert (x.numpy() == 2.0).all()
+
+    def switch(stream, *_):  # fn leaves the thread on device 1, as set_device would
+        drv.cuCtxSetCurrent(be1.context)
+
+    y = do.full(64, 1.0).sync()
+    op = do.external(switch, reads=(x,)).then(lambda _: K.add(y.partition((64,)), y, x))
+    op.sync()  # the kernel after fn runs in device 0's context again
+    assert (y.numpy() == 3.0).all()
+
+
 def test_mixed_device_kernel_is_refused(two) -> None:
     a = do.zeros(8).sync()
     with do.device(1):

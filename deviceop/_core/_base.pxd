@@ -27,6 +27,7 @@ ctypedef int (*stream_sync_t)(void* stream) noexcept nogil
 ctypedef int (*event_record_t)(void* ev, void* stream) noexcept nogil
 ctypedef int (*event_query_t)(void* ev) noexcept nogil
 ctypedef int (*ctx_set_t)(void* ctx) noexcept nogil
+ctypedef int (*ctx_get_t)(void** ctx) noexcept nogil
 ctypedef int (*mem_alloc_t)(uintptr_t* ptr, size_t nbytes, void* stream) noexcept nogil
 # completion flags (the reactor): a 32-bit write in stream order, a host function, and making
 # host memory writable by the device (its device address)
@@ -121,6 +122,7 @@ cdef class Driver:
     cdef event_record_t event_record
     cdef event_query_t event_query
     cdef ctx_set_t ctx_set
+    cdef ctx_get_t ctx_get
     cdef mem_alloc_t mem_alloc
     cdef write_value32_t write_value32
     cdef host_func_t host_func

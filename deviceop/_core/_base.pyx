@@ -549,11 +549,22 @@ cdef class Driver:
         return self.launch_kernel != NULL
 
 
+cdef inline void* _current_ctx(Driver d) noexcept:
+    # asked of the driver: another library may have changed the thread's context since deviceop
+    # last set it (PyTorch's torch.cuda.set_device, a cudaSetDevice), so deviceop's own record
+    # serves only a table without the query
+    cdef void* cur = NULL
+    if d.ctx_get != NULL and d.ctx_get(&cur) == 0:
+        return cur
+    return dvo_current_ctx
+
+
 cdef int make_current(Driver d) except -1:
-    """Make ``d``'s context current on this thread (a thread-local check, then one driver call)."""
+    """Make ``d``'s context current on this thread unless it is (a driver query; one call more
+    when it is not)."""
     global dvo_current_ctx
     cdef int err
-    if d.context == dvo_current_ctx or d.ctx_set == NULL:
+    if d.ctx_set == NULL or _current_ctx(d) == d.context:
         return 0
     err = d.ctx_set(d.context)
     if err:
@@ -572,7 +583,7 @@ def swap_current(Driver d):
     """Make ``d``'s context current on the calling thread and return the context that was (0 if
     none was known), for :func:`restore_current`: a call made for another device in the middle
     of an execution, whose later driver calls need its own device's context back."""
-    cdef void* prev = dvo_current_ctx
+    cdef void* prev = _current_ctx(d)
     make_current(d)
     return <uintptr_t>prev
 
@@ -581,7 +592,7 @@ def restore_current(Driver d, uintptr_t prev):
     """Make context ``prev`` (from :func:`swap_current`) current again; 0 leaves ``d``'s."""
     global dvo_current_ctx
     cdef int err
-    if prev == 0 or <void*>prev == dvo_current_ctx or d.ctx_set == NULL:
+    if prev == 0 or d.ctx_set == NULL or <void*>prev == _current_ctx(d):
         return
     err = d.ctx_set(<void*>prev)
     if err:

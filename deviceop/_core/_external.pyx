@@ -12,7 +12,7 @@ from cpython.long cimport PyLong_FromVoidPtr
 from cpython.weakref cimport PyWeakref_NewRef
 from libc.stdint cimport uintptr_t
 
-from ._base cimport _LOCK as LOCK, Buffer, PartitionBase, TensorBase
+from ._base cimport _LOCK as LOCK, Buffer, PartitionBase, TensorBase, make_current
 from ._ledger cimport ExecutionContext, check_backend, order, order_tensor
 from ._op cimport DeviceOp
 
@@ -238,6 +238,8 @@ cdef object _call(External op, ExecutionContext cx, tuple args):
         out = op.fn(cx.stream, *args)
     finally:
         st.stream = prev
+        if cx.drv is not None:
+            make_current(cx.drv)  # fn may have switched the thread to another device (torch.cuda.set_device)
     if op.post is not None:
         out, made = op.post(cx, out, args)
         for b in made:  # what fn made: written by this execution

@@ -248,8 +248,8 @@ class CudaBackend:
     # -- context -------------------------------------------------------------------------------
     def make_current(self) -> None:
         """Make this device's primary context current on the calling thread: the compiled
-        core's check (one thread-local record of the current context, shared by every device's
-        backend, so switching between devices on one thread is always seen)."""
+        core's check, which asks the driver what is current (another library may have switched
+        the thread to another device since), then sets it where it differs."""
         set_current(self.driver)
 
     @contextlib.contextmanager

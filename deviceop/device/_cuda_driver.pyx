@@ -48,6 +48,10 @@ cdef int _ctx_set(void* ctx) noexcept nogil:
     return <int>cydriver.cuCtxSetCurrent(<CUcontext>ctx)
 
 
+cdef int _ctx_get(void** ctx) noexcept nogil:
+    return <int>cydriver.cuCtxGetCurrent(<CUcontext*>ctx)
+
+
 cdef int _mem_alloc(uintptr_t* ptr, size_t nbytes, void* stream) noexcept nogil:
     cdef cydriver.CUdeviceptr p = 0
     cdef int err = <int>cydriver.cuMemAllocAsync(&p, nbytes, <CUstream>stream)
@@ -100,6 +104,7 @@ def make_driver(uintptr_t context, error, BlockCache blocks):
     d.event_record = _event_record
     d.event_query = _event_query
     d.ctx_set = _ctx_set
+    d.ctx_get = _ctx_get
     d.write_value32 = _write_value32
     d.host_func = _host_func
     d.host_register = _host_register

@@ -15,8 +15,9 @@
 // DEVICEOP_STUB_DEVICES=N (1 to 8, default 1) emulates N devices, each with its primary context.
 // Streams, events and modules belong to the context current when they are made; recording an
 // event on another context's stream, or launching a function on one, fails as on the driver
-// (CUDA_ERROR_INVALID_HANDLE), and a call that makes one with no context current fails
-// (CUDA_ERROR_INVALID_CONTEXT): work for two devices from one thread must switch contexts.
+// (CUDA_ERROR_INVALID_HANDLE), and a call that makes one with no context current, or launches
+// on a stream of a context that is not current, fails (CUDA_ERROR_INVALID_CONTEXT): work for two
+// devices from one thread must switch contexts.
 //
 // DEVICEOP_STUB_INLINE=1 runs each item when it is enqueued, on the calling thread, instead of on
 // the stream's worker: every stream then completes in issue order and a synchronize returns at
@@ -546,6 +547,7 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
         return E_INVALID_VALUE;
     void *sctx = ctx_of_stream(s);
     if (sctx && f->ctx != sctx) return E_INVALID_HANDLE;  // a function of another device's module
+    if (sctx && current != sctx) return E_INVALID_CONTEXT;  // launched while another device's context is current
     work_t w = {.kind = W_KERNEL, .fn = f, .nparams = f->nparams, .grid = {gx, gy, gz}, .block = {bx, by, bz}};
     for (int i = 0; i < f->nparams; i++) memcpy(&w.values[i], params[i], 8);
     return submit(s, &w);
