@@ -20,6 +20,13 @@ ALL_DTYPES = (do.float16, do.bfloat16, do.float32, do.int32, do.int64, do.uint8)
 RTOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6}
 ATOL = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-6}
 
+
+def live(buf: object) -> list[object]:
+    """The ledger entries of ``buf`` whose executions have not finished (a finished execution's
+    entry stays until the next registration on the buffer reuses it)."""
+    return [a for a in buf.accesses if not a.execution.done]  # type: ignore[attr-defined]
+
+
 _CLOCK_HZ = 2.0e9  # cycles per second assumed for the spin kernels on a GPU
 
 SLOW_SRC = r"""

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import K, pool_of, slow_copy, slow_fill
+from helpers import K, live, pool_of, slow_copy, slow_fill
 
 import deviceop as do
 
@@ -256,12 +256,13 @@ def test_the_ledger_lock_excludes_other_threads():
         LOCK.release()
 
 
-def test_release_drops_only_the_finished_executions_entries(backend):
-    # a finished execution's accesses go; another's in-flight accesses to the same buffers stay
+def test_finished_entries_are_reused_and_dropped_by_the_next_registration(backend):
+    # a finished execution's entries stop counting at once and go at the next registration on
+    # the buffer (one reused in place, the others dropped); in-flight entries of another stay
     from deviceop._core._base import LOCK
     from deviceop._core._ledger import ExecutionContext, enqueue
 
-    s0, s1 = pool_of(2)[:2]
+    s0, s1, s2 = pool_of(3)[:3]
     b1 = do.zeros(16, do.float32).sync().buffer
     b2 = do.zeros(16, do.float32).sync().buffer
     mine, other = ExecutionContext(s0, "mine"), ExecutionContext(s1, "other")
@@ -270,10 +271,36 @@ def test_release_drops_only_the_finished_executions_entries(backend):
     assert len(b1.accesses) == 3 and len(b2.accesses) == 1
     assert other._waited == (mine,)
     mine.finish()
-    assert [a.execution for a in b1.accesses] == [other] and b2.accesses == []
-    assert mine.buffers == [] and mine.done
+    assert [a.execution for a in live(b1)] == [other] and live(b2) == []
+    assert mine.buffers == [] and mine.done and not LOCK.locked()
+    third = ExecutionContext(s2, "third")
+    enqueue(third, ((b1, 0, 64, True),), None, "test")  # after other's read: waits for it only
+    assert third._waited == (other,)
+    assert [a.execution for a in b1.accesses] == [other, third]  # mine's two entries: one reused, one dropped
+    assert b1.accesses[-1].span == (0, 64) and b1.accesses[-1].writes
     other.finish()
-    assert b1.accesses == [] and not LOCK.locked()
+    third.finish()
+    assert live(b1) == [] and not LOCK.locked()
+    fourth = ExecutionContext(s0, "fourth")
+    enqueue(fourth, ((b2, 0, 16, True),), None, "test")
+    assert [a.execution for a in b2.accesses] == [fourth] and fourth._waited == ()
+    fourth.finish()
+
+
+def test_a_finished_execution_holds_no_buffer(backend):
+    # its entries stay in the buffers' lists until reused, but they keep nothing alive
+    import weakref
+
+    from deviceop._core._ledger import ExecutionContext, enqueue
+
+    t = do.zeros(64, do.float32).sync()
+    cx = ExecutionContext(pool_of(1)[0], "holder")
+    enqueue(cx, ((t, True),), None, "test")
+    r = weakref.ref(t.buffer)
+    cx.finish()
+    del t
+    gc.collect()
+    assert r() is None and cx.buffers == []
 
 
 def test_views_named_in_turn_keep_the_access_list_short(backend):

@@ -40,6 +40,12 @@ ctypedef int (*memcpy_dtoh_t)(void* dst, uintptr_t src, size_t nbytes, void* str
 ctypedef int (*host_alloc_t)(void** ptr, size_t nbytes) noexcept nogil
 
 
+cdef class StreamBase:
+    cdef public object backend
+    cdef public uintptr_t handle_int
+    cdef object __weakref__
+
+
 cdef class Lock:
     cdef sem_t sem
     cdef bint ready
@@ -139,6 +145,7 @@ cdef class Driver:
 cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nbytes)
 
 cdef Lock _LOCK
+cdef int n_recording  # graph recordings open on any thread (see count_recording)
 
 cdef int make_current(Driver d) except -1
 

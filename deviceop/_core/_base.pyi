@@ -7,6 +7,12 @@ from typing import Any, TypeGuard
 
 from .._dtypes import DType
 
+class StreamBase:
+    """The compiled part of every backend's stream."""
+
+    backend: Any
+    handle_int: int
+
 class Buffer:
     """Device memory (or a host array on the host backend) and its access list."""
 
@@ -69,6 +75,7 @@ class BlockCache:
     def give_block(self, ptr: int, size: int) -> None: ...
     def drain(self) -> list[tuple[int, int]]: ...
 
+def count_recording(delta: int) -> int: ...
 def set_current(driver: Any) -> None: ...
 def swap_current(driver: Any) -> int: ...
 def restore_current(driver: Any, prev: int) -> None: ...

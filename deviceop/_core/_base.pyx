@@ -44,13 +44,20 @@ cdef extern from "<sys/eventfd.h>" nogil:
     int EFD_CLOEXEC
 
 __all__ = [
-    "staged_upload", "staged_download", "staging_blocks", "Lock", "LOCK", "Buffer", "BlockCache", "Channel", "Driver", "STREAM_TYPES", "register_stream_type", "size_class",
+    "staged_upload", "staged_download", "staging_blocks", "Lock", "LOCK", "StreamBase", "count_recording", "Buffer", "BlockCache", "Channel", "Driver", "STREAM_TYPES", "register_stream_type", "size_class",
     "driver_alloc", "TensorBase", "PartitionBase", "layout_id", "forget_layouts", "contiguous_strides",
     "plain_shape", "known_partition", "remember_partition",
 ]
 
 #: the stream classes of the backends (each registers its own): what terminals accept as a stream
 STREAM_TYPES = set()
+
+
+cdef class StreamBase:
+    """The compiled part of every backend's stream: the backend it belongs to and its handle
+    (a CUstream as an int on cuda), read by an execution context without attribute lookups.
+    Backends subclass it; a subclass is a stream the terminals accept once registered with
+    :func:`register_stream_type`."""
 
 
 def register_stream_type(cls):
@@ -130,6 +137,17 @@ cdef class Lock:
 #: the access ledger's lock: held around "order, register, enqueue" (see _ledger)
 _LOCK = Lock()
 LOCK = _LOCK
+
+# while 0, no thread can be recording a graph, so the terminals skip the per-thread lookup
+n_recording = 0
+
+
+def count_recording(int delta):
+    """Add ``delta`` to the number of graph recordings open on any thread (the capture layer
+    calls it, under its own lock, as a recording begins and ends); returns the new number."""
+    global n_recording
+    n_recording += delta
+    return n_recording
 
 
 def _after_fork_in_child():

@@ -9,11 +9,12 @@ returns, so concurrent launches of one plan never share it), orders the tensors'
 through the ledger and launches, under the ledger lock.
 """
 
+cimport cython
 from libc.float cimport FLT_MAX
 from libc.stdint cimport uint64_t, uint8_t, uint16_t, int32_t, int64_t, uintptr_t
 
 from ._base cimport _LOCK as LOCK, Buffer, Driver, PartitionBase, TensorBase
-from ._ledger cimport ExecutionContext, check_backend, order, order_tensor
+from ._ledger cimport ExecutionContext, check_backend, order, order_tensor, register, scan
 from ._op cimport DeviceOp
 
 from .._errors import CaptureError, UsageError
@@ -146,6 +147,7 @@ cpdef int launch(ExecutionContext cx, LaunchPlan p, tuple tensors, tuple scalars
     cdef uint64_t slots[MAXP]
     cdef void* params[MAXP]
     cdef int j, err
+    cdef TensorBase t
     cdef void* sh = <void*>cx.sh
     if cx.drv is not p.drv:
         raise UsageError(f"{p.what!r} was planned for another device than this execution's")
@@ -158,9 +160,14 @@ cpdef int launch(ExecutionContext cx, LaunchPlan p, tuple tensors, tuple scalars
     LOCK.take()
     try:
         for j in range(p.nt):
-            order_tensor(cx, tensors[j], p.wr[j], p.what)
+            t = <TensorBase?>tensors[j]
+            scan(cx, t.buffer, t.lo, t.hi, p.wr[j], p.what)
         with nogil:
             err = p.drv.launch_kernel(p.f, p.g[0], p.g[1], p.g[2], p.b[0], p.b[1], p.b[2], p.shmem, sh, params)
+        if not err:  # registered while the kernel runs (still under the lock: atomic for others)
+            for j in range(p.nt):
+                t = <TensorBase>tensors[j]
+                register(cx, t.buffer, t.lo, t.hi, p.wr[j])
     finally:
         LOCK.drop()
     if err:
@@ -339,6 +346,7 @@ cdef class GraphBase:
         self.regions = tuple(regions)
         self.out = output
 
+    @cython.always_allow_keywords(False)  # (no arguments: the cheapest call)
     def launch(self):
         """An op that replays the graph once, on the stream of the terminal that drives it."""
         cdef GraphLaunch op = GraphLaunch.__new__(GraphLaunch)
@@ -380,7 +388,7 @@ cdef class GraphLaunch(DeviceOp):
         LOCK.take()
         try:
             for r in g.regions:
-                order(cx, r[0], r[1], r[2], r[3], self)
+                scan(cx, r[0], r[1], r[2], r[3], self)
             if g.exec_obj is not None:
                 ex = g.exec_handle
                 if d is not None and d.graph_launch != NULL and ex:
@@ -390,6 +398,8 @@ cdef class GraphLaunch(DeviceOp):
                         raise d.error(err, "cuGraphLaunch")
                 else:
                     g.backend.graphs.launch(g.exec_obj, cx.stream)
+            for r in g.regions:  # registered while the graph runs (still under the lock)
+                register(cx, r[0], r[1], r[2], r[3])
             g.launches += 1
             return g.out
         finally:

@@ -33,6 +33,8 @@ cdef class ExecutionContext:
 
 cdef ExecutionContext new_context(object stream, object label, object op)
 cdef int order(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write, object what) except -1
+cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write, object what) except -1
+cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write) except -1
 cdef int order_tensor(ExecutionContext cx, object t, bint write, object what) except -1
 cdef int release_c(ExecutionContext cx) except -1
 cdef bint ledger_on()

@@ -10,7 +10,7 @@ class ExecutionContext:
 
     stream: Any
     backend: Any
-    buffers: list[Any]
+    buffers: list[Any] | None
     done: bool
     label: Any
     op: Any

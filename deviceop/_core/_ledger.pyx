@@ -13,10 +13,19 @@ another thread can slip a launch between another's check and its registration. T
 paths (kernel launches, GEMM, graph replays, from_numpy / to_numpy copies) use the same steps
 (:func:`order` under ``LOCK``).
 
-Finished executions remove their entries (:meth:`ExecutionContext.finish`), so lists stay short.
+A finished execution (:meth:`ExecutionContext.finish`) marks itself done and edits no list: the
+next registration on a buffer overwrites one finished entry in place and drops any others, so
+lists stay short and finishing takes no lock.
 """
 
-from ._base cimport _LOCK as LOCK, Buffer, Driver, Lock, TensorBase
+cimport cython
+from cpython.object cimport PyObject
+
+cdef extern from "Python.h":
+    int PyList_SetSlice(object lst, Py_ssize_t lo, Py_ssize_t hi, PyObject* items) except -1
+    const Py_ssize_t PY_SSIZE_T_MAX
+
+from ._base cimport _LOCK as LOCK, Buffer, Driver, Lock, StreamBase, TensorBase
 from ._base import forget_layouts
 
 import weakref
@@ -56,6 +65,7 @@ cdef bint ledger_on():
     return _mode != 2
 
 
+@cython.freelist(64)  # one or more per execution: made and dropped on every launch path
 cdef class Access:
     """One in-flight access: ``cx`` touches bytes [lo, hi) of a buffer, writing or not."""
 
@@ -75,15 +85,19 @@ cdef class Access:
         return self.write
 
 
+@cython.freelist(32)  # one per execution
 cdef class ExecutionContext:
     """One execution of an op tree on one stream: the stream, the buffers it touches, what to do when done.
 
-    Built by a terminal (``sync``, ``submit``...). ``buffers`` keeps every touched buffer alive
-    until :meth:`finish`, which the terminal calls once the stream has passed the execution's
-    last work; only then are the ledger entries dropped and staging memory returned.
+    Built by a terminal (``sync``, ``submit``...). ``buffers`` (None until the first) keeps every
+    touched buffer alive until :meth:`finish`, which the terminal calls once the stream has
+    passed the execution's last work; only then do its ledger entries stop counting and its
+    staging memory go back.
     """
 
     def __init__(self, stream, label="op", op=None):
+        if self.stream is not None:
+            raise UsageError("an ExecutionContext is made once; make a new one instead")
         _init(self, stream, label, op)
 
     def describe(self):
@@ -186,14 +200,17 @@ cdef class ExecutionContext:
                         if ok:
                             raise
         finally:
-            release_c(self)
-            self.buffers = []
+            # the ledger entries stay, marked finished by ``done``: the next registration on each
+            # buffer reuses or drops them (order), so finishing costs no lock and no list edits
+            if self.buffers:
+                PyList_SetSlice(self.buffers, 0, PY_SSIZE_T_MAX, NULL)  # emptied in place: no new list
             self._waited = ()
             self.op = None
+            self._event = None
         return 0
 
     def finish(self, ok=True):
-        """Mark complete: run completion callbacks, forget ledger entries, drop buffers."""
+        """Mark complete: run completion callbacks, drop buffers; its ledger entries stop counting."""
         self.finish_c(ok)
 
 
@@ -257,10 +274,14 @@ cpdef int check_backend(ExecutionContext cx, object be, object what) except -1:
 
 cdef inline int _init(ExecutionContext cx, stream, label, op) except -1:
     global _last_driver
-    be = stream.backend
+    if isinstance(stream, StreamBase):
+        be = (<StreamBase>stream).backend
+        cx.sh = (<StreamBase>stream).handle_int
+    else:  # a stand-in (a backend's capture helper, a test double)
+        be = stream.backend
+        cx.sh = stream.handle_int
     cx.stream = stream
     cx.backend = be
-    cx.sh = stream.handle_int
     last = _last_driver
     if last[0] is not be:
         if _any_abandoned:
@@ -270,18 +291,12 @@ cdef inline int _init(ExecutionContext cx, stream, label, op) except -1:
         d = getattr(be, "driver", None)
         last = _last_driver = (be, d if isinstance(d, Driver) else None)
     cx.drv = last[1]
-    cx.buffers = []
-    cx.done = False
     cx.label = label
     cx.op = op
-    cx.capturing = False
-    cx.captured = None
     cx.children = ()
-    cx._event = None
-    cx._sealed = False
     cx._waited = ()
-    cx._done_cbs = None
-    cx._waited_on = False
+    # the others start as a new object's fields do (None, False): buffers (made by the first
+    # buffer held, see keep), done, capturing, captured, _event, _sealed, _done_cbs, _waited_on
     return 0
 
 
@@ -294,64 +309,120 @@ cdef ExecutionContext new_context(object stream, object label, object op):
 
 # ---- the ledger ----------------------------------------------------------------------------
 
+cdef inline int keep(ExecutionContext cx, Buffer buf) except -1:
+    """Hold ``buf`` until ``cx`` finishes (its list is made by the first buffer it holds: a
+    replay makes it after its launch)."""
+    if cx.buffers is None:
+        cx.buffers = [buf]
+    else:
+        cx.buffers.append(buf)
+    return 0
+
+
 cdef int order(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write, object what) except -1:
     """Order ``cx``'s access after conflicting in-flight work on other streams; register it.
 
-    Call with ``LOCK`` held, right before the work that performs the access is enqueued.
+    Call with ``LOCK`` held, right before the work that performs the access is enqueued. (A
+    path that enqueues one piece of work calls :func:`scan` before it and :func:`register`
+    after it instead, under one hold of the lock, so the registration's bookkeeping runs while
+    the GPU already works.)
     """
+    scan(cx, buf, lo, hi, write, what)
+    register(cx, buf, lo, hi, write)
+    return 0
+
+
+cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write, object what) except -1:
+    """Make ``cx``'s stream wait for in-flight work on other streams that conflicts with its
+    access (or raise :class:`BorrowError` under the ``raise`` policy). With ``LOCK`` held,
+    before the work; :func:`register` follows before the lock is dropped."""
     cdef list acc
     cdef Access e, last
     cdef ExecutionContext ex
+    cdef Py_ssize_t i, n
     cdef dict cap = cx.captured
     if cap is not None:
         # recording a graph: nothing runs now, so nothing to order; the replay registers these
         key = (id(buf), lo, hi, write)
         if key not in cap:
             cap[key] = (buf, lo, hi, write)
-            cx.buffers.append(buf)
+            keep(cx, buf)
         return 0
     if _mode == 2:
         if not cx.buffers or cx.buffers[len(cx.buffers) - 1] is not buf:
-            cx.buffers.append(buf)  # lifetimes hold even with the ledger off
+            keep(cx, buf)  # lifetimes hold even with the ledger off
         return 0
-    cdef bint covered = False
     acc = buf.accesses
-    if acc:
-        last = acc[len(acc) - 1]
-        if last.cx is cx and last.lo <= lo and last.hi >= hi and (last.write or not write):
-            return 0  # already covered by this execution (the common chained case)
-        stream = cx.stream
-        for e in acc:
-            ex = e.cx
-            if ex is cx:
-                # an earlier access of this execution covers it (views of one allocation named
-                # in turn): order it, but register nothing more, so the list stays short
-                if e.lo <= lo and e.hi >= hi and (e.write or not write):
-                    covered = True
-                continue
-            if ex.done or ex.stream is stream:
-                continue
-            if not (write or e.write) or e.hi <= lo or hi <= e.lo:
-                continue
-            if _mode == 1:
-                kind = "writes" if write else "reads"
-                other = "writes" if e.write else "reads"
-                raise BorrowError(
-                    f"{what!r} ({cx.describe()}) {kind} bytes [{lo}, {hi}) of {buf.describe()}, while "
-                    f"{ex.describe()} still {other} bytes [{e.lo}, {e.hi}) of it. "
-                    "Wait for the earlier work (sync/await its result), run both on one stream "
-                    "(then/sync_on), or use set_borrow_policy('order') to have deviceop order them."
-                )
-            cx.wait_for_c(ex)
-        if covered:
-            return 0
-    e = Access.__new__(Access)
+    n = len(acc)
+    if n == 0:
+        return 0
+    last = acc[n - 1]
+    if last.cx is cx and last.lo <= lo and last.hi >= hi and (last.write or not write):
+        return 0  # already covered by this execution (the common chained case): ordered then
+    stream = cx.stream
+    for i in range(n):
+        e = acc[i]
+        ex = e.cx
+        if ex is cx or ex.done or ex.stream is stream:
+            continue
+        if not (write or e.write) or e.hi <= lo or hi <= e.lo:
+            continue
+        if _mode == 1:
+            kind = "writes" if write else "reads"
+            other = "writes" if e.write else "reads"
+            raise BorrowError(
+                f"{what!r} ({cx.describe()}) {kind} bytes [{lo}, {hi}) of {buf.describe()}, while "
+                f"{ex.describe()} still {other} bytes [{e.lo}, {e.hi}) of it. "
+                "Wait for the earlier work (sync/await its result), run both on one stream "
+                "(then/sync_on), or use set_borrow_policy('order') to have deviceop order them."
+            )
+        cx.wait_for_c(ex)
+    return 0
+
+
+cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write) except -1:
+    """Register ``cx``'s access (after :func:`scan`, with ``LOCK`` still held) and keep the
+    buffer alive until ``cx`` finishes.
+
+    An access already covered by an earlier one of ``cx`` (views of one allocation named in
+    turn) registers nothing more, so the list stays short. A finished execution's entry is
+    overwritten in place; other finished entries are dropped (a finished execution edits no
+    list itself, so finishing costs nothing after its wait).
+    """
+    cdef list acc
+    cdef Access e, last
+    cdef Access spare = None
+    cdef Py_ssize_t i, n, stale = 0
+    if cx.captured is not None or _mode == 2:
+        return 0  # (scan did what these need)
+    acc = buf.accesses
+    n = len(acc)
+    for i in range(n):
+        e = acc[i]
+        if e.cx is cx:
+            if e.lo <= lo and e.hi >= hi and (e.write or not write):
+                return 0
+        elif e.cx.done:
+            stale += 1
+            if spare is None or i == n - 1:
+                spare = e  # the last one if it is finished: it stays last
+    if stale > 1:  # several finished entries (streams that ran at once): keep only the spare
+        acc[:] = [e for e in acc if e is spare or not (<Access>e).cx.done]
+        n = len(acc)
+    if spare is not None:
+        last = acc[n - 1]
+        if last is not spare:  # the newest entry goes last (scan's quick check reads it)
+            acc[acc.index(spare)] = last
+            acc[n - 1] = spare
+        e = spare
+    else:
+        e = Access.__new__(Access)
+        acc.append(e)
     e.cx = cx
     e.lo = lo
     e.hi = hi
     e.write = write
-    acc.append(e)
-    cx.buffers.append(buf)
+    keep(cx, buf)
     return 0
 
 

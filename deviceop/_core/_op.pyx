@@ -9,13 +9,13 @@ higher layers; they register their implementations in :data:`HOOKS` when importe
 ``deviceop`` imports them all), so this layer imports nothing above it.
 """
 
-from ._base cimport Driver, make_current
+from ._base cimport Driver, StreamBase, make_current, n_recording
 from ._ledger cimport ExecutionContext, new_context
 
 from ._base import STREAM_TYPES
 
 from .._errors import CaptureError, CudaError, UsageError
-from ..device._capture import CAPTURE, RECORDING
+from ..device._capture import CAPTURE
 from ..device._select import next_stream, stream_of
 
 __all__ = [
@@ -54,7 +54,7 @@ SHAREABLE = _SHAREABLE
 
 cpdef int refuse_in_capture(str what) except -1:
     """Raise CaptureError if this thread is recording a graph: ``what`` would wait or run now."""
-    if RECORDING[0] == 0:
+    if n_recording == 0:
         return 0
     sc = CAPTURE.scope
     if sc is not None:
@@ -69,6 +69,8 @@ cpdef int refuse_in_capture(str what) except -1:
 cpdef object as_stream(object stream):
     """A deviceop stream: ``None`` is the next pool stream; a deviceop stream itself; another
     library's stream (an object with ``__cuda_stream__``) wrapped once per handle."""
+    if isinstance(stream, StreamBase):  # every backend's stream
+        return stream
     if stream is None:
         return next_stream()
     if type(stream) in STREAM_TYPES:
@@ -111,22 +113,15 @@ cpdef int hand_over(ExecutionContext cx, object stream, object ev=None) except -
     return 0
 
 
-cpdef tuple start(DeviceOp op, object stream, str label):
-    """Enqueue ``op`` (already consumed) on ``stream``: ``(execution, output)``.
-
-    On failure while enqueuing, what was already enqueued completes before its buffers go.
-    The asynchronous terminals (submit, await) start with this.
-    """
-    cdef ExecutionContext cx
-    if RECORDING[0]:
-        refuse_in_capture(f"{op!r}.{label}")
-    cx = new_context(stream, label, op)
+cdef object _enqueue(ExecutionContext cx, DeviceOp op, object stream):
+    """Enqueue ``op`` in ``cx``; on failure, what was already enqueued completes before its
+    buffers go."""
     if cx.drv is not None:
         make_current(cx.drv)
     else:
         cx.backend.make_current()
     try:
-        return cx, op._run(cx)
+        return op._run(cx)
     except BaseException:
         try:
             stream.synchronize()  # what was enqueued completes before its buffers go
@@ -139,10 +134,26 @@ cpdef tuple start(DeviceOp op, object stream, str label):
         raise
 
 
+cpdef tuple start(DeviceOp op, object stream, str label):
+    """Enqueue ``op`` (already consumed) on ``stream``: ``(execution, output)``.
+
+    On failure while enqueuing, what was already enqueued completes before its buffers go.
+    The asynchronous terminals (submit, await) start with this.
+    """
+    cdef ExecutionContext cx
+    if n_recording:
+        refuse_in_capture(f"{op!r}.{label}")
+    cx = new_context(stream, label, op)
+    return cx, _enqueue(cx, op, stream)
+
+
 cpdef object run_sync(DeviceOp op, object stream, str label):
     """Run ``op`` (already consumed) on ``stream``, wait for the stream, return the output."""
     cdef ExecutionContext cx
-    cx, out = start(op, stream, label)
+    if n_recording:
+        refuse_in_capture(f"{op!r}.{label}")
+    cx = new_context(stream, label, op)
+    out = _enqueue(cx, op, stream)
     try:
         _wait_stream(cx)
     except CudaError:

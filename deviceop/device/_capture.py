@@ -12,9 +12,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._core._base import count_recording
 from .._process import renew_at_fork
 
-__all__ = ["CAPTURE", "RECORDING", "StreamPool", "begin", "end", "flush", "release"]
+__all__ = ["CAPTURE", "StreamPool", "begin", "end", "flush", "release"]
 
 
 class _CaptureState(threading.local):
@@ -26,9 +27,6 @@ class _CaptureState(threading.local):
 
 CAPTURE = _CaptureState()
 
-#: [number of recordings open on any thread]: while 0, no thread can be recording, so the compiled
-#: terminals skip the per-thread lookup of CAPTURE.scope
-RECORDING = [0]
 _count_lock = threading.Lock()
 renew_at_fork(globals(), _count_lock=threading.Lock)  # a thread may hold it at fork()
 
@@ -36,7 +34,7 @@ renew_at_fork(globals(), _count_lock=threading.Lock)  # a thread may hold it at 
 def begin(scope: Any) -> None:
     """Mark ``scope`` as recording on this thread."""
     with _count_lock:
-        RECORDING[0] += 1
+        count_recording(1)  # (the compiled terminals read the count: while 0, nothing records)
     CAPTURE.scope = scope
 
 
@@ -44,7 +42,7 @@ def end() -> None:
     """End this thread's recording (after :func:`begin`)."""
     CAPTURE.scope = None
     with _count_lock:
-        RECORDING[0] -= 1
+        count_recording(-1)
 
 
 def release(fn: Callable[..., Any], *args: Any) -> None:

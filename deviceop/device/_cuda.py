@@ -18,6 +18,7 @@ import numpy as np
 from .._core._base import (
     BlockCache,
     Buffer,
+    StreamBase,
     driver_alloc,
     register_stream_type,
     restore_current,
@@ -110,11 +111,11 @@ _FOREIGN = -2  # the index of a stream wrapped from another library's handle
 
 
 @register_stream_type
-class CudaStream:
+class CudaStream(StreamBase):
     """A non-blocking CUDA stream of the pool."""
 
-    # slots: an execution context reads backend and handle_int once per execution
-    __slots__ = ("__weakref__", "backend", "handle", "handle_int", "index")
+    # backend and handle_int are the compiled base's fields, which an execution context reads
+    __slots__ = ("handle", "index")
 
     def __init__(self, backend: CudaBackend, index: int) -> None:
         self.backend = backend

@@ -12,7 +12,10 @@ from libc.stdint cimport uintptr_t, uint64_t
 from cuda.bindings cimport cydriver
 from cuda.bindings.cydriver cimport CUresult, CUstream, CUevent, CUfunction, CUgraphExec, CUcontext
 
-from .._core._base cimport BlockCache, Channel, Driver, chan_push, chan_t, chan_unref
+from .._core._base cimport (
+    BlockCache, Channel, Driver, chan_push, chan_t, chan_unref, ctx_get_t, ctx_set_t, event_query_t,
+    event_record_t, graph_launch_t, stream_sync_t,
+)
 
 __all__ = [
     "make_driver", "event_record", "event_query", "event_create", "event_destroy", "event_sync", "stream_sync",
@@ -23,8 +26,18 @@ __all__ = [
 NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 
+ctypedef int (*cu_launch_kernel_t)(void* f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                   unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                   void* stream, void** params, void** extra) noexcept nogil
+
+# cuLaunchKernel in the driver library itself (see make_driver), NULL until resolved
+cdef cu_launch_kernel_t _cu_launch = NULL
+
+
 cdef int _launch(void* f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                  unsigned int by, unsigned int bz, unsigned int shmem, void* stream, void** params) noexcept nogil:
+    if _cu_launch != NULL:
+        return _cu_launch(f, gx, gy, gz, bx, by, bz, shmem, stream, params, NULL)
     return <int>cydriver.cuLaunchKernel(<CUfunction>f, gx, gy, gz, bx, by, bz, shmem, <CUstream>stream, params, NULL)
 
 
@@ -92,10 +105,28 @@ cdef int _host_alloc(void** ptr, size_t n) noexcept nogil:
     return <int>cydriver.cuMemHostAlloc(ptr, n, cydriver.CU_MEMHOSTALLOC_PORTABLE)
 
 
+cdef void* _entry(const char* name) except? NULL:
+    """``name``'s entry point in the driver library, for the CUDA version cydriver declares
+    (the signatures this module calls it with); NULL if the driver does not give it."""
+    cdef void* fn = NULL
+    cdef cydriver.CUdriverProcAddressQueryResult status
+    err = cydriver.cuGetProcAddress(name, &fn, cydriver.CUDA_VERSION, cydriver.CU_GET_PROC_ADDRESS_DEFAULT, &status)
+    if err != cydriver.CUDA_SUCCESS or status != cydriver.CU_GET_PROC_ADDRESS_SUCCESS:
+        return NULL
+    return fn
+
+
 def make_driver(uintptr_t context, error, BlockCache blocks):
     """The core's entry-point table for the primary context ``context``; ``error(code, call)``
-    makes the backend's CudaError; ``blocks`` is the backend's cache of idle memory blocks."""
+    makes the backend's CudaError; ``blocks`` is the backend's cache of idle memory blocks.
+
+    The calls on every launch path (launches, graph replays, waits, events, the current
+    context) go to the driver library's own entry points, resolved here once: each call
+    through cydriver passes two more layers (its wrapper and its loader's), a visible share
+    of a graph replay. The others go through cydriver."""
+    global _cu_launch
     cdef Driver d = Driver.__new__(Driver)
+    cdef void* p
     d.mem_alloc = _mem_alloc
     d.blocks = blocks
     d.launch_kernel = _launch
@@ -105,6 +136,31 @@ def make_driver(uintptr_t context, error, BlockCache blocks):
     d.event_query = _event_query
     d.ctx_set = _ctx_set
     d.ctx_get = _ctx_get
+    try:
+        # (CUresult is a C enum, an int: the driver's functions have the table's signatures)
+        p = _entry(b"cuLaunchKernel")
+        if p != NULL:
+            _cu_launch = <cu_launch_kernel_t>p
+        p = _entry(b"cuGraphLaunch")
+        if p != NULL:
+            d.graph_launch = <graph_launch_t>p
+        p = _entry(b"cuStreamSynchronize")
+        if p != NULL:
+            d.stream_sync = <stream_sync_t>p
+        p = _entry(b"cuEventRecord")
+        if p != NULL:
+            d.event_record = <event_record_t>p
+        p = _entry(b"cuEventQuery")
+        if p != NULL:
+            d.event_query = <event_query_t>p
+        p = _entry(b"cuCtxSetCurrent")
+        if p != NULL:
+            d.ctx_set = <ctx_set_t>p
+        p = _entry(b"cuCtxGetCurrent")
+        if p != NULL:
+            d.ctx_get = <ctx_get_t>p
+    except Exception:  # a driver without cuGetProcAddress: every call goes through cydriver
+        pass
     d.write_value32 = _write_value32
     d.host_func = _host_func
     d.host_register = _host_register

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core._base import Buffer, register_stream_type
+from .._core._base import Buffer, StreamBase, register_stream_type
 from .._core._ledger import abandon
 from .._errors import BackendError, CudaError, DTypeError, SettingError, UsageError
 
@@ -79,7 +79,7 @@ _worker = _Worker()  # on: this thread is a stream's worker
 
 
 @register_stream_type
-class HostStream:
+class HostStream(StreamBase):
     """An in-order work queue executed by one worker thread."""
 
     def __init__(self, backend: HostBackend, index: int) -> None:

@@ -61,6 +61,8 @@ class CudaGraph(GraphBase, Generic[T]):
     time; a replay repeats only the GPU work.
     """
 
+    # slots: a replay's ``g.launch()`` finds its method without an instance dictionary
+    __slots__ = ("__weakref__", "_exec", "_output", "_rec", "last_update", "updates")
     backend: Any
     launches: int
     last_update: str

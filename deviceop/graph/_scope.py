@@ -125,7 +125,7 @@ class GraphScope:
             regions = tuple(cx.captured.values())
             cx.captured = None
             rec = Recording(
-                raw, self._outputs, list(cx.buffers), regions, be.graphs.nodes(raw), stream, tuple(self._keep)
+                raw, self._outputs, list(cx.buffers or ()), regions, be.graphs.nodes(raw), stream, tuple(self._keep)
             )
             cx.buffers = []  # the recording holds them now; the context held no ledger entries
             cx.finish()
