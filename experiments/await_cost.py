@@ -2,7 +2,8 @@
 
 1. Paired, per op length: a one-kernel op (``scale`` over 2048 f16) and a spin kernel of about
    20 µs, 100 µs, 500 µs, 2 ms and 20 ms; ``op.sync_on(s)`` and ``await op.wait(stream=s)``
-   alternate rep by rep inside one running loop (uvloop, asyncio, trio). The figure is the
+   alternate rep by rep inside one running loop (uvloop, asyncio, trio), each first in every
+   other pair. The figure is the
    median over reps of (await time - sync_on time) in µs (DESIGN target: <= 15 µs at every
    length, goal <= 5 µs), with the await's process CPU time per op beside it.
 2. The same under each reactor CPU policy (uvloop): adaptive (default), spin, block.
@@ -31,16 +32,20 @@ import deviceop as do
 from deviceop._core import _reactor
 
 K = do.kernels
+# The spin kernel keeps the GPU busy for a span of the GPU's global nanosecond timer, not a count
+# of SM cycles: its length does not follow the SM clock, so the two ops of a pair run equally long
+# (a per cent of clock between them would be 200 us at 20 ms)
 SPIN_SRC = r"""
-extern "C" __global__ void spin(float* out, long long cycles) {
-  long long t0 = clock64();
-  while (clock64() - t0 < cycles) { }
-  if (threadIdx.x == 0) out[blockIdx.x] = (float)cycles;
+extern "C" __global__ void spin(float* out, long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < (unsigned long long)ns);
+  if (threadIdx.x == 0) out[blockIdx.x] = (float)ns;
 }
 """
-spin_k = K.Kernel(
-    SPIN_SRC, "spin", params=(K.Out(do.float32), do.int64), host=lambda out, cycles: time.sleep(float(cycles) / 1.98e9)
-)
+spin_k = K.Kernel(SPIN_SRC, "spin", params=(K.Out(do.float32), do.int64), host=lambda out, ns: time.sleep(float(ns) / 1e9))
 
 
 def _run(lib: str, coro_fn):  # type: ignore[no-untyped-def]
@@ -79,22 +84,32 @@ def lengths(lib: str, reps: int, warmup: int, names: list[str]) -> list[dict]:
             if name not in names:
                 continue
             if secs:
-                cyc = int(secs * 1.98e9)
-                make = lambda cyc=cyc: spin_k(out_t, cyc, grid=(1,), block=(32,))  # noqa: E731
+                ns = int(secs * 1e9)
+                make = lambda ns=ns: spin_k(out_t, ns, grid=(1,), block=(32,))  # noqa: E731
             else:
                 make = lambda: K.scale(yp, x, 0.5)  # noqa: E731
-            n = reps if secs < 1e-3 else max(20, reps // (2 if secs < 10e-3 else 4))
+            n = reps if secs < 1e-3 else max(40, reps // 2)
             sy, aw, diff, acpu = [], [], [], []
             st0 = _reactor.stats()
             for r in range(warmup + n):
+                # the order alternates: what runs first in a pair follows the other kind's wait
+                # (a thread that slept in its loop, or one that waited in the driver), and the
+                # host work before a launch runs slower on a core that was idle
+                if r % 2:
+                    c0 = cpu()
+                    t2 = clock()
+                    await make().wait(stream=s)
+                    t3 = clock()
+                    c1 = cpu()
                 t0 = clock()
                 make().sync_on(s)
                 t1 = clock()
-                c0 = cpu()
-                t2 = clock()
-                await make().wait(stream=s)
-                t3 = clock()
-                c1 = cpu()
+                if not r % 2:
+                    c0 = cpu()
+                    t2 = clock()
+                    await make().wait(stream=s)
+                    t3 = clock()
+                    c1 = cpu()
                 if r >= warmup:
                     sy.append((t1 - t0) / 1e3)
                     aw.append((t3 - t2) / 1e3)
@@ -123,21 +138,49 @@ def lengths(lib: str, reps: int, warmup: int, names: list[str]) -> list[dict]:
     return _run(lib, main)
 
 
+def _thread_cpu_ns() -> dict[str, int]:
+    """CPU time of each thread of this process (Linux: /proc schedstat), by name and id."""
+    out: dict[str, int] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for t in tids:
+        try:
+            with open(f"/proc/self/task/{t}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/self/task/{t}/comm") as f:
+                name = f.read().strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        out[f"{name}:{t}"] = ns
+    return out
+
+
 def cpu_while_awaiting(lib: str, seconds: float, reps: int) -> dict:
     s = do.next_stream()
     out_t = do.zeros(1024, do.float32).sync_on(s)
-    cycles = int(seconds * 1.98e9)
+    ns = int(seconds * 1e9)
 
     async def main() -> dict:
         spin_k(out_t, 1000, grid=(1,), block=(32,)).sync_on(s)
         fr, walls = [], []
+        th0, st0, t0 = _thread_cpu_ns(), _reactor.stats(), time.perf_counter()
         for _ in range(reps):
             c0, w0 = time.process_time(), time.perf_counter()
-            await spin_k(out_t, cycles, grid=(1,), block=(32,)).wait(stream=s)
+            await spin_k(out_t, ns, grid=(1,), block=(32,)).wait(stream=s)
             c, w = time.process_time() - c0, time.perf_counter() - w0
             fr.append(c / w)
             walls.append(w)
+        wall, th1, st1 = time.perf_counter() - t0, _thread_cpu_ns(), _reactor.stats()
         return {
+            # per thread, over all the awaits: where the CPU goes
+            "threads_cpu_fraction": {
+                k: (v - th0.get(k, 0)) / 1e9 / wall for k, v in th1.items() if v - th0.get(k, 0) > 0
+            },
+            "reactor": {k: st1[k] - st0[k] for k in ("passes", "sleeps", "prewakes", "rearmed", "late_resumes")},
+            "loop_lateness_us": st1["loop_lateness_s"] * 1e6,
+            "wake_lateness_us": st1["wake_lateness_s"] * 1e6,
             "loop": lib,
             "policy": do.wait_policy(),
             "op_seconds_wall_median": float(np.median(walls)),
@@ -192,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in doc["cpu_200ms"] + doc.get("cpu_200ms_by_policy", []):
         print(
             f"CPU while awaiting a {r['op_seconds_wall_median'] * 1e3:.0f} ms op ({r['loop']}, {r['policy']}): "
-            f"{r['cpu_fraction_median']:.2%} of a core (max {r['cpu_fraction_max']:.2%}, first {r['cpu_fraction_first']:.2%})"
+            f"{r['cpu_fraction_median']:.2%} of a core (max {r['cpu_fraction_max']:.2%}, first {r['cpu_fraction_first']:.2%}); "
+            + ", ".join(f"{k.split(':')[0]} {v:.2%}" for k, v in sorted(r["threads_cpu_fraction"].items(), key=lambda kv: -kv[1])[:4])
+            + f"; scanner passes {r['reactor']['passes']} for {r['reps']}, loop lateness {r['loop_lateness_us']:.0f} us"
         )
     doc["reactor"] = _reactor.stats()
     if a.out:

@@ -80,10 +80,10 @@ def pipeline(x: np.ndarray, g: float, delay: float = 0.0) -> do.DeviceOp:
     lands while the request's work is in flight."""
     op = do.from_numpy(x)
     if delay:
-        cycles = int(delay * 1.98e9)
+        span_ns = int(delay * 1e9)
         op = op.then(
             lambda t: (
-                do.empty((32,), do.float32).then(lambda s: spin_k(s, cycles, grid=(1,), block=(32,))).map(lambda _: t)
+                do.empty((32,), do.float32).then(lambda s: spin_k(s, span_ns, grid=(1,), block=(32,))).map(lambda _: t)
             )
         )
     return (

@@ -705,3 +705,39 @@ def test_work_much_shorter_than_predicted_is_seen_early(backend) -> None:
         return time.perf_counter() - t0
 
     assert asyncio.run(main()) < 0.01  # the parked re-check alone would take 20 ms
+
+
+def test_a_stream_whose_work_got_shorter_is_learned_within_three_awaits(backend) -> None:
+    """150 ms executions, then 15 ms ones: each shorter observation moves the estimate most of the
+    way down (halving it would leave about 32 ms after three), so later awaits are pre-woken near
+    their completion instead of found late by the scanner's looks."""
+    s = do.streams()[0]
+
+    async def main() -> float:
+        t = await do.zeros(128, do.float32).wait(stream=s)
+        for _ in range(2):
+            await slow_fill(t, 1.0, 0.15).wait(stream=s)
+        for _ in range(3):
+            await slow_fill(t, 2.0, 0.015).wait(stream=s)
+        return _reactor._estimates()[s.handle_int]
+
+    est = asyncio.run(main())
+    assert 0.012 < est < 0.03, est
+
+
+def test_work_that_grew_tenfold_is_relearned_by_one_await(backend) -> None:
+    """A stream learned at 20 ms, then a 200 ms execution: its polls run out one after another
+    (each raises the estimate to the time run so far), yet the completion still counts as work
+    that changed (against the estimate it was armed with), so the next await is predicted right
+    instead of creeping up by an eighth per await with a poll running out each time."""
+    s = do.streams()[0]
+
+    async def main() -> float:
+        t = await do.zeros(128, do.float32).wait(stream=s)
+        for _ in range(3):
+            await slow_fill(t, 1.0, 0.02).wait(stream=s)
+        await slow_fill(t, 2.0, 0.2).wait(stream=s)
+        return _reactor._estimates()[s.handle_int]
+
+    est = asyncio.run(main())
+    assert 0.19 < est < 0.3, est

@@ -16,9 +16,9 @@ predicted completion, by the sum of the two, it *pre-wakes* the waiting loop (th
 before the flag is written); the awaiting task then polls the flag in its loop until shortly past
 the prediction, awake when the GPU finishes, and parks again if the work runs late. After the
 predicted completion the scanner looks at intervals of an eighth of the time waited (at most
-1 ms, or 1/32 of the predicted duration); it also looks on that schedule from the start, so
-work that ends well before its prediction is seen. With nothing armed the scanner
-parks. The CPU policy (:func:`set_policy`):
+1 ms, or 1/32 of the predicted duration); before it, at intervals of a quarter of the time
+waited (at most an eighth of the predicted duration), so work that ends well before its
+prediction is seen. With nothing armed the scanner parks. The CPU policy (:func:`set_policy`):
 
 - ``"adaptive"`` (default): as above; awaiting a 200 ms op costs about 1.5 % of a core, all threads.
 - ``"spin"``: the scanner spins while anything is armed (lowest latency; a core while busy).
@@ -273,9 +273,12 @@ cdef pred_t* _pred(uint64_t key) noexcept nogil:
     return &PRED[j]
 
 
-cdef void _learn(entry_t* e, int64_t now) noexcept nogil:
+cdef void _learn(entry_t* e, int64_t now, bint precise) noexcept nogil:
     cdef pred_t* p = _pred(e.key)
     cdef int64_t d = now - e.start
+    # what the work changed from: the estimate it was armed with (an overdue poll may have
+    # raised the stream's since, to the time run so far, which is no prediction)
+    cdef int64_t base = e.due - e.start if e.due else p.est
     if p.pending > 0:
         p.pending -= 1
     if p.pending == 0:
@@ -283,12 +286,19 @@ cdef void _learn(entry_t* e, int64_t now) noexcept nogil:
     if d <= 0:
         return
     # an observation is an upper bound (the scanner may have looked late): follow it down
-    # quickly and up slowly, unless the stream's work changed (four times as long and a
-    # millisecond more, which a late look alone does not explain: start over)
-    if p.est == 0 or (d > 4 * p.est and d > p.est + 1000000):
+    # quickly (three quarters of the way: a stream whose work got ten times shorter is learned
+    # in three awaits, not seven, each woken late by the scanner's looks) and up slowly, unless
+    # the stream's work changed (four times as long and a millisecond more, which a late look
+    # alone does not explain: start over)
+    if p.est == 0 or (d > 4 * base and d > base + 1000000):
         p.est = d
     elif d < p.est:
-        p.est = (p.est + d) // 2
+        p.est = d + (p.est - d) // 4
+    elif precise:
+        # seen by a task polling it (a look every loop turn): no look ended late, so the work
+        # took this long; rising by an eighth instead left the next awaits pre-woken early, each
+        # polling past its prediction until the estimate caught up
+        p.est = d
     else:
         p.est += (d - p.est) // 8
 
@@ -323,6 +333,7 @@ cdef void* _scan_main(void* arg) noexcept nogil:
     cdef int64_t now, next_wake, iv
     cdef int i, j, nb, k
     cdef bint hot
+    cdef bint looked = False  # the previous pass ended without a sleep: it looked moments ago
     cdef entry_t* e
     if bc == NULL or bt == NULL:
         return NULL  # arm() sees the scanner did not start: awaits fall back to their re-check
@@ -334,6 +345,7 @@ cdef void* _scan_main(void* arg) noexcept nogil:
             C_PARKS += 1
             dvo_cv_wait(&MU, 0)
             SLEEPING = 0
+            looked = False
             continue
         C_PASSES += 1
         now = dvo_now_ns()
@@ -344,7 +356,7 @@ cdef void* _scan_main(void* arg) noexcept nogil:
         while i < N:
             e = &E[i]
             if dvo_load32(&FLAGS[e.slot]) == e.seq:
-                _learn(e, now)
+                _learn(e, now, looked)
                 if e.chan != NULL:
                     bc[nb] = e.chan
                     bt[nb] = e.token
@@ -374,6 +386,20 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                 elif now >= e.wake:
                     if now < e.hot_until:
                         hot = True
+                    elif e.due and now < e.due - _window(e.due - e.start):
+                        # before the prediction (work that ends well before it: the stream's
+                        # work changed): after a quarter of the time waited so far, at most an
+                        # eighth of the predicted duration; each look wakes this thread, and a
+                        # long await should cost few of them
+                        iv = (now - e.armed) // 4
+                        cap = (e.due - e.start) // 8
+                        if cap < BACKOFF_MAX:
+                            cap = BACKOFF_MAX
+                        if iv < BACKOFF_MIN:
+                            iv = BACKOFF_MIN
+                        elif iv > cap:
+                            iv = cap
+                        e.wake = now + iv
                     else:  # look again after an eighth of the time waited so far
                         iv = (now - e.armed) // 8
                         cap = BACKOFF_MAX if e.due == 0 else (e.due - e.start) // 32
@@ -395,18 +421,21 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                 chan_push(bc[j], bt[j])  # writes the eventfd only when the channel was empty
                 chan_unref(bc[j])
             pthread_mutex_lock(&MU)
+            looked = True
             continue
         if hot:
             pthread_mutex_unlock(&MU)
             for k in range(32):
                 dvo_relax()
             pthread_mutex_lock(&MU)
+            looked = True
             continue
         # BLOCK: only a host function's kick wakes the scanner
         SLEEPING = next_wake if POLICY == ADAPTIVE and next_wake > 0 else -1
         target = SLEEPING
         if target > 0 and target <= dvo_now_ns():  # due already: look again at once
             SLEEPING = 0
+            looked = True
             continue
         C_SLEEPS += 1
         if dvo_cv_wait(&MU, target if target > 0 else 0) == ETIMEDOUT and target > 0:
@@ -414,6 +443,7 @@ cdef void* _scan_main(void* arg) noexcept nogil:
             # the slow ones of a core that went idle
             _decaying_max(&LAT, dvo_now_ns() - target)
         SLEEPING = 0
+        looked = False
     return NULL
 
 
@@ -713,10 +743,11 @@ def resumed(uint64_t handle):
     pthread_mutex_unlock(&MU)
 
 
-def retire(uint64_t handle):
+def retire(uint64_t handle, bint polled=False):
     """The awaiting task saw the flag: retire the slot now (learning the duration from that
-    moment) rather than at the scanner's next look. Returns False if the flag is not written
-    yet (then :func:`disown` it)."""
+    moment) rather than at the scanner's next look. ``polled``: the task saw it while polling
+    (looking every loop turn), so the moment is the completion's, give or take a loop turn.
+    Returns False if the flag is not written yet (then :func:`disown` it)."""
     global N, NFREE, C_DONE
     cdef uint32_t slot = <uint32_t>(handle >> 32)
     cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
@@ -728,7 +759,7 @@ def retire(uint64_t handle):
     pthread_mutex_lock(&MU)
     for i in range(N):
         if E[i].slot == slot and E[i].seq == seq:
-            _learn(&E[i], dvo_now_ns())
+            _learn(&E[i], dvo_now_ns(), polled)
             c = E[i].chan
             FREE[NFREE] = slot
             NFREE += 1
@@ -785,7 +816,7 @@ def fail_context(backend):
                 bc[nb] = E[i].chan
                 bt[nb] = E[i].token
                 nb += 1
-            _learn(&E[i], 0)
+            _learn(&E[i], 0, False)
             C_QUARANTINED += 1
             N -= 1
             E[i] = E[N]
@@ -856,6 +887,20 @@ def _estimates():
             out[PRED[i].key] = PRED[i].est * 1e-9
     pthread_mutex_unlock(&MU)
     return out
+
+
+def _prediction(uint64_t key):
+    """``(estimate s, awaits pending, predicted end of the last one s from now)`` for stream
+    handle ``key``, or None (diagnostics)."""
+    cdef int i
+    r = None
+    pthread_mutex_lock(&MU)
+    for i in range(NPRED):
+        if PRED[i].key == key:
+            r = (PRED[i].est * 1e-9, PRED[i].pending, (PRED[i].tail - dvo_now_ns()) * 1e-9 if PRED[i].tail else None)
+            break
+    pthread_mutex_unlock(&MU)
+    return r
 
 
 _env = os.environ.get("DEVICEOP_WAIT_POLICY", "").strip()

@@ -206,11 +206,12 @@ async def _park(
     cx: Any,
     timeout: float | None,
     h: int = -1,
-) -> None:
+) -> bool:
     """Wait for ``tok`` on ``d``'s channel until ``done()``; ``check()`` (a query of the stream,
     or of the event where every slot is armed) is the re-check that raises CudaError on a
     context error. ``h``: the reactor slot, whose pre-wake
-    (the token before the flag) starts a poll until the predicted completion."""
+    (the token before the flag) starts a poll until the predicted completion. True if the task
+    saw the completion while polling (the moment it saw it is the completion's)."""
 
     clock = time.perf_counter
     interval = _RECHECK[0]
@@ -220,13 +221,13 @@ async def _park(
         waker = new_event()
         d.waiters[tok] = waker
         if done():
-            return
+            return False
         limit = interval
         if deadline is not None:
             left = deadline - clock()
             if left <= 1e-3:  # loop timers are good to a millisecond
                 if check():
-                    return
+                    return False
                 raise _timed_out(cx.describe() if hasattr(cx, "describe") else str(cx), timeout)  # type: ignore[arg-type]
             limit = min(limit, left)
         timed_out = await _sleep_or_wake(lib, waker, limit)
@@ -235,14 +236,14 @@ async def _park(
                 _reactor.resumed(h)  # a pre-wake this task answers only now: its loop's lateness
             if timed_out and limit == interval:
                 _COUNTS["late"] += 1
-            return
+            return False
         # woken, yet not done: by a pre-wake, or by the re-check timer (which may fire together
         # with the pre-wake, or before it, when the work takes about as long as the interval);
         # either way, near the predicted completion the task polls for it
         span = _reactor.prewoken(h) if h >= 0 else None
         if span is not None and _POLL[0]:
             if await _poll(lib, done, span, deadline):
-                return
+                return True
             _reactor.overdue(h)  # still running past the prediction: it takes longer than learned
         if timed_out:
             interval = min(interval * 2, _RECHECK[1])
@@ -293,6 +294,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     # event a thread could block on costs the host an interrupt; one is recorded where every slot
     # is armed, and when the task stops waiting (see hand_over)
     ev = None
+    polled = False  # the completion seen by this task while it looked every loop turn
     try:
         h = _reactor.arm(stream, d.channel, tok)
         if h < 0:  # every slot is armed: the stream's host function wakes this loop
@@ -322,9 +324,11 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
                 else:  # the reactor pre-wakes this task shortly before the completion
                     poll = 0.0
             if spin and _spin(done, spin, deadline):
-                pass  # (no coroutine made for the common short wait)
-            elif not (poll and await _poll(lib, done, poll - spin, deadline)):
-                await _park(lib, d, tok, done, check, deadline, cx, timeout, h)
+                polled = True  # (no coroutine made for the common short wait)
+            elif poll and await _poll(lib, done, poll - spin, deadline):
+                polled = True
+            else:
+                polled = await _park(lib, d, tok, done, check, deadline, cx, timeout, h)
     except CudaError:
         _reactor.fail_context(stream.backend)  # wake every await on this device: they fail too
         hand_over(cx, stream, ev)
@@ -335,7 +339,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
         raise
     finally:
         d.unregister(tok)
-        if h >= 0 and not _reactor.retire(h):
+        if h >= 0 and not _reactor.retire(h, polled):
             _reactor.disown(h)
     cx.finish()
     return out
