@@ -45,7 +45,9 @@ extern "C" __global__ void spin(float* out, long long ns) {
   if (threadIdx.x == 0) out[blockIdx.x] = (float)ns;
 }
 """
-spin_k = K.Kernel(SPIN_SRC, "spin", params=(K.Out(do.float32), do.int64), host=lambda out, ns: time.sleep(float(ns) / 1e9))
+spin_k = K.Kernel(
+    SPIN_SRC, "spin", params=(K.Out(do.float32), do.int64), host=lambda out, ns: time.sleep(float(ns) / 1e9)
+)
 
 
 def _run(lib: str, coro_fn):  # type: ignore[no-untyped-def]
@@ -236,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"CPU while awaiting a {r['op_seconds_wall_median'] * 1e3:.0f} ms op ({r['loop']}, {r['policy']}): "
             f"{r['cpu_fraction_median']:.2%} of a core (max {r['cpu_fraction_max']:.2%}, first {r['cpu_fraction_first']:.2%}); "
-            + ", ".join(f"{k.split(':')[0]} {v:.2%}" for k, v in sorted(r["threads_cpu_fraction"].items(), key=lambda kv: -kv[1])[:4])
+            + ", ".join(
+                f"{k.split(':')[0]} {v:.2%}"
+                for k, v in sorted(r["threads_cpu_fraction"].items(), key=lambda kv: -kv[1])[:4]
+            )
             + f"; scanner passes {r['reactor']['passes']} for {r['reps']}, loop lateness {r['loop_lateness_us']:.0f} us"
         )
     doc["reactor"] = _reactor.stats()
