@@ -148,6 +148,7 @@ cpdef int launch(ExecutionContext cx, LaunchPlan p, tuple tensors, tuple scalars
     cdef void* params[MAXP]
     cdef int j, err
     cdef TensorBase t
+    cdef bint need[MAXP]  # registered after the launch (scan found it not yet covered)
     cdef void* sh = <void*>cx.sh
     if cx.drv is not p.drv:
         raise UsageError(f"{p.what!r} was planned for another device than this execution's")
@@ -161,13 +162,14 @@ cpdef int launch(ExecutionContext cx, LaunchPlan p, tuple tensors, tuple scalars
     try:
         for j in range(p.nt):
             t = <TensorBase?>tensors[j]
-            scan(cx, t.buffer, t.lo, t.hi, p.wr[j], p.what)
+            need[j] = scan(cx, t.buffer, t.lo, t.hi, p.wr[j], p.what)
         with nogil:
             err = p.drv.launch_kernel(p.f, p.g[0], p.g[1], p.g[2], p.b[0], p.b[1], p.b[2], p.shmem, sh, params)
         if not err:  # registered while the kernel runs (still under the lock: atomic for others)
             for j in range(p.nt):
-                t = <TensorBase>tensors[j]
-                register(cx, t.buffer, t.lo, t.hi, p.wr[j])
+                if need[j]:
+                    t = <TensorBase>tensors[j]
+                    register(cx, t.buffer, t.lo, t.hi, p.wr[j])
     finally:
         LOCK.drop()
     if err:
@@ -376,6 +378,8 @@ cdef class GraphLaunch(DeviceOp):
         cdef void* sh = <void*>cx.sh
         cdef int err = 0
         cdef tuple r
+        cdef Py_ssize_t i
+        cdef uint64_t covered = 0  # regions scan found nothing to register for (the first 64)
         if cx.capturing:
             raise CaptureError(
                 f"{self!r} inside a graph recording: graphs do not nest. Record the ops of both "
@@ -387,8 +391,9 @@ cdef class GraphLaunch(DeviceOp):
             )
         LOCK.take()
         try:
-            for r in g.regions:
-                scan(cx, r[0], r[1], r[2], r[3], self)
+            for i, r in enumerate(g.regions):
+                if scan(cx, r[0], r[1], r[2], r[3], self) == 0 and i < 64:
+                    covered |= (<uint64_t>1) << i
             if g.exec_obj is not None:
                 ex = g.exec_handle
                 if d is not None and d.graph_launch != NULL and ex:
@@ -398,8 +403,9 @@ cdef class GraphLaunch(DeviceOp):
                         raise d.error(err, "cuGraphLaunch")
                 else:
                     g.backend.graphs.launch(g.exec_obj, cx.stream)
-            for r in g.regions:  # registered while the graph runs (still under the lock)
-                register(cx, r[0], r[1], r[2], r[3])
+            for i, r in enumerate(g.regions):  # registered while the graph runs (still under the lock)
+                if i >= 64 or not (covered >> i) & 1:
+                    register(cx, r[0], r[1], r[2], r[3])
             g.launches += 1
             return g.out
         finally:

@@ -327,15 +327,17 @@ cdef int order(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bi
     after it instead, under one hold of the lock, so the registration's bookkeeping runs while
     the GPU already works.)
     """
-    scan(cx, buf, lo, hi, write, what)
-    register(cx, buf, lo, hi, write)
+    if scan(cx, buf, lo, hi, write, what):
+        register(cx, buf, lo, hi, write)
     return 0
 
 
 cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write, object what) except -1:
     """Make ``cx``'s stream wait for in-flight work on other streams that conflicts with its
     access (or raise :class:`BorrowError` under the ``raise`` policy). With ``LOCK`` held,
-    before the work; :func:`register` follows before the lock is dropped."""
+    before the work. Returns 1 if the access is to be registered (:func:`register`, after the
+    work, before the lock is dropped), 0 if there is nothing to register (covered by this
+    execution's newest entry, recorded by a graph capture, or the ledger is off)."""
     cdef list acc
     cdef Access e, last
     cdef ExecutionContext ex
@@ -355,7 +357,7 @@ cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bin
     acc = buf.accesses
     n = len(acc)
     if n == 0:
-        return 0
+        return 1
     last = acc[n - 1]
     if last.cx is cx and last.lo <= lo and last.hi >= hi and (last.write or not write):
         return 0  # already covered by this execution (the common chained case): ordered then
@@ -377,7 +379,7 @@ cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bin
                 "(then/sync_on), or use set_borrow_policy('order') to have deviceop order them."
             )
         cx.wait_for_c(ex)
-    return 0
+    return 1
 
 
 cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write) except -1:
@@ -397,6 +399,10 @@ cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi,
         return 0  # (scan did what these need)
     acc = buf.accesses
     n = len(acc)
+    if n:
+        last = acc[n - 1]
+        if last.cx is cx and last.lo <= lo and last.hi >= hi and (last.write or not write):
+            return 0  # covered by this execution's newest entry (the common chained case)
     for i in range(n):
         e = acc[i]
         if e.cx is cx:
