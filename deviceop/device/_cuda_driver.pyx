@@ -23,6 +23,8 @@ __all__ = [
     "memcpy_dtod_async", "memset_async", "NOT_READY",
 ]
 
+import os
+
 NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 
@@ -105,12 +107,12 @@ cdef int _host_alloc(void** ptr, size_t n) noexcept nogil:
     return <int>cydriver.cuMemHostAlloc(ptr, n, cydriver.CU_MEMHOSTALLOC_PORTABLE)
 
 
-cdef void* _entry(const char* name) except? NULL:
+cdef void* _entry(const char* name, unsigned long long flags) except? NULL:
     """``name``'s entry point in the driver library, for the CUDA version cydriver declares
     (the signatures this module calls it with); NULL if the driver does not give it."""
     cdef void* fn = NULL
     cdef cydriver.CUdriverProcAddressQueryResult status
-    err = cydriver.cuGetProcAddress(name, &fn, cydriver.CUDA_VERSION, cydriver.CU_GET_PROC_ADDRESS_DEFAULT, &status)
+    err = cydriver.cuGetProcAddress(name, &fn, cydriver.CUDA_VERSION, flags, &status)
     if err != cydriver.CUDA_SUCCESS or status != cydriver.CU_GET_PROC_ADDRESS_SUCCESS:
         return NULL
     return fn
@@ -136,27 +138,34 @@ def make_driver(uintptr_t context, error, BlockCache blocks):
     d.event_query = _event_query
     d.ctx_set = _ctx_set
     d.ctx_get = _ctx_get
+    # the default stream's semantics cuda.bindings uses (its environment switch), so handle 0
+    # means the same stream to both
+    cdef unsigned long long flags = (
+        cydriver.CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+        if os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
+        else cydriver.CU_GET_PROC_ADDRESS_DEFAULT
+    )
     try:
         # (CUresult is a C enum, an int: the driver's functions have the table's signatures)
-        p = _entry(b"cuLaunchKernel")
+        p = _entry(b"cuLaunchKernel", flags)
         if p != NULL:
             _cu_launch = <cu_launch_kernel_t>p
-        p = _entry(b"cuGraphLaunch")
+        p = _entry(b"cuGraphLaunch", flags)
         if p != NULL:
             d.graph_launch = <graph_launch_t>p
-        p = _entry(b"cuStreamSynchronize")
+        p = _entry(b"cuStreamSynchronize", flags)
         if p != NULL:
             d.stream_sync = <stream_sync_t>p
-        p = _entry(b"cuEventRecord")
+        p = _entry(b"cuEventRecord", flags)
         if p != NULL:
             d.event_record = <event_record_t>p
-        p = _entry(b"cuEventQuery")
+        p = _entry(b"cuEventQuery", flags)
         if p != NULL:
             d.event_query = <event_query_t>p
-        p = _entry(b"cuCtxSetCurrent")
+        p = _entry(b"cuCtxSetCurrent", flags)
         if p != NULL:
             d.ctx_set = <ctx_set_t>p
-        p = _entry(b"cuCtxGetCurrent")
+        p = _entry(b"cuCtxGetCurrent", flags)
         if p != NULL:
             d.ctx_get = <ctx_get_t>p
     except Exception:  # a driver without cuGetProcAddress: every call goes through cydriver
