@@ -386,23 +386,17 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                 elif now >= e.wake:
                     if now < e.hot_until:
                         hot = True
-                    elif e.due and now < e.due - _window(e.due - e.start):
-                        # before the prediction (work that ends well before it: the stream's
-                        # work changed): after a quarter of the time waited so far, at most an
-                        # eighth of the predicted duration; each look wakes this thread, and a
-                        # long await should cost few of them
-                        iv = (now - e.armed) // 4
-                        cap = (e.due - e.start) // 8
-                        if cap < BACKOFF_MAX:
-                            cap = BACKOFF_MAX
-                        if iv < BACKOFF_MIN:
-                            iv = BACKOFF_MIN
-                        elif iv > cap:
-                            iv = cap
-                        e.wake = now + iv
-                    else:  # look again after an eighth of the time waited so far
-                        iv = (now - e.armed) // 8
-                        cap = BACKOFF_MAX if e.due == 0 else (e.due - e.start) // 32
+                    else:
+                        if e.due and now < e.due - _window(e.due - e.start):
+                            # before the prediction (work that ends well before it: the stream's
+                            # work changed): after a quarter of the time waited so far, at most an
+                            # eighth of the predicted duration; each look wakes this thread, and a
+                            # long await should cost few of them
+                            iv = (now - e.armed) // 4
+                            cap = (e.due - e.start) // 8
+                        else:  # after an eighth of the time waited so far
+                            iv = (now - e.armed) // 8
+                            cap = BACKOFF_MAX if e.due == 0 else (e.due - e.start) // 32
                         if cap < BACKOFF_MAX:
                             cap = BACKOFF_MAX
                         if iv < BACKOFF_MIN:

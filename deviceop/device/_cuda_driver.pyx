@@ -107,14 +107,17 @@ cdef int _host_alloc(void** ptr, size_t n) noexcept nogil:
     return <int>cydriver.cuMemHostAlloc(ptr, n, cydriver.CU_MEMHOSTALLOC_PORTABLE)
 
 
-cdef void* _entry(const char* name, unsigned long long flags) except? NULL:
+cdef void* _entry(const char* name, unsigned long long flags, void* fallback) noexcept:
     """``name``'s entry point in the driver library, for the CUDA version cydriver declares
-    (the signatures this module calls it with); NULL if the driver does not give it."""
+    (the signatures this module calls it with); ``fallback`` if the driver does not give it."""
     cdef void* fn = NULL
     cdef cydriver.CUdriverProcAddressQueryResult status
-    err = cydriver.cuGetProcAddress(name, &fn, cydriver.CUDA_VERSION, flags, &status)
-    if err != cydriver.CUDA_SUCCESS or status != cydriver.CU_GET_PROC_ADDRESS_SUCCESS:
-        return NULL
+    try:
+        err = cydriver.cuGetProcAddress(name, &fn, cydriver.CUDA_VERSION, flags, &status)
+    except Exception:  # a driver without cuGetProcAddress
+        return fallback
+    if err != cydriver.CUDA_SUCCESS or status != cydriver.CU_GET_PROC_ADDRESS_SUCCESS or fn == NULL:
+        return fallback
     return fn
 
 
@@ -128,16 +131,6 @@ def make_driver(uintptr_t context, error, BlockCache blocks):
     of a graph replay. The others go through cydriver."""
     global _cu_launch
     cdef Driver d = Driver.__new__(Driver)
-    cdef void* p
-    d.mem_alloc = _mem_alloc
-    d.blocks = blocks
-    d.launch_kernel = _launch
-    d.graph_launch = _graph_launch
-    d.stream_sync = _stream_sync
-    d.event_record = _event_record
-    d.event_query = _event_query
-    d.ctx_set = _ctx_set
-    d.ctx_get = _ctx_get
     # the default stream's semantics cuda.bindings uses (its environment switch), so handle 0
     # means the same stream to both
     cdef unsigned long long flags = (
@@ -145,31 +138,17 @@ def make_driver(uintptr_t context, error, BlockCache blocks):
         if os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
         else cydriver.CU_GET_PROC_ADDRESS_DEFAULT
     )
-    try:
-        # (CUresult is a C enum, an int: the driver's functions have the table's signatures)
-        p = _entry(b"cuLaunchKernel", flags)
-        if p != NULL:
-            _cu_launch = <cu_launch_kernel_t>p
-        p = _entry(b"cuGraphLaunch", flags)
-        if p != NULL:
-            d.graph_launch = <graph_launch_t>p
-        p = _entry(b"cuStreamSynchronize", flags)
-        if p != NULL:
-            d.stream_sync = <stream_sync_t>p
-        p = _entry(b"cuEventRecord", flags)
-        if p != NULL:
-            d.event_record = <event_record_t>p
-        p = _entry(b"cuEventQuery", flags)
-        if p != NULL:
-            d.event_query = <event_query_t>p
-        p = _entry(b"cuCtxSetCurrent", flags)
-        if p != NULL:
-            d.ctx_set = <ctx_set_t>p
-        p = _entry(b"cuCtxGetCurrent", flags)
-        if p != NULL:
-            d.ctx_get = <ctx_get_t>p
-    except Exception:  # a driver without cuGetProcAddress: every call goes through cydriver
-        pass
+    d.mem_alloc = _mem_alloc
+    d.blocks = blocks
+    d.launch_kernel = _launch
+    # (CUresult is a C enum, an int: the driver's functions have the table's signatures)
+    _cu_launch = <cu_launch_kernel_t>_entry(b"cuLaunchKernel", flags, NULL)
+    d.graph_launch = <graph_launch_t>_entry(b"cuGraphLaunch", flags, <void*>_graph_launch)
+    d.stream_sync = <stream_sync_t>_entry(b"cuStreamSynchronize", flags, <void*>_stream_sync)
+    d.event_record = <event_record_t>_entry(b"cuEventRecord", flags, <void*>_event_record)
+    d.event_query = <event_query_t>_entry(b"cuEventQuery", flags, <void*>_event_query)
+    d.ctx_set = <ctx_set_t>_entry(b"cuCtxSetCurrent", flags, <void*>_ctx_set)
+    d.ctx_get = <ctx_get_t>_entry(b"cuCtxGetCurrent", flags, <void*>_ctx_get)
     d.write_value32 = _write_value32
     d.host_func = _host_func
     d.host_register = _host_register
