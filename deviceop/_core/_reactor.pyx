@@ -601,6 +601,18 @@ cdef void _decaying_max(int64_t* v, int64_t x) noexcept nogil:
             v[0] = LAT_MIN
 
 
+cdef entry_t* _armed(uint64_t handle) noexcept nogil:
+    """The armed entry of ``handle`` (the slot and its sequence number), or NULL once retired.
+    Call with ``MU`` held."""
+    cdef uint32_t slot = <uint32_t>(handle >> 32)
+    cdef uint32_t seq = <uint32_t>handle  # (the low 32 bits)
+    cdef int i
+    for i in range(N):
+        if E[i].slot == slot and E[i].seq == seq:
+            return &E[i]
+    return NULL
+
+
 def prewoken(uint64_t handle):
     """Called by a parked task that woke before its work completed (its pre-wake, or its
     re-check timer near the predicted completion): learns how long the loop took to resume it
@@ -609,43 +621,41 @@ def prewoken(uint64_t handle):
     poll for (the slot is no longer armed, its duration is not known, or the completion is
     farther off than a pre-wake's window: the pre-wake comes later; a pre-wake that came far
     earlier than planned is armed again)."""
-    cdef uint32_t slot = <uint32_t>(handle >> 32)
-    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
     global C_REARMED
-    cdef int i
+    cdef entry_t* e
     cdef int64_t now, est
     cdef bint pre
     r = None
     pthread_mutex_lock(&MU)
     now = dvo_now_ns()
-    for i in range(N):
-        if E[i].slot == slot and E[i].seq == seq:
-            pre = E[i].pushed != 0
-            if pre:
-                _decaying_max(&LLAT, now - E[i].pushed)
-                E[i].pushed = 0
-                PUSHED[slot] = 0
-            if E[i].due:
-                est = _pred(E[i].key).est
-                # a pre-wake comes early by up to its lead (the scanner's sleep may end on time,
-                # and the loop resume at once), and the learned lateness may have fallen since
-                # the slot was armed: a pre-woken task polls from then
-                if E[i].due - now > _window(est) + (LAT_MAX if pre else 0):
-                    if pre and POLICY == ADAPTIVE:
-                        # far earlier than planned: without a pre-wake still to come, only a
-                        # backing-off look would end the park
-                        E[i].prewake = E[i].due - _window(est)
-                        C_REARMED += 1
-                        if SLEEPING == -1 or (SLEEPING > 0 and E[i].prewake < SLEEPING):
-                            dvo_cv_signal()
-                    break  # woken well before the completion (by the timer, or that pre-wake): park again
+    e = _armed(handle)
+    if e != NULL:
+        pre = e.pushed != 0
+        if pre:
+            _decaying_max(&LLAT, now - e.pushed)
+            e.pushed = 0
+            PUSHED[e.slot] = 0
+        if e.due:
+            est = _pred(e.key).est
+            # a pre-wake comes early by up to its lead (the scanner's sleep may end on time,
+            # and the loop resume at once), and the learned lateness may have fallen since
+            # the slot was armed: a pre-woken task polls from then
+            if e.due - now > _window(est) + (LAT_MAX if pre else 0):
+                # woken well before the completion (by the timer, or that pre-wake): park again
+                if pre and POLICY == ADAPTIVE:
+                    # far earlier than planned: without a pre-wake still to come, only a
+                    # backing-off look would end the park
+                    e.prewake = e.due - _window(est)
+                    C_REARMED += 1
+                    if SLEEPING == -1 or (SLEEPING > 0 and e.prewake < SLEEPING):
+                        dvo_cv_signal()
+            else:
                 # polled from now on: a pre-wake still to come would only wake the task again
-                E[i].prewake = 0
-                r = ((E[i].due - now if E[i].due > now else 0) + POLL_SLACK + est // 64) * 1e-9
+                e.prewake = 0
+                r = ((e.due - now if e.due > now else 0) + POLL_SLACK + est // 64) * 1e-9
                 # the scanner looks again once the task stops polling
-                E[i].wake = E[i].due + POLL_SLACK + est // 64
-                E[i].hot_until = E[i].wake + LATE_BASE + est // 128
-            break
+                e.wake = e.due + POLL_SLACK + est // 64
+                e.hot_until = e.wake + LATE_BASE + est // 128
     pthread_mutex_unlock(&MU)
     return r
 
@@ -671,25 +681,20 @@ def expected(uint64_t handle):
     its stream's durations are not known yet (or the slot is no longer armed); 0.0 if the
     reactor will pre-wake it (park); otherwise the seconds until the predicted completion, too
     soon for a pre-wake (poll)."""
-    cdef uint32_t slot = <uint32_t>(handle >> 32)
-    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
-    cdef int i
+    cdef entry_t* e
     cdef double r = -1.0
     cdef bint alone = False
     cdef int64_t now
-    cdef pred_t* p
     pthread_mutex_lock(&MU)
-    for i in range(N):
-        if E[i].slot == slot and E[i].seq == seq:
-            p = _pred(E[i].key)
-            alone = N == 1
-            if E[i].due:
-                now = dvo_now_ns()
-                if E[i].prewake or E[i].due - now > _window(p.est):
-                    r = 0.0
-                else:
-                    r = (E[i].due - now) * 1e-9 if E[i].due > now else 1e-9
-            break
+    e = _armed(handle)
+    if e != NULL:
+        alone = N == 1
+        if e.due:
+            now = dvo_now_ns()
+            if e.prewake or e.due - now > _window(_pred(e.key).est):
+                r = 0.0
+            else:
+                r = (e.due - now) * 1e-9 if e.due > now else 1e-9
     pthread_mutex_unlock(&MU)
     return r, alone
 
@@ -700,19 +705,16 @@ def overdue(uint64_t handle):
     that at once. Observations only ever raised it by an eighth per await (they are upper
     bounds), so an estimate that fell too low (a first await armed late after its launch, or
     work that grew) took many awaits to recover, each parked past its completion."""
-    cdef uint32_t slot = <uint32_t>(handle >> 32)
-    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
-    cdef int i
+    cdef entry_t* e
     cdef int64_t lb
     cdef pred_t* p
     pthread_mutex_lock(&MU)
-    for i in range(N):
-        if E[i].slot == slot and E[i].seq == seq:
-            p = _pred(E[i].key)
-            lb = dvo_now_ns() - E[i].start
-            if lb > p.est:
-                p.est = lb
-            break
+    e = _armed(handle)
+    if e != NULL:
+        p = _pred(e.key)
+        lb = dvo_now_ns() - e.start
+        if lb > p.est:
+            p.est = lb
     pthread_mutex_unlock(&MU)
 
 
@@ -746,21 +748,19 @@ def retire(uint64_t handle, bint polled=False):
     cdef uint32_t slot = <uint32_t>(handle >> 32)
     cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
     cdef chan_t* c = NULL
-    cdef int i
-    cdef bint ok = False
+    cdef entry_t* e
     if slot >= <uint32_t>NSLOTS or not _written(slot, seq):
         return False
     pthread_mutex_lock(&MU)
-    for i in range(N):
-        if E[i].slot == slot and E[i].seq == seq:
-            _learn(&E[i], dvo_now_ns(), polled)
-            c = E[i].chan
-            FREE[NFREE] = slot
-            NFREE += 1
-            N -= 1
-            E[i] = E[N]
-            C_DONE += 1
-            break
+    e = _armed(handle)
+    if e != NULL:
+        _learn(e, dvo_now_ns(), polled)
+        c = e.chan
+        FREE[NFREE] = slot
+        NFREE += 1
+        N -= 1
+        e[0] = E[N]
+        C_DONE += 1
     pthread_mutex_unlock(&MU)
     if c != NULL:
         chan_unref(c)
@@ -770,18 +770,15 @@ def retire(uint64_t handle, bint polled=False):
 def disown(uint64_t handle):
     """Nobody waits for this slot any more (cancelled, timed out): its token is not pushed.
     The slot stays armed until the device writes it, so it is never reused early."""
-    cdef uint32_t slot = <uint32_t>(handle >> 32)
-    cdef uint32_t seq = <uint32_t>(handle & 0xFFFFFFFF)
     cdef chan_t* c = NULL
-    cdef int i
+    cdef entry_t* e
     if not READY:
         return
     pthread_mutex_lock(&MU)
-    for i in range(N):
-        if E[i].slot == slot and E[i].seq == seq:
-            c = E[i].chan
-            E[i].chan = NULL
-            break
+    e = _armed(handle)
+    if e != NULL:
+        c = e.chan
+        e.chan = NULL
     pthread_mutex_unlock(&MU)
     if c != NULL:
         chan_unref(c)
