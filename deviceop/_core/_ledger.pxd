@@ -36,6 +36,5 @@ cdef int order(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bi
 cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write, object what) except -1
 cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write) except -1
 cdef int order_tensor(ExecutionContext cx, object t, bint write, object what) except -1
-cdef int release_c(ExecutionContext cx) except -1
 cdef bint ledger_on()
 cpdef int check_backend(ExecutionContext cx, object be, object what) except -1

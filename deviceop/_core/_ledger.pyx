@@ -34,7 +34,7 @@ from .._errors import BackendError, BorrowError, CaptureError, SettingError, Usa
 
 __all__ = [
     "ExecutionContext", "Access", "enqueue", "abandon", "abandoned", "on_abandon", "check_backend", "touch",
-    "release", "in_flight", "held", "set_borrow_policy", "borrow_policy",
+    "in_flight", "held", "set_borrow_policy", "borrow_policy",
 ]
 
 # 0: order (default), 1: raise, 2: off
@@ -465,33 +465,6 @@ def enqueue(ExecutionContext cx, accesses, work, what):
         return work() if work is not None else None
     finally:
         LOCK.drop()
-
-
-cdef int release_c(ExecutionContext cx) except -1:
-    cdef Buffer buf
-    cdef list acc
-    cdef Py_ssize_t i
-    cdef Access e
-    if not cx.buffers:
-        return 0
-    LOCK.take()
-    try:
-        for buf in cx.buffers:
-            acc = buf.accesses
-            i = len(acc) - 1
-            while i >= 0:
-                e = acc[i]
-                if e.cx is cx:
-                    del acc[i]
-                i -= 1
-    finally:
-        LOCK.drop()
-    return 0
-
-
-def release(ExecutionContext cx):
-    """Forget every access of a finished execution."""
-    release_c(cx)
 
 
 def in_flight(Buffer buf, Py_ssize_t lo, Py_ssize_t hi):
