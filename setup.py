@@ -54,10 +54,23 @@ extensions = [
     ),
 ]
 
+# Python modules on every await's path, compiled from their source as it is (the .py stays the
+# one implementation: an install without the compiled module runs it as it is). Annotations are
+# read as Python's, not as C types.
+compiled_py = [
+    Extension(f"deviceop.executors.{m}", [f"deviceop/executors/{m}.py"], extra_compile_args=_FLAGS)
+    for m in ("_await", "_wake")
+]
+
 setup(
     ext_modules=cythonize(
         extensions,
         compiler_directives={"language_level": 3, "embedsignature": True, "binding": True},
+        quiet=True,
+    )
+    + cythonize(
+        compiled_py,
+        compiler_directives={"language_level": 3, "binding": True, "annotation_typing": False},
         quiet=True,
     ),
 )

@@ -189,6 +189,16 @@ def test_stub_driver_marker_is_consistent():
     assert isinstance(STUB_DRIVER, bool)
 
 
+def test_the_await_path_runs_compiled():
+    # built from their own source by setup.py: the modules every await goes through
+    import importlib.machinery
+
+    from deviceop.executors import _await, _wake
+
+    for m in (_await, _wake):
+        assert m.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), m.__file__
+
+
 def test_launch_plans_refuse_bad_layouts_and_arguments(backend):
     from deviceop._core._launch import MAX_PARAMS, LaunchPlan, launch
     from deviceop._core._ledger import ExecutionContext

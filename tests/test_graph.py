@@ -356,6 +356,48 @@ def test_replay_orders_writers_on_other_streams(backend) -> None:
     fut2.result(timeout=30)
 
 
+def _accumulating(z: do.Tensor, x: do.Tensor, seconds: float) -> do.CudaGraph:
+    """A graph that waits about ``seconds`` on the device, then adds x into z (z += x)."""
+    tmp = do.zeros(x.size, do.float32).sync()
+    return slow_copy(tmp, x, seconds).then(lambda _: K.add(z.partition((128,)), z, x)).graph()
+
+
+def test_back_to_back_replays_on_one_stream_hand_their_entries_on(backend) -> None:
+    a, b = pool_of(2)[:2]
+    x = do.full(4096, 1.0, do.float32).sync()
+    z = do.zeros(4096, do.float32).sync()
+    g = _accumulating(z, x, 0.15)
+    futs = [g.launch().submit(a) for _ in range(3)]
+    # nothing else registered between them: each replay took over the one before's entries
+    # (one per buffer, though all three are in flight), so the ledger names the last
+    assert [e.execution for e in z.buffer.accesses] == [futs[-1]._cx]
+    # a reader on another stream waits for the last replay, not only for the first
+    out = do.zeros(4096, do.float32).sync()
+    K.scale(out.partition((128,)), z, 1.0).sync_on(b)
+    assert np.all(out.numpy() == 3)
+    for f in futs:
+        f.result(timeout=30)
+
+
+def test_a_replay_on_another_stream_or_after_other_work_scans_again(backend) -> None:
+    a, b = pool_of(2)[:2]
+    x = do.full(4096, 1.0, do.float32).sync()
+    z = do.zeros(4096, do.float32).sync()
+    g = _accumulating(z, x, 0.15)
+    busy = do.zeros(4096, do.float32).sync()
+    first = slow_fill(busy, 1.0, 0.3).submit(a)  # the replay on a starts only after this
+    fut = g.launch().submit(a)
+    g.launch().sync_on(b)  # waits for the replay queued on a (both write z)
+    assert np.all(z.numpy() == 2)
+    fut.result(timeout=30)
+    first.result(timeout=30)
+    g.launch().submit(a)
+    K.add(z.partition((128,)), z, x).submit(b)  # another execution's write between two replays
+    fut = g.launch().submit(a)  # ordered after it
+    fut.result(timeout=30)
+    assert np.all(z.numpy() == 5) and live(z.buffer) == []
+
+
 def test_sync_replays_release_the_ledger(backend) -> None:
     x0, x, y = _data(1024)
     g = _chain(y, x, 3).graph()

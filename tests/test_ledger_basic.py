@@ -272,7 +272,7 @@ def test_finished_entries_are_reused_and_dropped_by_the_next_registration(backen
     assert other._waited == (mine,)
     mine.finish()
     assert [a.execution for a in live(b1)] == [other] and live(b2) == []
-    assert mine.buffers == [] and mine.done and not LOCK.locked()
+    assert mine.buffers is None and mine.done and not LOCK.locked()
     third = ExecutionContext(s2, "third")
     enqueue(third, ((b1, 0, 64, True),), None, "test")  # after other's read: waits for it only
     assert third._waited == (other,)
@@ -300,7 +300,7 @@ def test_a_finished_execution_holds_no_buffer(backend):
     cx.finish()
     del t
     gc.collect()
-    assert r() is None and cx.buffers == []
+    assert r() is None and cx.buffers is None
 
 
 def test_views_named_in_turn_keep_the_access_list_short(backend):

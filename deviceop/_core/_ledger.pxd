@@ -1,4 +1,4 @@
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uint64_t, uintptr_t
 from ._base cimport Buffer, Driver, Lock
 
 
@@ -37,4 +37,7 @@ cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bin
 cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write) except -1
 cdef int order_tensor(ExecutionContext cx, object t, bint write, object what) except -1
 cdef bint ledger_on()
+cdef uint64_t epoch() noexcept
+cdef Access covering(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write)
+cdef int retarget(ExecutionContext cx, tuple entries, object keep_alive) except -1
 cpdef int check_backend(ExecutionContext cx, object be, object what) except -1

@@ -19,11 +19,7 @@ lists stay short and finishing takes no lock.
 """
 
 cimport cython
-from cpython.object cimport PyObject
-
-cdef extern from "Python.h":
-    int PyList_SetSlice(object lst, Py_ssize_t lo, Py_ssize_t hi, PyObject* items) except -1
-    const Py_ssize_t PY_SSIZE_T_MAX
+from libc.stdint cimport uint64_t
 
 from ._base cimport _LOCK as LOCK, Buffer, Driver, Lock, StreamBase, TensorBase
 from ._base import forget_layouts
@@ -39,6 +35,10 @@ __all__ = [
 
 # 0: order (default), 1: raise, 2: off
 cdef int _mode = 0
+# bumped whenever a registration edits an access list (or the policy changes): a graph replay
+# whose previous replay on the same stream left the epoch as it is finds every list as that
+# replay left it (see covering)
+cdef uint64_t _epoch = 1
 _MODES = ("order", "raise", "off")
 
 
@@ -50,10 +50,11 @@ def set_borrow_policy(mode):
     both operations and the buffer instead (strict mode, for finding accidental serialization).
     ``"off"``: no tracking at all (unsafe; only for measuring the ledger's cost).
     """
-    global _mode
+    global _mode, _epoch
     if not isinstance(mode, str) or mode not in _MODES:
         raise SettingError(f"borrow policy {mode!r} is not known; use 'order', 'raise' or 'off'")
     _mode = _MODES.index(mode)
+    _epoch += 1
 
 
 def borrow_policy():
@@ -63,6 +64,11 @@ def borrow_policy():
 
 cdef bint ledger_on():
     return _mode != 2
+
+
+cdef uint64_t epoch() noexcept:
+    """The ledger's epoch under the ``order`` policy (see :func:`covering`); 0 under the others."""
+    return _epoch if _mode == 0 else 0
 
 
 @cython.freelist(64)  # one or more per execution: made and dropped on every launch path
@@ -89,8 +95,8 @@ cdef class Access:
 cdef class ExecutionContext:
     """One execution of an op tree on one stream: the stream, the buffers it touches, what to do when done.
 
-    Built by a terminal (``sync``, ``submit``...). ``buffers`` (None until the first) keeps every
-    touched buffer alive until :meth:`finish`, which the terminal calls once the stream has
+    Built by a terminal (``sync``, ``submit``...). ``buffers`` (None until the first, and again
+    once finished) keeps every touched buffer alive until :meth:`finish`, which the terminal calls once the stream has
     passed the execution's last work; only then do its ledger entries stop counting and its
     staging memory go back.
     """
@@ -202,8 +208,7 @@ cdef class ExecutionContext:
         finally:
             # the ledger entries stay, marked finished by ``done``: the next registration on each
             # buffer reuses or drops them (order), so finishing costs no lock and no list edits
-            if self.buffers:
-                PyList_SetSlice(self.buffers, 0, PY_SSIZE_T_MAX, NULL)  # emptied in place: no new list
+            self.buffers = None  # (a later keep() makes a new list)
             self._waited = ()
             self.op = None
             self._event = None
@@ -393,6 +398,7 @@ cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi,
     """
     cdef list acc
     cdef Access e, last
+    global _epoch
     cdef Access spare = None
     cdef Py_ssize_t i, n, stale = 0
     if cx.captured is not None or _mode == 2:
@@ -412,6 +418,7 @@ cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi,
             stale += 1
             if spare is None or i == n - 1:
                 spare = e  # the last one if it is finished: it stays last
+    _epoch += 1  # the list changes
     if stale > 1:  # several finished entries (streams that ran at once): keep only the spare
         acc[:] = [e for e in acc if e is spare or not (<Access>e).cx.done]
         n = len(acc)
@@ -429,6 +436,39 @@ cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi,
     e.hi = hi
     e.write = write
     keep(cx, buf)
+    return 0
+
+
+cdef Access covering(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write):
+    """``cx``'s entry in ``buf``'s list that covers its access (after :func:`register`), or None.
+
+    A graph replay keeps these with the :func:`epoch` after its registration. While the epoch
+    stays, no list changed: a later replay on the same stream hands the same entries to its
+    execution (:func:`retarget`) instead of scanning and registering. Nothing it would have
+    waited for is new (the earlier replay, before it on the stream, waited already), and an
+    entry kept though it covers more (a write, a wider span: another op of that execution
+    registered it) only orders later work more than needed.
+    """
+    cdef list acc = buf.accesses
+    cdef Access e
+    cdef Py_ssize_t i
+    for i in range(len(acc) - 1, -1, -1):
+        e = acc[i]
+        if e.cx is cx and e.lo <= lo and e.hi >= hi and (e.write or not write):
+            return e
+    return None
+
+
+cdef int retarget(ExecutionContext cx, tuple entries, object keep_alive) except -1:
+    """Hand ``entries`` (from :func:`covering`, the epoch unchanged) to ``cx``, which keeps
+    ``keep_alive`` (what holds their buffers) until it finishes. With ``LOCK`` held."""
+    cdef Access e
+    for e in entries:
+        e.cx = cx
+    if cx.buffers is None:
+        cx.buffers = [keep_alive]
+    else:
+        cx.buffers.append(keep_alive)
     return 0
 
 

@@ -262,6 +262,8 @@ cdef class DeviceOp:
         Raises ``TimeoutError`` if the work is not complete after ``timeout`` seconds (the work
         keeps running).
         """
+        if n_recording:  # (the message only when it is raised: this runs on every await)
+            refuse_in_capture(f"await {self!r}")
         return HOOKS["await"](self, timeout, stream)
 
     def graph(self, stream=None):

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._core import _reactor
-from .._core._op import HOOKS, as_stream, hand_over, refuse_in_capture, start
+from .._core._op import HOOKS, as_stream, hand_over, start
 from .._errors import CudaError, SettingError, UsageError
 from . import _future
 from ._future import DeviceFuture
@@ -362,8 +362,8 @@ async def await_future(fut: DeviceFuture[Any], timeout: float | None = None) -> 
 
 
 def wait(op: Any, timeout: float | None = None, stream: Any = None) -> Any:
-    """``op.wait(timeout=, stream=)``: the coroutine of ``await op`` (checks first, then consumes)."""
-    refuse_in_capture(f"await {op!r}")
+    """``op.wait(timeout=, stream=)``: the coroutine of ``await op`` (checks first, then consumes;
+    ``DeviceOp.wait`` has refused a wait inside a graph recording)."""
     _check_timeout(timeout)
     s = as_stream(stream)
     op._take("await")
