@@ -54,12 +54,13 @@ extensions = [
     ),
 ]
 
-# Python modules on every await's path, compiled from their source as it is (the .py stays the
-# one implementation: an install without the compiled module runs it as it is). Annotations are
-# read as Python's, not as C types.
+# Python modules on every await's path and on the path of foreign work (do.external,
+# do.interop.torch), compiled from their source as it is (the .py stays the one implementation:
+# a checkout without the build runs it as it is). Annotations are read as Python's, not as C
+# types.
 compiled_py = [
-    Extension(f"deviceop.executors.{m}", [f"deviceop/executors/{m}.py"], extra_compile_args=_FLAGS)
-    for m in ("_await", "_wake")
+    Extension(f"deviceop.{m.replace('/', '.')}", [f"deviceop/{m}.py"], extra_compile_args=_FLAGS)
+    for m in ("executors/_await", "executors/_wake", "interop/_external", "interop/_regions", "interop/_torch")
 ]
 
 setup(
