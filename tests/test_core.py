@@ -189,15 +189,13 @@ def test_stub_driver_marker_is_consistent():
     assert isinstance(STUB_DRIVER, bool)
 
 
-def test_the_python_modules_of_the_hot_paths_run_compiled():
-    # built from their own source by setup.py: the modules every await and every foreign step
-    # goes through
+def test_the_python_modules_of_foreign_work_run_compiled():
+    # built from their own source by setup.py: the modules every foreign step goes through
     import importlib.machinery
 
-    from deviceop.executors import _await, _wake
     from deviceop.interop import _external, _regions, _torch
 
-    for m in (_await, _wake, _external, _regions, _torch):
+    for m in (_external, _regions, _torch):
         assert m.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), m.__file__
 
 
