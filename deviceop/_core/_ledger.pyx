@@ -96,9 +96,9 @@ cdef class ExecutionContext:
     """One execution of an op tree on one stream: the stream, the buffers it touches, what to do when done.
 
     Built by a terminal (``sync``, ``submit``...). ``buffers`` (None until the first, and again
-    once finished) keeps every touched buffer alive until :meth:`finish`, which the terminal calls once the stream has
-    passed the execution's last work; only then do its ledger entries stop counting and its
-    staging memory go back.
+    once finished) keeps every touched buffer alive until :meth:`finish`, which the terminal
+    calls once the stream has passed the execution's last work; only then do its ledger entries
+    stop counting and its staging memory go back.
     """
 
     def __init__(self, stream, label="op", op=None):
@@ -396,9 +396,9 @@ cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi,
     overwritten in place; other finished entries are dropped (a finished execution edits no
     list itself, so finishing costs nothing after its wait).
     """
+    global _epoch
     cdef list acc
     cdef Access e, last
-    global _epoch
     cdef Access spare = None
     cdef Py_ssize_t i, n, stale = 0
     if cx.captured is not None or _mode == 2:
