@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import sys
 import time
 
@@ -177,7 +178,9 @@ def paired_chain(n_ops: int, reps: int, warmup: int) -> dict:
     }
 
 
-def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5, graph_lib: str | None = None) -> dict:
+def paired_graph(
+    n_ops: int, reps: int, warmup_s: float = 0.5, graph_lib: str | None = None, order: str = "shuffle"
+) -> dict:
     """deviceop ``g.launch().sync_on(s)`` against raw cuda.bindings cuGraphLaunch + sync of the same
     N-kernel graph and, with ``graph_lib``, the CUDA C++ graph replay (experiments/ref/graph_ref.cu
     built as a shared library), interleaved rep by rep after a time-based warm-up.
@@ -185,6 +188,14 @@ def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5, graph_lib: str | 
     A graph of N small kernels runs at the GPU's node rate, which follows its clock state; the
     state changes over seconds (the same graph replays 18 % slower or faster), so only replays
     interleaved in one process compare like with like.
+
+    ``order``: ``"shuffle"`` (the default) runs the columns of each rep in a random order (a
+    fixed seed), so each column follows each other column about equally often; ``"fixed"`` runs
+    them in one order every rep (raw, deviceop, raw on deviceop's graph, C++), as this
+    experiment did before. A replay's time depends on what ran just before it: in one fixed
+    order, a column that always follows the same other column carries that neighbour's effect.
+    The result gives each column's median by the column that ran just before it
+    (``us_per_op_median_after``) to show that effect.
     """
     from cuda.bindings import driver
 
@@ -253,10 +264,8 @@ def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5, graph_lib: str | 
         t0 = clock()
         reads.append(clock() - t0)
     timer_us = float(np.median(reads)) / 1e3
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            samples[name].append((fn() - (timer_us if name != "cuda_cpp" else 0.0)) / n_ops)
+    samples, after = interleave(fns, reps, order, {"cuda_cpp": 0.0}, timer_us, n_ops)
+    names = list(fns)
     if not np.array_equal(y.numpy(), np.full(N_ELEMS, 0.75, np.float16)):
         raise AssertionError("deviceop graph replay produced wrong values")
     if lib is not None and lib.ref_check() != 1:
@@ -265,8 +274,12 @@ def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5, graph_lib: str | 
     out = {
         "n_ops": n_ops,
         "reps": reps,
+        "order": order,
         "python_timer_us": timer_us,
         "us_per_op_median": med,
+        "us_per_op_median_after": {
+            k: {j: round(float(np.median(v)), 4) for j, v in after[k].items() if v} for k in names
+        },
         "deviceop_over_raw_median_of_ratios": _ratio(samples, "raw_bindings"),
     }
     out["deviceop_over_raw_own_graph"] = _ratio(samples, "raw_bindings_deviceop_graph")
@@ -279,6 +292,30 @@ def paired_graph(n_ops: int, reps: int, warmup_s: float = 0.5, graph_lib: str | 
             np.median([r / c for r, c in zip(samples["raw_bindings"], samples["cuda_cpp"])])
         )
     return out
+
+
+def interleave(
+    fns: dict, reps: int, order: str, offsets: dict[str, float], default_offset: float, per: int
+) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
+    """Run every function of ``fns`` once per rep, ``reps`` times; each returns µs. A sample is
+    ``(fn() - offset) / per`` (``offsets`` by name, else ``default_offset``). ``order``:
+    ``"shuffle"``, a random order each rep (seeded by ``per``), or ``"fixed"``, the dict's order.
+    Returns the samples by name, and by name the samples by the function that ran just before."""
+    if order not in ("shuffle", "fixed"):
+        raise ValueError(f"order must be 'shuffle' or 'fixed', not {order!r}")
+    names = list(fns)
+    rng = random.Random(per)
+    samples: dict[str, list[float]] = {k: [] for k in names}
+    after: dict[str, dict[str, list[float]]] = {k: {j: [] for j in names if j != k} for k in names}
+    prev = names[-1]
+    for _ in range(reps):
+        for name in rng.sample(names, len(names)) if order == "shuffle" else names:
+            us = (fns[name]() - offsets.get(name, default_offset)) / per
+            samples[name].append(us)
+            if prev != name:
+                after[name][prev].append(us)
+            prev = name
+    return samples, after
 
 
 def _ratio(samples: dict[str, list[float]], ref: str) -> float:
@@ -423,11 +460,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the paired graph replays (deviceop, raw cuda.bindings, the in-process C++ library)",
     )
+    ap.add_argument(
+        "--graph-order",
+        choices=("shuffle", "fixed"),
+        default="shuffle",
+        help="the paired graph replays' order in each rep: random (seeded; the default) or fixed",
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     sizes = [int(v) for v in a.sizes.split(",")]
     if a.graphs_only:
-        graphs = [paired_graph(n, max(a.reps, 300), graph_lib=a.graph_lib) for n in sizes]
+        graphs = [paired_graph(n, max(a.reps, 300), graph_lib=a.graph_lib, order=a.graph_order) for n in sizes]
         for p in graphs:
             print(json.dumps(p))
         if a.out:
@@ -455,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     graphs = []
     for n in sizes:
         # at least 300 reps: a graph pair is cheap, and its median moves with the GPU clock state
-        graphs.append(paired_graph(n, max(a.reps, 300), graph_lib=a.graph_lib))
+        graphs.append(paired_graph(n, max(a.reps, 300), graph_lib=a.graph_lib, order=a.graph_order))
         print(json.dumps(graphs[-1]), file=sys.stderr)
     if a.chain_bin:
         results.extend(r for r in _refs.run_chain_bin(a.chain_bin, a.reps) if r["n_ops"] in sizes)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole GPU suite in one call (for the lent H100): tests on cuda and host, the demo, and the
 # benchmarks; JSON, logs and PNG figures go to $OUT.
-# Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|work|queue|reactor|interop|examples|devices]
+# Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|replay|work|queue|reactor|interop|examples|devices]
 # (core: build, tests, exec_modes, the user-program pipeline, plan reuse, start-up and kernels;
+# replay: build, tests, the paired graph replays in a fixed and in a shuffled order, the
+# bimodal queues and the kernels (GEMM included);
 # work: build, tests, kernels (GEMM included) and the bimodal queues; queue: build, tests, the
 # bimodal queues and where a queue item's time goes (await_queue_cost.py, queue_profile.py,
 # gemm_host_cost.py); reactor: build, tests, the await cost, overlap and the bimodal queues; interop: build, tests and
@@ -33,7 +35,7 @@ pack() {
 trap pack EXIT
 # the compiled core, built in place as pip install -e does (Cython, cuda.h from the toolkit)
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || { echo "core build FAILED" | tee -a "$log"; tail -n 30 "$OUT/build.log"; exit 1; }
+python3 setup.py -q build_ext --inplace -j "$(nproc)" >"$OUT/build.log" 2>&1 || { echo "core build FAILED" | tee -a "$log"; tail -n 30 "$OUT/build.log"; exit 1; }
 rm -rf build
 run() { echo "+ $*" >>"$log"; "$@" >>"$log" 2>&1 || { echo "FAILED: $*" >>"$log"; status=1; }; }
 run nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
@@ -111,6 +113,20 @@ if [ "$MODE" = queue ]; then
   timeout 150 python3 experiments/gemm_host_cost.py --out "$OUT/gemm_host_cost.json" 2>&1 | tee "$OUT/gemm_host_cost.log" | tail -n 11
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   plots
+  echo "gpu_suite status: $status"; exit $status
+fi
+if [ "$MODE" = replay ]; then  # graph replays against C++ in both orders; the queue and kernel figures beside them
+  ( cd experiments/ref && nvcc -O3 -arch=sm_90 -shared -Xcompiler -fPIC -o /tmp/libgraphref.so graph_ref.cu ) || status=1
+  for order in fixed shuffle shuffle; do
+    n=$((${n:-0} + 1))
+    timeout 120 python3 experiments/exec_modes.py --graphs-only --sizes 1,10 --reps 1000 --graph-order $order \
+      --graph-lib /tmp/libgraphref.so --out "$OUT/exec_graphs_${order}_$n.json" 2>&1 | tail -n 2 | cut -c 1-400
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+  timeout 300 python3 experiments/bimodal.py --streams "${BIMODAL_STREAMS:-1,2,4,8,16,32}" --out "$OUT/bimodal.json" 2>&1 | tee "$OUT/bimodal.log" | tail -n 12
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  timeout 240 python3 experiments/kernels.py --trials "${KERNEL_TRIALS:-7}" --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -n 12
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
   echo "gpu_suite status: $status"; exit $status
 fi
 if [ "$MODE" = work ]; then
