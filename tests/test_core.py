@@ -136,6 +136,75 @@ def test_a_dropped_buffer_is_reused_and_used_bytes_return(backend):
         assert do.empty_cache() == 0
 
 
+def test_fresh_blocks_are_allocated_on_the_allocation_stream(backend):
+    # a stream that served a stream-ordered allocation launches and synchronizes more slowly
+    # from then on: no execution's stream allocates, the backend's allocation stream does
+    if backend != "cuda":
+        pytest.skip("the host backend has no driver allocation")
+    be = current_backend()
+    s = do.streams()[0]
+    do.empty_cache()  # the next allocation takes a fresh block
+    t = do.full(4099, 2.0, do.float32).sync_on(s)
+    assert np.all(t.numpy() == 2.0)
+    assert be.alloc_stream.handle_int not in {p.handle_int for p in do.streams()}
+    assert "allocation stream" in repr(be.alloc_stream)
+    if STUB_DRIVER:  # the stub driver says which stream the allocation named
+        from stub_driver import emulate
+
+        assert emulate.last_async_alloc_stream() == be.alloc_stream.handle_int
+
+
+def test_a_fresh_block_waits_for_work_the_allocation_stream_waits_for(backend):
+    # the pool may hand out memory whose allocation waits on other work (memory another stream
+    # freed): work on the block waits for the allocation stream to pass it
+    if backend != "cuda":
+        pytest.skip("the host backend has no driver allocation")
+    from helpers import slow_fill
+
+    be = current_backend()
+    s0, s1 = pool_of(2)[:2]
+    gate = do.empty(128, do.float32).sync_on(s0)
+    do.empty_cache()
+    fut = slow_fill(gate, 1.0, 0.3).submit(s0)
+    ev = be.new_event()
+    s0.record(ev)
+    be.alloc_stream.wait(ev)  # the allocation stream is now behind 0.3 s of work
+    t0 = time.perf_counter()
+    t = do.full(4099, 2.0, do.float32).sync_on(s1)  # a fresh block: its fill runs after the gate
+    waited = time.perf_counter() - t0
+    assert np.all(t.numpy() == 2.0)
+    assert waited >= 0.2, waited
+    assert np.all(fut.result(timeout=30)[0].tensor.numpy() == 1.0)
+
+
+def test_a_failed_wait_for_the_allocation_stream_gives_the_block_back(backend, monkeypatch):
+    if backend != "cuda":
+        pytest.skip("the host backend has no driver allocation")
+    from helpers import slow_fill
+
+    be = current_backend()
+    s0, s1 = pool_of(2)[:2]
+    gate = do.empty(128, do.float32).sync_on(s0)
+    do.empty_cache()
+    fut = slow_fill(gate, 1.0, 0.3).submit(s0)
+    ev = be.new_event()
+    s0.record(ev)
+    be.alloc_stream.wait(ev)
+
+    def fail(stream: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(be.driver, "after_alloc", fail)
+    base = do.used_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        do.full(4099, 2.0, do.float32).sync_on(s1)
+    assert do.used_bytes() == base  # the block went back to the driver, not into use
+    assert be.blocks.cached == 0  # ...nor into the cache (it may not be ready for other streams)
+    fut.result(timeout=30)
+    monkeypatch.undo()
+    assert np.all(do.full(4099, 3.0, do.float32).sync_on(s1).numpy() == 3.0)
+
+
 def test_buffers_in_flight_are_not_reused(backend):
     # a buffer dropped by its name while work on it runs is held by the work, not cached
     from helpers import slow_fill

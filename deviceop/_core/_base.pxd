@@ -24,11 +24,13 @@ ctypedef int (*launch_kernel_t)(void* f, unsigned int gx, unsigned int gy, unsig
                                 void* stream, void** params) noexcept nogil
 ctypedef int (*graph_launch_t)(void* ex, void* stream) noexcept nogil
 ctypedef int (*stream_sync_t)(void* stream) noexcept nogil
+ctypedef int (*stream_query_t)(void* stream) noexcept nogil
 ctypedef int (*event_record_t)(void* ev, void* stream) noexcept nogil
 ctypedef int (*event_query_t)(void* ev) noexcept nogil
 ctypedef int (*ctx_set_t)(void* ctx) noexcept nogil
 ctypedef int (*ctx_get_t)(void** ctx) noexcept nogil
 ctypedef int (*mem_alloc_t)(uintptr_t* ptr, size_t nbytes, void* stream) noexcept nogil
+ctypedef int (*mem_free_t)(uintptr_t ptr, void* stream) noexcept nogil
 # completion flags (the reactor): a 32-bit write in stream order, a host function, and making
 # host memory writable by the device (its device address)
 ctypedef int (*write_value32_t)(void* stream, uintptr_t addr, unsigned int value) noexcept nogil
@@ -130,6 +132,8 @@ cdef class Driver:
     cdef ctx_set_t ctx_set
     cdef ctx_get_t ctx_get
     cdef mem_alloc_t mem_alloc
+    cdef mem_free_t mem_free
+    cdef stream_query_t stream_query
     cdef write_value32_t write_value32
     cdef host_func_t host_func
     cdef host_register_t host_register
@@ -140,6 +144,10 @@ cdef class Driver:
     cdef dict pinned          # idle page-locked staging blocks: size class -> list of addresses
     cdef public BlockCache blocks
     cdef public object error   # error(code, call) -> CudaError: the backend's error maker
+    # the stream fresh blocks are allocated on (0: the execution's own), and what makes a block
+    # allocated there usable on another stream when the allocation waits on other work
+    cdef public uintptr_t alloc_stream
+    cdef public object after_alloc  # after_alloc(stream): order ``stream`` after the allocation stream
 
 
 cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nbytes)

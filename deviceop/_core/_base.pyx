@@ -618,27 +618,60 @@ def restore_current(Driver d, uintptr_t prev):
     dvo_current_ctx = <void*>prev
 
 
+cdef int _ready_on(Driver d, void* ash, object stream) except -1:
+    """Make what was just allocated on the allocation stream ``ash`` usable on ``stream``."""
+    cdef int err = 1
+    if d.stream_query != NULL:
+        with nogil:
+            err = d.stream_query(ash)
+        if err == 0:
+            return 0  # the allocation stream has passed it: usable by any stream now
+        if err != 600:  # CUDA_ERROR_NOT_READY
+            raise d.error(err, "cuStreamQuery")
+    d.after_alloc(stream)
+    return 0
+
+
 cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nbytes):
     """A buffer of ``nbytes`` on ``stream``: a cached idle block of its size class, else one from
     the driver's pool (``d.mem_alloc``); when the pool is out of memory the backend's cached
     blocks go back to it (``backend.empty_cache()``) and the allocation is tried once more.
-    The buffer returns its block to the cache when it is dropped."""
+    The buffer returns its block to the cache when it is dropped.
+
+    A fresh block is allocated on the driver's allocation stream (``d.alloc_stream``) where it
+    has one, not on ``stream``: a stream that served a stream-ordered allocation launches and
+    synchronizes more slowly from then on (about 0.15 µs per graph replay on an H100), and the
+    block cache, not the driver's stream order, is what keeps blocks from being reused while in
+    use. The block is ready for ``stream`` once the allocation stream has passed the allocation;
+    where the pool made it wait on other work (memory another stream freed), ``stream`` is
+    ordered after it (``d.after_alloc``)."""
     cdef BlockCache blocks = d.blocks
     cdef Py_ssize_t size = block_size(nbytes if nbytes > 0 else 1)
     cdef uintptr_t ptr = blocks.take(size)
     cdef void* sh = <void*><uintptr_t>stream.handle_int
+    cdef void* ash = <void*>d.alloc_stream if d.alloc_stream else sh
     cdef int err = 0
     cdef Buffer buf
     if ptr == 0:
         with nogil:
-            err = d.mem_alloc(&ptr, size, sh)
+            err = d.mem_alloc(&ptr, size, ash)
         if err == 2 and blocks.cached:  # CUDA_ERROR_OUT_OF_MEMORY
             backend.empty_cache()
             with nogil:
-                err = d.mem_alloc(&ptr, size, sh)
+                err = d.mem_alloc(&ptr, size, ash)
         if err:
             raise d.error(err, f"cuMemAllocAsync({nbytes} bytes)")
         blocks.count(size)
+        if ash != sh:
+            try:
+                _ready_on(d, ash, stream)
+            except BaseException:
+                # never handed out, and perhaps not ready for other streams: back to the driver
+                # in the allocation stream's order, not to the cache
+                blocks.live -= size
+                if d.mem_free != NULL:
+                    d.mem_free(ptr, ash)
+                raise
     buf = Buffer.__new__(Buffer)
     buf.backend = backend
     buf.ptr = ptr

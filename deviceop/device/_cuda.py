@@ -108,6 +108,7 @@ class CudaEvent:
 
 
 _FOREIGN = -2  # the index of a stream wrapped from another library's handle
+_ALLOC = -3  # the index of the backend's allocation stream
 
 
 @register_stream_type
@@ -137,6 +138,8 @@ class CudaStream(StreamBase):
     def __repr__(self) -> str:
         if self.index == _FOREIGN:
             return f"<foreign stream 0x{self.handle_int:x} of {self.backend.device_label}>"
+        if self.index == _ALLOC:
+            return f"<allocation stream of {self.backend.device_label}>"
         if self.index < 0:
             return f"<capture stream of {self.backend.device_label}>"
         return f"<Stream {self.index} of {self.backend.device_label}>"
@@ -236,6 +239,12 @@ class CudaBackend:
         self.free_events: list[int] = []  # handles of dropped events, by kind
         self.free_host_wait_events: list[int] = []
         self.streams = [CudaStream(self, i) for i in range(pool_size)]
+        # fresh device blocks are allocated (and given back) on a stream of their own, which runs
+        # nothing else: a stream that served a stream-ordered allocation launches and
+        # synchronizes more slowly from then on (see driver_alloc)
+        self.alloc_stream = CudaStream(self, _ALLOC)
+        self.driver.alloc_stream = self.alloc_stream.handle_int
+        self.driver.after_alloc = self._after_alloc
         self._modules: dict[bytes, Any] = {}
         self._mod_lock = threading.Lock()
         self._foreign_streams: dict[int, CudaStream] = {}
@@ -323,6 +332,13 @@ class CudaBackend:
         return CudaEvent(self, host_wait)
 
     # -- memory --------------------------------------------------------------------------------
+    def _after_alloc(self, stream: CudaStream) -> None:
+        """Order ``stream`` after what the allocation stream has enqueued (an allocation that
+        waits on memory another stream freed into the pool)."""
+        ev = self.new_event()
+        self.alloc_stream.record(ev)
+        stream.wait(ev)
+
     def alloc(self, nbytes: int, stream: CudaStream) -> Buffer:
         """A buffer of ``nbytes``: a cached idle block of its size class, else one from the pool
         (:func:`~deviceop._core._base.driver_alloc`; a cached block serves any stream at once)."""
@@ -337,7 +353,7 @@ class CudaBackend:
         freed = 0
         with self.current():
             for ptr, size in self.blocks.drain():
-                release(_nd.mem_free_async, ptr, self.streams[0].handle_int)
+                release(_nd.mem_free_async, ptr, self.alloc_stream.handle_int)
                 freed += size
         return freed
 

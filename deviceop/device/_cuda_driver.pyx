@@ -74,6 +74,14 @@ cdef int _mem_alloc(uintptr_t* ptr, size_t nbytes, void* stream) noexcept nogil:
     return err
 
 
+cdef int _mem_free(uintptr_t ptr, void* stream) noexcept nogil:
+    return <int>cydriver.cuMemFreeAsync(<cydriver.CUdeviceptr>ptr, <CUstream>stream)
+
+
+cdef int _stream_query(void* stream) noexcept nogil:
+    return <int>cydriver.cuStreamQuery(<CUstream>stream)
+
+
 cdef int _write_value32(void* stream, uintptr_t addr, unsigned int value) noexcept nogil:
     return <int>cydriver.cuStreamWriteValue32(<CUstream>stream, <cydriver.CUdeviceptr>addr, value, 0)
 
@@ -139,6 +147,8 @@ def make_driver(uintptr_t context, error, BlockCache blocks):
         else cydriver.CU_GET_PROC_ADDRESS_DEFAULT
     )
     d.mem_alloc = _mem_alloc
+    d.mem_free = _mem_free
+    d.stream_query = _stream_query
     d.blocks = blocks
     d.launch_kernel = _launch
     # (CUresult is a C enum, an int: the driver's functions have the table's signatures)

@@ -193,7 +193,13 @@ def install() -> None:
     _state["hooks"] = (_LAUNCH(_launch), _NPARAMS(_count))  # kept alive: the driver calls them
     lib.stub_set_hooks(*_state["hooks"])
     lib.stub_launches.restype = ctypes.c_long
+    lib.stub_last_async_alloc_stream.restype = ctypes.c_void_p
     _state["lib"] = lib
+
+
+def last_async_alloc_stream() -> int:
+    """The stream handle the last ``cuMemAllocAsync`` was given (0: none or the legacy stream)."""
+    return int(_state["lib"].stub_last_async_alloc_stream() or 0)
 
 
 def set_dtoh_call_delay(seconds: float) -> None:

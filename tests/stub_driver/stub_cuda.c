@@ -340,7 +340,13 @@ static CUresult release(CUdeviceptr p) {
     free(raw);
     return OK;
 }
-CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, void *s) { return alloc(p, n); }
+// the stream of the last stream-ordered allocation (the harness checks which stream allocates)
+static void *volatile last_async_alloc_stream;
+void *stub_last_async_alloc_stream(void) { return last_async_alloc_stream; }
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, void *s) {
+    last_async_alloc_stream = s;
+    return alloc(p, n);
+}
 CUresult cuMemFreeAsync(CUdeviceptr p, void *s) {
     work_t w = {.kind = W_FREE, .dst = p};
     return s ? submit(s, &w) : release(p);
