@@ -11,6 +11,7 @@ variant measures the access ledger's cost per op. Writes JSON with the machine, 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import json
 import os
@@ -18,6 +19,7 @@ import platform
 import random
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -235,40 +237,19 @@ def paired_graph(
         return (clock() - t) / 1e3
 
     fns = {"raw_bindings": raw, "deviceop": dev, "raw_bindings_deviceop_graph": raw_own}
-    lib = None
+    check_cpp = None
     if graph_lib:
-        import ctypes
-
-        lib = ctypes.CDLL(graph_lib)
-        lib.ref_replay_us.restype = ctypes.c_double
-        if lib.ref_setup(n_ops) != 0:
-            raise RuntimeError(f"{graph_lib}: ref_setup({n_ops}) failed")
-        replay = lib.ref_replay_us
-
-        def cpp() -> float:  # timed inside C++ (steady_clock), as chain.cu times itself
-            us = replay(n_ops)
-            if us < 0:
-                raise RuntimeError(f"{graph_lib}: replay failed ({us})")
-            return float(us)
-
-        fns["cuda_cpp"] = cpp
-    t_end = time.perf_counter() + warmup_s
-    while time.perf_counter() < t_end:
-        for fn in fns.values():
-            fn()
+        fns["cuda_cpp"], check_cpp = cpp_graph_replay(graph_lib, n_ops)
+    warm_up(fns, warmup_s)
     # the Python columns are timed around the call from Python, so each includes one read of
     # the clock from Python (the C++ column reads steady_clock inside C++): that read's own
     # cost, measured here, is taken off the Python columns
-    reads = []
-    for _ in range(2000):
-        t0 = clock()
-        reads.append(clock() - t0)
-    timer_us = float(np.median(reads)) / 1e3
+    timer_us = clock_read_us()
     samples, after = interleave(fns, reps, order, {"cuda_cpp": 0.0}, timer_us, n_ops)
     names = list(fns)
     if not np.array_equal(y.numpy(), np.full(N_ELEMS, 0.75, np.float16)):
         raise AssertionError("deviceop graph replay produced wrong values")
-    if lib is not None and lib.ref_check() != 1:
+    if check_cpp is not None and not check_cpp():
         raise AssertionError("the C++ graph replay produced wrong values")
     med = {k: float(np.median(v)) for k, v in samples.items()}
     out = {
@@ -286,12 +267,49 @@ def paired_graph(
     out["raw_own_graph_over_raw"] = float(
         np.median([o / r for o, r in zip(samples["raw_bindings_deviceop_graph"], samples["raw_bindings"])])
     )
-    if lib is not None:
+    if check_cpp is not None:
         out["deviceop_over_cuda_cpp_in_process"] = _ratio(samples, "cuda_cpp")
         out["raw_over_cuda_cpp_in_process"] = float(
             np.median([r / c for r, c in zip(samples["raw_bindings"], samples["cuda_cpp"])])
         )
     return out
+
+
+def cpp_graph_replay(graph_lib: str, n_ops: int) -> tuple[Callable[[], float], Callable[[], bool]]:
+    """The in-process CUDA C++ replay of an ``n_ops``-kernel graph (experiments/ref/graph_ref.cu
+    built as ``graph_lib``): ``(replay, check)``. ``replay()`` launches it once and synchronizes,
+    timed inside C++ (steady_clock, as chain.cu times itself), in µs; ``check()`` says whether
+    its output is right (proof that the replays ran)."""
+    lib = ctypes.CDLL(graph_lib)
+    lib.ref_replay_us.restype = ctypes.c_double
+    if lib.ref_setup(n_ops) != 0:
+        raise RuntimeError(f"{graph_lib}: ref_setup({n_ops}) failed")
+    replay_us = lib.ref_replay_us
+
+    def replay() -> float:
+        us = replay_us(n_ops)
+        if us < 0:
+            raise RuntimeError(f"{graph_lib}: replay failed ({us})")
+        return float(us)
+
+    return replay, lambda: bool(lib.ref_check() == 1)
+
+
+def warm_up(fns: dict, seconds: float) -> None:
+    """Run every function of ``fns`` in turn for about ``seconds``."""
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        for fn in fns.values():
+            fn()
+
+
+def clock_read_us() -> float:
+    """The median cost of one ``time.perf_counter_ns()`` read from Python, in µs."""
+    reads = []
+    for _ in range(2000):
+        t0 = time.perf_counter_ns()
+        reads.append(time.perf_counter_ns() - t0)
+    return float(np.median(reads)) / 1e3
 
 
 def interleave(

@@ -23,7 +23,6 @@ host path. Medians per column and ratios against cuda_cpp and raw_ref; one JSON 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -35,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import _refs
-from exec_modes import interleave, machine_info
+from exec_modes import cpp_graph_replay, interleave, machine_info, warm_up
 
 import deviceop as do
 
@@ -90,15 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         "dev_userref": timed(lambda: g_user.launch().sync_on(s)),
     }
     if a.graph_lib:
-        lib = ctypes.CDLL(a.graph_lib)
-        lib.ref_replay_us.restype = ctypes.c_double
-        if lib.ref_setup(1) != 0:
-            raise RuntimeError("ref_setup failed")
-        fns["cuda_cpp"] = lambda: float(lib.ref_replay_us(1))
-    t_end = time.perf_counter() + 0.5
-    while time.perf_counter() < t_end:
-        for fn in fns.values():
-            fn()
+        fns["cuda_cpp"], _ = cpp_graph_replay(a.graph_lib, 1)
+    warm_up(fns, 0.5)
     # each Python column's lambda adds a call; the same lambda around nothing is taken off
     empty = timed(lambda: None)
     timer_us = float(np.median([empty() for _ in range(2000)]))

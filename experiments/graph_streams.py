@@ -20,7 +20,6 @@ and the C++ replay (--graph-lib). Medians and medians of ratios against ``raw``;
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -32,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import _refs
-from exec_modes import interleave, machine_info
+from exec_modes import clock_read_us, cpp_graph_replay, interleave, machine_info, warm_up
 
 import deviceop as do
 
@@ -91,20 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
     fns = {name: on(h) for name, h in streams.items()}
     if a.graph_lib:
-        lib = ctypes.CDLL(a.graph_lib)
-        lib.ref_replay_us.restype = ctypes.c_double
-        if lib.ref_setup(1) != 0:
-            raise RuntimeError("ref_setup failed")
-        fns["cuda_cpp"] = lambda: float(lib.ref_replay_us(1))
-    t_end = time.perf_counter() + 0.5
-    while time.perf_counter() < t_end:
-        for fn in fns.values():
-            fn()
-    reads = []
-    for _ in range(2000):
-        t0 = clock()
-        reads.append(clock() - t0)
-    timer_us = float(np.median(reads)) / 1e3
+        fns["cuda_cpp"], _ = cpp_graph_replay(a.graph_lib, 1)
+    warm_up(fns, 0.5)
+    timer_us = clock_read_us()
     samples, _ = interleave(fns, a.reps, "shuffle", {"cuda_cpp": 0.0}, timer_us, 1)
     if not np.array_equal(y.numpy(), np.full(N, 0.75, np.float16)):
         raise AssertionError("the graph produced wrong values")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -154,21 +155,28 @@ def test_fresh_blocks_are_allocated_on_the_allocation_stream(backend):
         assert emulate.last_async_alloc_stream() == be.alloc_stream.handle_int
 
 
-def test_a_fresh_block_waits_for_work_the_allocation_stream_waits_for(backend):
-    # the pool may hand out memory whose allocation waits on other work (memory another stream
-    # freed): work on the block waits for the allocation stream to pass it
-    if backend != "cuda":
-        pytest.skip("the host backend has no driver allocation")
+def _allocation_stream_held(seconds: float) -> tuple[Any, Any, Any]:
+    """(the backend, a pool stream, the future of a slow fill): the allocation stream waits for
+    ``seconds`` of work on another pool stream, and the block cache is empty."""
     from helpers import slow_fill
 
     be = current_backend()
     s0, s1 = pool_of(2)[:2]
     gate = do.empty(128, do.float32).sync_on(s0)
-    do.empty_cache()
-    fut = slow_fill(gate, 1.0, 0.3).submit(s0)
+    do.empty_cache()  # the next allocation takes a fresh block
+    fut = slow_fill(gate, 1.0, seconds).submit(s0)
     ev = be.new_event()
     s0.record(ev)
-    be.alloc_stream.wait(ev)  # the allocation stream is now behind 0.3 s of work
+    be.alloc_stream.wait(ev)
+    return be, s1, fut
+
+
+def test_a_fresh_block_waits_for_work_the_allocation_stream_waits_for(backend):
+    # the pool may hand out memory whose allocation waits on other work (memory another stream
+    # freed): work on the block waits for the allocation stream to pass it
+    if backend != "cuda":
+        pytest.skip("the host backend has no driver allocation")
+    _, s1, fut = _allocation_stream_held(0.3)
     t0 = time.perf_counter()
     t = do.full(4099, 2.0, do.float32).sync_on(s1)  # a fresh block: its fill runs after the gate
     waited = time.perf_counter() - t0
@@ -178,18 +186,11 @@ def test_a_fresh_block_waits_for_work_the_allocation_stream_waits_for(backend):
 
 
 def test_a_failed_wait_for_the_allocation_stream_gives_the_block_back(backend, monkeypatch):
+    # a wait that fails leaves the fresh block neither in use nor cached (it may not be ready
+    # for other streams): it goes back to the driver in the allocation stream's order
     if backend != "cuda":
         pytest.skip("the host backend has no driver allocation")
-    from helpers import slow_fill
-
-    be = current_backend()
-    s0, s1 = pool_of(2)[:2]
-    gate = do.empty(128, do.float32).sync_on(s0)
-    do.empty_cache()
-    fut = slow_fill(gate, 1.0, 0.3).submit(s0)
-    ev = be.new_event()
-    s0.record(ev)
-    be.alloc_stream.wait(ev)
+    be, s1, fut = _allocation_stream_held(0.3)
 
     def fail(stream: object) -> None:
         raise KeyboardInterrupt
@@ -198,8 +199,8 @@ def test_a_failed_wait_for_the_allocation_stream_gives_the_block_back(backend, m
     base = do.used_bytes()
     with pytest.raises(KeyboardInterrupt):
         do.full(4099, 2.0, do.float32).sync_on(s1)
-    assert do.used_bytes() == base  # the block went back to the driver, not into use
-    assert be.blocks.cached == 0  # ...nor into the cache (it may not be ready for other streams)
+    assert do.used_bytes() == base
+    assert be.blocks.cached == 0
     fut.result(timeout=30)
     monkeypatch.undo()
     assert np.all(do.full(4099, 3.0, do.float32).sync_on(s1).numpy() == 3.0)
