@@ -209,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--loops", default="uvloop,asyncio,trio")
+    ap.add_argument(
+        "--lengths", default=",".join(n for n, _ in LENGTHS), help="comma-separated, of " + ", ".join(n for n, _ in LENGTHS)
+    )
+    ap.add_argument("--no-policies", action="store_true", help="leave out the spin and block policies and the CPU figures")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     loops = [v for v in a.loops.split(",") if v]
@@ -217,13 +221,20 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "poll_budget_default_us": do.poll_budget() * 1e6,
     }
-    names = [n for n, _ in LENGTHS]
+    names = [n for n in a.lengths.split(",") if n]
+    unknown = sorted(set(names) - {n for n, _ in LENGTHS})
+    if unknown:
+        ap.error(f"unknown lengths {unknown}; choose from {[n for n, _ in LENGTHS]}")
     doc["lengths"] = []
     for lib in loops:
         rows = lengths(lib, a.reps, 20, names)
         _print(rows)
         doc["lengths"] += rows
     doc["policies"] = []
+    if a.no_policies:
+        doc["reactor"] = _reactor.stats()
+        _write(doc, a.out)
+        return 0
     for pol in ("spin", "block"):
         do.set_wait_policy(pol)
         try:
@@ -245,10 +256,14 @@ def main(argv: list[str] | None = None) -> int:
             + f"; scanner passes {r['reactor']['passes']} for {r['reps']}, loop lateness {r['loop_lateness_us']:.0f} us"
         )
     doc["reactor"] = _reactor.stats()
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1)
+    _write(doc, a.out)
     return 0
+
+
+def _write(doc: dict, out: str | None) -> None:
+    if out:
+        with open(out, "w") as f:
+            json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":
