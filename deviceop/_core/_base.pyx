@@ -686,7 +686,10 @@ cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nb
 # The host side of a copy goes through a page-locked staging block (the DMA engine reads or
 # writes it while the host goes on). Blocks come in power-of-two size classes from 4 KiB, are
 # kept per device once allocated (cuMemHostAlloc costs milliseconds) and are taken and given
-# back under the GIL, which makes the free lists' one-step updates atomic without a lock.
+# back under the GIL, which makes the free lists' one-step updates atomic without a lock. A copy
+# takes an idle block of a larger class (up to 16 times its own) before it allocates: a program
+# whose copies got smaller (a service's batches at a lighter load) would otherwise allocate a
+# set of blocks per class, milliseconds each on the thread that enqueues, while larger ones idle.
 
 #: copies at least this large run with the GIL released (other threads go on meanwhile)
 cdef Py_ssize_t _NOGIL_BYTES = 1 << 20
@@ -699,15 +702,25 @@ cdef inline Py_ssize_t _staging_class(Py_ssize_t n) noexcept:
     return s
 
 
-cdef uintptr_t _take_staging(Driver d, Py_ssize_t size) except 0:
-    """An idle staging block of ``size`` bytes, or a new one."""
+#: a copy takes an idle staging block of up to this many classes above its own before it allocates
+cdef int _STAGING_UP = 4
+
+
+cdef uintptr_t _take_staging(Driver d, Py_ssize_t* size) except 0:
+    """An idle staging block of ``size[0]`` bytes (a class), else the smallest idle one of up to
+    ``_STAGING_UP`` classes larger, else a new one; ``size[0]`` becomes the class of the block."""
     cdef void* p = NULL
-    cdef int err
-    lst = d.pinned.get(size)
-    if lst:
-        return <uintptr_t>lst.pop()
+    cdef int err, up
+    cdef Py_ssize_t s = size[0]
+    pinned = d.pinned
+    for up in range(_STAGING_UP + 1):
+        lst = pinned.get(s)
+        if lst:
+            size[0] = s
+            return <uintptr_t>lst.pop()
+        s <<= 1
     with nogil:
-        err = d.host_alloc(&p, <size_t>size)
+        err = d.host_alloc(&p, <size_t>size[0])
     if err:
         raise d.error(err, "cuMemHostAlloc")
     return <uintptr_t>p
@@ -786,7 +799,7 @@ cdef object stage_in(Driver d, uintptr_t stream, uintptr_t dst, object src):
         if n == 0:
             return None
         size = _staging_class(n)
-        p = _take_staging(d, size)
+        p = _take_staging(d, &size)
         _host_copy(<void*>p, view.buf, n)
     finally:
         PyBuffer_Release(&view)
@@ -802,15 +815,16 @@ cdef object stage_in(Driver d, uintptr_t stream, uintptr_t dst, object src):
     return done
 
 
-cdef uintptr_t _staged_dtoh(Driver d, uintptr_t stream, uintptr_t src, Py_ssize_t n, Py_ssize_t size) except 0:
-    """A staging block of ``size`` bytes into which a copy of ``n`` bytes from device address
-    ``src`` is enqueued on ``stream`` (the block goes back if the driver refuses the copy)."""
+cdef uintptr_t _staged_dtoh(Driver d, uintptr_t stream, uintptr_t src, Py_ssize_t n, Py_ssize_t* size) except 0:
+    """A staging block of class ``size[0]`` (or larger: see :func:`_take_staging`) into which a
+    copy of ``n`` bytes from device address ``src`` is enqueued on ``stream`` (the block goes
+    back if the driver refuses the copy)."""
     cdef uintptr_t p = _take_staging(d, size)
     cdef int err
     with nogil:
         err = d.memcpy_dtoh(<void*>p, src, <size_t>n, <void*>stream)
     if err:
-        _give_staging(d, p, size)
+        _give_staging(d, p, size[0])
         raise d.error(err, "cuMemcpyDtoHAsync")
     return p
 
@@ -826,7 +840,7 @@ cdef object stage_out(Driver d, uintptr_t stream, uintptr_t src, object out):
     if n == 0:
         return None
     size = _staging_class(n)
-    p = _staged_dtoh(d, stream, src, n, size)
+    p = _staged_dtoh(d, stream, src, n, &size)
     done = StagedOut.__new__(StagedOut)
     done.d = d
     done.p = p
@@ -894,7 +908,7 @@ cdef object lend_out(Driver d, uintptr_t stream, uintptr_t src, Py_ssize_t n):
         return None
     blk = Lent.__new__(Lent)
     blk.d = d
-    blk.p = _staged_dtoh(d, stream, src, n, size)
+    blk.p = _staged_dtoh(d, stream, src, n, &size)
     blk.size = size
     blk.n = n
     _lent += size
