@@ -58,6 +58,10 @@ def test_from_numpy_of_a_non_contiguous_array_copies_its_elements_in_order(backe
     np.testing.assert_array_equal(t.numpy(), a)
 
 
+#: the staging classes a 16 KiB copy may take: its own, or an idle one up to 16 times larger
+_FROM_16K = {16384 << k for k in range(5)}
+
+
 def _idle_staging() -> int:
     return sum(staging_blocks(current_backend().driver).values())
 
@@ -122,11 +126,13 @@ def test_to_numpy_results_live_in_lent_page_locked_blocks(backend):
     r = do.to_numpy(do.from_numpy(a)).sync()
     np.testing.assert_array_equal(r, a)
     assert r.flags.writeable and r.flags.c_contiguous and r.shape == a.shape
-    assert lent_bytes() == base + 16384 and _idle_staging() == idle - 1
+    # its class, or a larger idle one (a copy takes one before it allocates)
+    lent = lent_bytes() - base
+    assert lent in _FROM_16K and _idle_staging() == idle - 1, (lent, _idle_staging(), idle)
     v = r[10:]
     del r
     gc.collect()
-    assert lent_bytes() == base + 16384  # a view keeps the block
+    assert lent_bytes() == base + lent  # a view keeps the block
     v[0] = -1.0
     np.testing.assert_array_equal(v[1:], a[11:])
     del v
@@ -151,7 +157,7 @@ def test_a_lent_block_stays_with_its_execution_until_the_copy_completes(backend)
     fut = do.to_numpy(slow_fill(t, 3.0, 0.3).map(lambda _: t)).submit()
     del fut
     gc.collect()
-    assert lent_bytes() == base + 16384
+    assert lent_bytes() - base in _FROM_16K
     deadline = time.monotonic() + 10
     while lent_bytes() != base and time.monotonic() < deadline:
         time.sleep(0.01)
