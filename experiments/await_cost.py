@@ -210,9 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--loops", default="uvloop,asyncio,trio")
     ap.add_argument(
-        "--lengths", default=",".join(n for n, _ in LENGTHS), help="comma-separated, of " + ", ".join(n for n, _ in LENGTHS)
+        "--lengths",
+        default=",".join(n for n, _ in LENGTHS),
+        help="comma-separated, of " + ", ".join(n for n, _ in LENGTHS),
     )
-    ap.add_argument("--no-policies", action="store_true", help="leave out the spin and block policies and the CPU figures")
+    ap.add_argument(
+        "--no-policies", action="store_true", help="leave out the spin and block policies and the CPU figures"
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     loops = [v for v in a.loops.split(",") if v]
