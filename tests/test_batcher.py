@@ -80,6 +80,32 @@ def test_a_lone_request_runs_after_max_delay(backend):
     assert 0.045 <= dt < 2.0  # waited for company, then ran alone
 
 
+@pytest.mark.parametrize("loop", LOOPS[:2])
+def test_a_batch_waiting_for_its_delay_does_not_spin_the_loop(host_backend, loop, monkeypatch):
+    """The delay is one loop timer. An anyio deadline checks itself again whenever its timer
+    fires before the deadline, which uvloop's millisecond timers do at the end of nearly every
+    wait: it spun the loop for up to a millisecond per batch (tens of re-checks each)."""
+    backend_mod = pytest.importorskip("anyio._backends._asyncio")
+    scope = backend_mod.CancelScope
+    if not hasattr(scope, "_timeout"):
+        pytest.skip("this anyio checks its deadlines differently")
+    checks = [0]
+    real = scope._timeout
+
+    def counted(self):  # type: ignore[no-untyped-def]
+        checks[0] += 1
+        return real(self)
+
+    monkeypatch.setattr(scope, "_timeout", counted)
+    b = Batcher(lambda xs: do.value(list(xs)), max_batch=8, max_delay=0.003)
+
+    async def main() -> list[int]:
+        return [await b(i) for i in range(30)]
+
+    assert _run(loop, main) == list(range(30))
+    assert checks[0] <= 30, checks[0]  # about one per batch at most, not tens
+
+
 def test_a_full_batch_runs_without_waiting_for_its_delay(backend):
     sizes: list[int] = []
     b = Batcher(_scale_rows(sizes), max_batch=3, max_delay=30.0)

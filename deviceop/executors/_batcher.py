@@ -57,6 +57,23 @@ class _Batch:
         self.started = False
 
 
+async def _until_full(full: anyio.Event, delay: float) -> None:
+    """Wait until ``full`` is set or ``delay`` seconds pass. Under asyncio a plain loop timer that
+    sets it: an anyio deadline re-arms itself whenever uvloop's millisecond timers fire a little
+    early, which spins the loop for up to a millisecond at the end of every batch's delay."""
+    if current_lib() == "trio":
+        with anyio.move_on_after(delay):
+            await full.wait()
+        return
+    import asyncio
+
+    handle = asyncio.get_running_loop().call_later(delay, full.set)
+    try:
+        await full.wait()
+    finally:
+        handle.cancel()
+
+
 class Batcher(Generic[X, R]):
     """Gather concurrent ``await b(x)`` calls into batches of at most ``max_batch``, each run as
     one op ``fn(items)`` whose output is a list of ``len(items)`` results (see the module doc).
@@ -133,8 +150,7 @@ class Batcher(Generic[X, R]):
         # the others (it is raised at the next checkpoint once the batch has been handed out)
         with anyio.CancelScope(shield=True):
             if len(b.requests) < self.max_batch and self.max_delay > 0:
-                with anyio.move_on_after(self.max_delay):
-                    await b.full.wait()
+                await _until_full(b.full, self.max_delay)
             b.started = True
             if self._open is b:
                 self._open = None
