@@ -73,7 +73,7 @@ def _setup() -> tuple:
 LENGTHS = [("1_kernel", 0.0), ("20us", 20e-6), ("100us", 100e-6), ("500us", 500e-6), ("2ms", 2e-3), ("20ms", 20e-3)]
 
 
-def lengths(lib: str, reps: int, warmup: int, names: list[str]) -> list[dict]:
+def lengths(lib: str, reps: int, warmup: int, names: list[str], pairs: bool = False) -> list[dict]:
     s, x, yp = _setup()
     out_t = do.zeros(1024, do.float32).sync_on(s)
     clock = time.perf_counter_ns
@@ -91,7 +91,7 @@ def lengths(lib: str, reps: int, warmup: int, names: list[str]) -> list[dict]:
             else:
                 make = lambda: K.scale(yp, x, 0.5)  # noqa: E731
             n = reps if secs < 1e-3 else max(40, reps // 2)
-            sy, aw, diff, acpu = [], [], [], []
+            sy, aw, diff, acpu, first = [], [], [], [], []
             st0 = _reactor.stats()
             for r in range(warmup + n):
                 # the order alternates: what runs first in a pair follows the other kind's wait
@@ -117,6 +117,7 @@ def lengths(lib: str, reps: int, warmup: int, names: list[str]) -> list[dict]:
                     aw.append((t3 - t2) / 1e3)
                     diff.append(((t3 - t2) - (t1 - t0)) / 1e3)
                     acpu.append((c1 - c0) / 1e3)
+                    first.append("await" if r % 2 else "sync_on")
             st1 = _reactor.stats()
             res.append(
                 {
@@ -130,8 +131,21 @@ def lengths(lib: str, reps: int, warmup: int, names: list[str]) -> list[dict]:
                     "await_minus_sync_p25_us": float(np.percentile(diff, 25)),
                     "await_minus_sync_p75_us": float(np.percentile(diff, 75)),
                     "await_cpu_us": float(np.median(acpu)),
+                    # every pair (for the spread: which ran first, sync_on µs, await µs)
+                    "pairs": [[f, a, b] for f, a, b in zip(first, sy, aw)] if pairs else None,
                     "reactor": {
-                        k: st1[k] - st0[k] for k in ("armed", "memop", "host_function", "passes", "sleeps", "parks")
+                        k: st1[k] - st0[k]
+                        for k in (
+                            "armed",
+                            "memop",
+                            "host_function",
+                            "passes",
+                            "sleeps",
+                            "parks",
+                            "prewakes",
+                            "rearmed",
+                            "late_resumes",
+                        )
                     },
                 }
             )
@@ -217,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--no-policies", action="store_true", help="leave out the spin and block policies and the CPU figures"
     )
+    ap.add_argument("--pairs", action="store_true", help="keep every pair's times in the JSON, not only the medians")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     loops = [v for v in a.loops.split(",") if v]
@@ -231,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown lengths {unknown}; choose from {[n for n, _ in LENGTHS]}")
     doc["lengths"] = []
     for lib in loops:
-        rows = lengths(lib, a.reps, 20, names)
+        rows = lengths(lib, a.reps, 20, names, a.pairs)
         _print(rows)
         doc["lengths"] += rows
     doc["policies"] = []
