@@ -28,6 +28,7 @@ import anyio
 
 from .._core._op import DeviceOp
 from .._errors import UsageError
+from ._await import _sleep_or_wake, _waker_class
 from ._wake import current_lib
 
 __all__ = ["Batcher"]
@@ -51,27 +52,13 @@ class _Request:
 class _Batch:
     __slots__ = ("full", "requests", "started")
 
-    def __init__(self) -> None:
+    def __init__(self, full: Any) -> None:
         self.requests: list[_Request] = []
-        self.full = anyio.Event()
+        # set when the batch is full: the await path's one-waiter waker, which the leader waits
+        # on with its loop timer (an anyio deadline re-checks itself at every early uvloop
+        # timer, spinning the loop for up to a millisecond at the end of each batch's delay)
+        self.full = full
         self.started = False
-
-
-async def _until_full(full: anyio.Event, delay: float) -> None:
-    """Wait until ``full`` is set or ``delay`` seconds pass. Under asyncio a plain loop timer that
-    sets it: an anyio deadline re-arms itself whenever uvloop's millisecond timers fire a little
-    early, which spins the loop for up to a millisecond at the end of every batch's delay."""
-    if current_lib() == "trio":
-        with anyio.move_on_after(delay):
-            await full.wait()
-        return
-    import asyncio
-
-    handle = asyncio.get_running_loop().call_later(delay, full.set)
-    try:
-        await full.wait()
-    finally:
-        handle.cancel()
 
 
 class Batcher(Generic[X, R]):
@@ -106,6 +93,8 @@ class Batcher(Generic[X, R]):
         self.max_delay = float(max_delay)
         self._open: _Batch | None = None
         self._loop: object = None
+        self._lib = ""  # the loop's library, and its waker class, from the first call
+        self._waker: Any = None
         self._batches = 0
         self._requests = 0
         self._largest = 0
@@ -123,6 +112,8 @@ class Batcher(Generic[X, R]):
             loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop  # (held, not its id: a later loop could reuse the address)
+            self._lib = lib
+            self._waker = _waker_class(lib)
         elif self._loop is not loop:
             raise UsageError("a Batcher belongs to the event loop that first called it; make one per loop")
 
@@ -132,7 +123,7 @@ class Batcher(Generic[X, R]):
         req = _Request(item)
         b = self._open
         if b is None or b.started or len(b.requests) >= self.max_batch:
-            b = self._open = _Batch()
+            b = self._open = _Batch(self._waker())
         b.requests.append(req)
         self._requests += 1
         if len(b.requests) == 1:
@@ -150,7 +141,7 @@ class Batcher(Generic[X, R]):
         # the others (it is raised at the next checkpoint once the batch has been handed out)
         with anyio.CancelScope(shield=True):
             if len(b.requests) < self.max_batch and self.max_delay > 0:
-                await _until_full(b.full, self.max_delay)
+                await _sleep_or_wake(self._lib, b.full, self.max_delay)
             b.started = True
             if self._open is b:
                 self._open = None
