@@ -550,8 +550,8 @@ def test_torch_tensors_as_reads_and_writes(host_backend):
 
 
 def test_a_torch_tensor_named_again_after_changing_in_place_is_described_again(host_backend):
-    """A PyTorch tensor named again is not described again while its address and shape stay;
-    after an in-place change of either, its byte range and region are the new ones."""
+    """A PyTorch tensor named again is not described again while its data address and size in
+    bytes stay; after an in-place change of either, its byte range and region are the new ones."""
     torch = pytest.importorskip("torch")
     from deviceop.device import current
     from deviceop.interop._regions import access_of
@@ -576,10 +576,32 @@ def test_a_torch_tensor_named_again_after_changing_in_place_is_described_again(h
     assert ref() is None
 
 
+def test_many_torch_tensors_named_in_turn_keep_their_own_accesses(host_backend):
+    """More tensors than the compiled cache finds without a lookup, named in turn twice, and
+    tensors made where dead ones were (often at their address): every access is its own
+    tensor's, with its own byte range."""
+    torch = pytest.importorskip("torch")
+    from deviceop.device import current
+    from deviceop.interop._regions import access_of
+
+    be = current()
+    ts = [torch.zeros(16 + i) for i in range(200)]
+    for _ in range(2):
+        for i, t in enumerate(ts):
+            buf, lo, hi, _ = access_of(t, be, False, "t")
+            assert buf.owner is t and hi - lo == 4 * (16 + i)
+    for i in range(300):
+        t = torch.zeros(8 + i % 7)
+        buf, lo, hi, _ = access_of(t, be, False, "t")
+        assert buf.owner is t and hi - lo == 4 * (8 + i % 7)
+        del t, buf
+
+
 def test_a_torch_tensor_named_by_many_ops_is_described_once(host_backend, monkeypatch):
     """Ops naming the same unchanged PyTorch tensor reuse its description (the compiled cache):
-    it is described once, and again only after it changed in place; every op registers the
-    same region, and the op's wrapper keeps the tensor alive."""
+    it is described once, and again only after an in-place change of the bytes it spans (a
+    change of shape over the same bytes needs none); every op registers the same region, and
+    the op's wrapper keeps the tensor alive."""
     torch = pytest.importorskip("torch")
     from deviceop.interop import _regions
 
@@ -599,9 +621,16 @@ def test_a_torch_tensor_named_by_many_ops_is_described_once(host_backend, monkey
     assert all(a[1:3] == (0, 256) for op in ops for a in op.acc)
     for op in ops:
         op.sync()
-    t.unsqueeze_(0)  # another shape, the same address: described again
+    t.unsqueeze_(0)  # another shape over the same bytes: the description holds
     do.external(lambda stream: None, writes=(t,)).sync()
+    assert len(calls) == 1
+    t.resize_(32)  # fewer bytes at the same address: described again
+    assert do.external(lambda stream: None, writes=(t,)).acc[0][1:3] == (0, 128)
     assert len(calls) == 2
+    t.resize_(64)  # grown back in place (its storage had room): the span grows with it
+    op = do.external(lambda stream: None, writes=(t,))
+    assert op.acc[0][1:3] == (0, 256) and len(calls) == 3
+    op.sync()
     ref = weakref.ref(t)
     del t, ops, op
     gc.collect()

@@ -12,7 +12,6 @@ from ._op import DeviceOp
 T = TypeVar("T")
 
 HOOKS: dict[str, Any]
-inside: Any
 
 class External(DeviceOp[T], Generic[T]):
     """The op :func:`~deviceop.interop.external` returns; its output is what ``fn`` returns."""
@@ -37,16 +36,50 @@ def named(items: Any, what: str) -> tuple[Any, ...]:
 
 def seen(obj: Any, be: Any, write: bool) -> tuple[Any, int, int, bool] | None:
     """The ledger access ``(buffer, lo, hi, write)`` of a PyTorch tensor described before on
-    device ``be`` and unchanged since, else None."""
+    device ``be`` and unchanged since (data address and size in bytes), else None."""
 
 def wrapper(be: Any, start: int, nbytes: int, host: Any, owner: Any, accesses: list[Any]) -> Buffer:
     """A Buffer of foreign memory [start, start + nbytes) on device ``be`` that keeps ``owner``
     alive and shares the region's access list ``accesses``."""
 
-def remember(obj: Any, ptr: int, shape: Any, be: Any, buf: Any, lo: int, hi: int) -> None:
+def inside_stream() -> Any:
+    """The stream whose :func:`~deviceop.interop.external` fn this thread is running, or None."""
+
+def swap_inside(stream: Any) -> Any:
+    """Make ``stream`` (None: none) this thread's :func:`inside_stream`; returns the one before."""
+
+def remember(obj: Any, ptr: int, nbytes: int, be: Any, buf: Any, lo: int, hi: int) -> None:
     """Keep what describing PyTorch tensor ``obj`` found, for :func:`seen` (held weakly)."""
 
-def new_external(fn: Callable[..., T], args: tuple[Any, ...], reads: Any, writes: Any) -> External[T]:
-    """``External(fn, args, reads, writes)`` without the constructor's argument parsing."""
+def external(fn: Callable[..., T], *args: Any, reads: Any = (), writes: Any = ()) -> DeviceOp[T]:
+    """An op that runs another library's GPU work: ``fn(stream, *args)`` on the op's stream.
+
+    On cuda, ``fn`` enqueues work on ``stream`` through its own library
+    (``torch.cuda.ExternalStream(stream.handle_int)``, ``cupy.cuda.ExternalStream``, Triton,
+    any consumer of ``stream.__cuda_stream__()``) and returns; the op's output is what it
+    returns. On the host backend ``fn`` runs in stream order on the stream's worker thread,
+    with numpy arrays in place of deviceop tensors, and the enqueuing thread waits for it.
+
+    ``reads`` and ``writes`` name the memory ``fn``'s work touches: deviceop Tensors and
+    Partitions, or any array with ``__dlpack__`` or ``__cuda_array_interface__`` (a PyTorch or
+    CuPy tensor; a numpy array on the host backend), wrapped without a copy and kept alive
+    until the work has completed. The ledger orders the work like a kernel's: after
+    conflicting work in flight on other streams, and later conflicting work after it. The same
+    memory reached through two wrappers is one region. deviceop tensors among ``args`` that
+    neither list names count as written. Arguments may be ops; they run first, in the same
+    execution.
+
+    ``fn`` runs while deviceop's ledger is held (so that no other thread's work slips between
+    the ordering and the enqueue): it must only enqueue work and return, and must call no
+    deviceop op, terminal or import (that raises :class:`~deviceop.UsageError`). Inside it,
+    deviceop tensors export to other libraries (``torch.from_dlpack(t)``) without waiting.
+    An exception from ``fn`` is raised by the terminal; work ``fn`` enqueued before raising
+    completes first, and the device stays usable.
+
+    In a graph recording (``do.graph``) ``fn`` is called with the capturing stream on cuda, so
+    its library's work is recorded (the library must be able to record: PyTorch allocates
+    nothing new during capture only with memory it has cached; prefer ``out=`` variants); on
+    the host backend a replay calls ``fn`` again.
+    """
 
 def __getattr__(name: str) -> Any: ...

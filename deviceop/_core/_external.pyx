@@ -7,6 +7,7 @@ above is registered by them in :data:`HOOKS`: naming a foreign array (``interop`
 and the host backend's call in stream order.
 """
 
+cimport cython
 from cpython.contextvars cimport get_value
 from cpython.long cimport PyLong_FromVoidPtr
 from cpython.weakref cimport PyWeakref_NewRef
@@ -16,20 +17,52 @@ from ._base cimport _LOCK as LOCK, Buffer, PartitionBase, TensorBase, make_curre
 from ._ledger cimport ExecutionContext, check_backend, order, order_tensor
 from ._op cimport DeviceOp
 
-import threading
-
 from .._errors import UsageError
 from ..device._select import _selected, _state, current
 
-__all__ = ["External", "HOOKS", "inside", "named", "new_external", "remember", "seen", "wrapper"]
+__all__ = ["External", "HOOKS", "external", "inside_stream", "named", "remember", "seen", "swap_inside", "wrapper"]
 
 
-class _Inside(threading.local):
-    stream = None
+# the stream whose ``external`` fn this thread is running (exports inside it need no wait): a C
+# thread-local, as a threading.local's attribute costs more than the rest of a step's call
+cdef extern from *:
+    """
+    static __thread PyObject *dvo_inside = NULL;  /* a strong reference, or NULL */
+
+    /* Make s (None: none) this thread's inside stream; returns the one before (a new reference). */
+    static PyObject *dvo_inside_swap(PyObject *s) {
+        PyObject *prev = dvo_inside;
+        if (s == Py_None) {
+            dvo_inside = NULL;
+        } else {
+            Py_INCREF(s);
+            dvo_inside = s;
+        }
+        if (prev == NULL) {
+            Py_RETURN_NONE;
+        }
+        return prev;  /* the reference the thread-local held passes to the caller */
+    }
+
+    static PyObject *dvo_inside_get(void) {
+        PyObject *s = dvo_inside != NULL ? dvo_inside : Py_None;
+        Py_INCREF(s);
+        return s;
+    }
+    """
+    object dvo_inside_swap(object s)
+    object dvo_inside_get()
 
 
-#: the stream whose ``external`` fn this thread is running (exports inside it need no wait)
-inside = _Inside()
+def inside_stream():
+    """The stream whose :func:`~deviceop.interop.external` fn this thread is running, or None."""
+    return dvo_inside_get()
+
+
+def swap_inside(stream):
+    """Make ``stream`` (None: none) this thread's :func:`inside_stream`; returns the one before,
+    which the caller puts back when its fn returns."""
+    return dvo_inside_swap(stream)
 
 #: registered by ``deviceop.interop``: ``access_of(obj, backend, write, what)`` names a foreign
 #: array; ``call_in_order(op, cx, args, acc)`` runs fn on a host backend's stream worker
@@ -52,25 +85,108 @@ cdef inline object _current():
 
 # ---- foreign arrays named again and again (a model's inputs and outputs) ----------------------
 
+# a tensor's data address and size, read through its type's own descriptors (found once per
+# type): a step names a tensor again and again, and Python's attribute lookup on a PyTorch
+# tensor costs as much as PyTorch's own getter
+cdef extern from *:
+    """
+    /* d(obj) for a method descriptor of METH_NOARGS, obj an instance of its type */
+    static PyObject *dvo_call_noargs(PyObject *d, PyObject *obj) {
+        PyMethodDef *m = ((PyMethodDescrObject *)d)->d_method;
+        return m->ml_meth(obj, NULL);
+    }
+    static int dvo_is_noargs(PyObject *d) {
+        return Py_IS_TYPE(d, &PyMethodDescr_Type)
+            && (((PyMethodDescrObject *)d)->d_method->ml_flags & ~METH_COEXIST) == METH_NOARGS;
+    }
+    /* d.__get__(obj) for a getset descriptor with a getter, obj an instance of its type */
+    static PyObject *dvo_get(PyObject *d, PyObject *obj) {
+        PyGetSetDef *g = ((PyGetSetDescrObject *)d)->d_getset;
+        return g->get(obj, g->closure);
+    }
+    static int dvo_is_getset(PyObject *d) {
+        return Py_IS_TYPE(d, &PyGetSetDescr_Type) && ((PyGetSetDescrObject *)d)->d_getset->get != NULL;
+    }
+    """
+    object dvo_call_noargs(object d, object obj)
+    bint dvo_is_noargs(object d)
+    object dvo_get(object d, object obj)
+    bint dvo_is_getset(object d)
+
+
+cdef class _Reader:
+    """How to read ``data_ptr()`` and ``nbytes`` of the tensors of one type: through its
+    descriptors where they are PyTorch's C ones (a subclass may override either)."""
+
+    cdef object data_ptr  # the method descriptor, or None: call obj.data_ptr()
+    cdef object nbytes    # the getset descriptor, or None: read obj.nbytes
+
+    cdef inline object ptr_of(self, obj):
+        if self.data_ptr is not None:
+            return dvo_call_noargs(self.data_ptr, obj)
+        return obj.data_ptr()
+
+    cdef inline object nbytes_of(self, obj):
+        if self.nbytes is not None:
+            return dvo_get(self.nbytes, obj)
+        return obj.nbytes
+
+
+cdef dict _READERS = {}  # by type
+
+
+cdef _Reader _reader(tp):
+    r = _READERS.get(tp)
+    if r is not None:
+        return <_Reader>r
+    cdef _Reader rd = _Reader.__new__(_Reader)
+    for k in tp.__mro__:
+        d = k.__dict__.get("data_ptr")
+        if d is not None:
+            if dvo_is_noargs(d):
+                rd.data_ptr = d
+            break
+    for k in tp.__mro__:
+        d = k.__dict__.get("nbytes")
+        if d is not None:
+            if dvo_is_getset(d):
+                rd.nbytes = d
+            break
+    _READERS[tp] = rd
+    return rd
+
+
 cdef class Seen:
-    """A PyTorch tensor as last described: the tensor (weak), its data address and shape then,
-    the device, its region (start, size, host view, access list), its byte range there, and
-    its last wrapper (weak)."""
+    """A PyTorch tensor as last described: the tensor (weak) and its address, its data address
+    and size in bytes then (with the reader of its type), the device, its region (start, size,
+    host view, access list), its byte range there, and its last wrapper (weak)."""
 
     cdef object ref
+    cdef uintptr_t addr
+    cdef _Reader reader
     cdef uintptr_t ptr
-    cdef object shape
+    cdef object nbytes_then
     cdef object be
     cdef uintptr_t start
     cdef Py_ssize_t nbytes
     cdef object host
     cdef list accesses
-    cdef Py_ssize_t lo, hi
+    cdef object lo, hi  # (ints: the access tuple takes them as they are)
     cdef object last
 
 
 # by id() of the tensor; an entry goes when its tensor does
 cdef dict SEEN = {}
+
+# the entries found last, by their tensor's address: a step names the same few tensors again
+# and again, and this finds them without making an int of the address to look it up in SEEN
+cdef enum:
+    N_SLOTS = 64
+cdef list _SLOTS = [None] * N_SLOTS
+
+
+cdef inline Py_ssize_t _slot(uintptr_t addr) noexcept:
+    return <Py_ssize_t>((addr >> 4) ^ (addr >> 10)) & (N_SLOTS - 1)
 
 
 cdef class _Forget:
@@ -80,21 +196,39 @@ cdef class _Forget:
         e = SEEN.get(self.key)
         if e is not None and (<Seen>e).ref is ref:
             del SEEN[self.key]
+            i = _slot((<Seen>e).addr)
+            if _SLOTS[i] is e:
+                _SLOTS[i] = None
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cpdef object seen(obj, be, bint write):
     """The ledger access ``(buffer, lo, hi, write)`` of a PyTorch tensor described before on
-    device ``be`` and unchanged since (the same object, data address and shape), else None.
+    device ``be`` and unchanged since (the same object, data address and size in bytes), else
+    None.
+
+    The size in bytes stands for the shape: an in-place change that keeps the data address
+    and the size (``resize_`` to a shape of as many elements, ``t_``, ``squeeze_``) keeps the
+    byte range the tensor spans; only ``as_strided_`` and ``set_`` with new strides escape both.
 
     Its region lives (the tensor is one of its users); its last wrapper serves again while
     something (work in flight) keeps it, else a new one is made, which keeps the tensor alive.
     """
     cdef Seen e
-    x = SEEN.get(PyLong_FromVoidPtr(<void*>obj))
-    if x is None:
-        return None
+    cdef uintptr_t addr = <uintptr_t><void*>obj
+    cdef Py_ssize_t i = _slot(addr)
+    x = _SLOTS[i]
+    if x is None or (<Seen>x).addr != addr:
+        x = SEEN.get(PyLong_FromVoidPtr(<void*>obj))
+        if x is None:
+            return None
+        _SLOTS[i] = x
     e = <Seen>x
-    if e.ref() is not obj or e.be is not be or <uintptr_t>obj.data_ptr() != e.ptr or obj.shape != e.shape:
+    if e.ref() is not obj or e.be is not be:
+        return None
+    r = e.reader
+    if <uintptr_t>r.ptr_of(obj) != e.ptr or r.nbytes_of(obj) != e.nbytes_then:
         return None
     b = e.last()
     if b is None:
@@ -116,16 +250,18 @@ cpdef Buffer wrapper(be, uintptr_t start, Py_ssize_t nbytes, host, owner, list a
     return buf
 
 
-def remember(obj, uintptr_t ptr, shape, be, Buffer buf, Py_ssize_t lo, Py_ssize_t hi):
-    """Keep what describing PyTorch tensor ``obj`` found (its data address and shape, and its
-    wrapper ``buf`` of its region, with the byte range [lo, hi) of the region), for
+def remember(obj, uintptr_t ptr, nbytes, be, Buffer buf, Py_ssize_t lo, Py_ssize_t hi):
+    """Keep what describing PyTorch tensor ``obj`` found (its data address and size in bytes,
+    and its wrapper ``buf`` of its region, with the byte range [lo, hi) of the region), for
     :func:`seen`. Held weakly: the tensor's death forgets it."""
     cdef Seen e = Seen.__new__(Seen)
     cdef _Forget f = _Forget.__new__(_Forget)
     f.key = PyLong_FromVoidPtr(<void*>obj)
     e.ref = PyWeakref_NewRef(obj, f)
+    e.addr = <uintptr_t><void*>obj
+    e.reader = _reader(type(obj))
     e.ptr = ptr
-    e.shape = shape
+    e.nbytes_then = nbytes
     e.be = be
     e.start = buf.ptr
     e.nbytes = buf.nbytes
@@ -135,6 +271,7 @@ def remember(obj, uintptr_t ptr, shape, be, Buffer buf, Py_ssize_t lo, Py_ssize_
     e.hi = hi
     e.last = PyWeakref_NewRef(buf, None)
     SEEN[f.key] = e
+    _SLOTS[_slot(e.addr)] = e  # (the slot may hold an entry this one replaces)
 
 
 cpdef tuple named(items, str what):
@@ -231,13 +368,12 @@ cdef class External(DeviceOp):
 
 cdef object _call(External op, ExecutionContext cx, tuple args):
     cdef tuple b
-    st = inside
-    prev = st.stream
-    st.stream = cx.stream
+    stream = cx.stream
+    prev = dvo_inside_swap(stream)
     try:
-        out = op.fn(cx.stream, *args)
+        out = op.fn(stream, *args)
     finally:
-        st.stream = prev
+        dvo_inside_swap(prev)
         if cx.drv is not None:
             make_current(cx.drv)  # fn may have switched the thread to another device (torch.cuda.set_device)
     if op.post is not None:
@@ -273,8 +409,36 @@ cdef int _init(External op, fn, tuple args, reads, writes, post, label) except -
     return 0
 
 
-def new_external(fn, tuple args, reads, writes):
-    """``External(fn, args, reads, writes)`` without the constructor's argument parsing."""
+def external(fn, *args, reads=(), writes=()):
+    """An op that runs another library's GPU work: ``fn(stream, *args)`` on the op's stream.
+
+    On cuda, ``fn`` enqueues work on ``stream`` through its own library
+    (``torch.cuda.ExternalStream(stream.handle_int)``, ``cupy.cuda.ExternalStream``, Triton,
+    any consumer of ``stream.__cuda_stream__()``) and returns; the op's output is what it
+    returns. On the host backend ``fn`` runs in stream order on the stream's worker thread,
+    with numpy arrays in place of deviceop tensors, and the enqueuing thread waits for it.
+
+    ``reads`` and ``writes`` name the memory ``fn``'s work touches: deviceop Tensors and
+    Partitions, or any array with ``__dlpack__`` or ``__cuda_array_interface__`` (a PyTorch or
+    CuPy tensor; a numpy array on the host backend), wrapped without a copy and kept alive
+    until the work has completed. The ledger orders the work like a kernel's: after
+    conflicting work in flight on other streams, and later conflicting work after it. The same
+    memory reached through two wrappers is one region. deviceop tensors among ``args`` that
+    neither list names count as written. Arguments may be ops; they run first, in the same
+    execution.
+
+    ``fn`` runs while deviceop's ledger is held (so that no other thread's work slips between
+    the ordering and the enqueue): it must only enqueue work and return, and must call no
+    deviceop op, terminal or import (that raises :class:`~deviceop.UsageError`). Inside it,
+    deviceop tensors export to other libraries (``torch.from_dlpack(t)``) without waiting.
+    An exception from ``fn`` is raised by the terminal; work ``fn`` enqueued before raising
+    completes first, and the device stays usable.
+
+    In a graph recording (``do.graph``) ``fn`` is called with the capturing stream on cuda, so
+    its library's work is recorded (the library must be able to record: PyTorch allocates
+    nothing new during capture only with memory it has cached; prefer ``out=`` variants); on
+    the host backend a replay calls ``fn`` again.
+    """
     cdef External op = External.__new__(External)
     _init(op, fn, args, reads, writes, None, None)
     return op

@@ -21,7 +21,7 @@ from ..device._select import current, next_stream
 from ..device._tensor import Tensor
 from ..executors._future import DeviceFuture, watch
 from ._dlstructs import _USED, _api, _DLManagedTensor, _Imported
-from ._regions import buffer_for, host_root, inside, raw_view, register
+from ._regions import buffer_for, host_root, inside_stream, raw_view, register
 
 __all__ = ["export", "from_dlpack"]
 
@@ -35,7 +35,7 @@ def export(t: Tensor, stream: Any) -> Any:
     """
     be = t.buffer.backend
     register(t.buffer)  # wrapped back later, its memory is this buffer's region
-    mine = inside.stream
+    mine = inside_stream()
     if not be.cuda_memory:
         if mine is None:
             t.check_host_access("export")  # a host consumer reads at once: nothing may be in flight

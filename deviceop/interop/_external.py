@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from .._core._external import HOOKS, External, new_external
+from .._core._external import HOOKS, External, external, swap_inside
 from .._core._ledger import enqueue
-from .._core._op import DeviceOp
 from ..device._tensor import Partition, Tensor
-from ._regions import access_of, inside, register
+from ._regions import access_of, register
 
 __all__ = ["External", "external"]
-
-T = TypeVar("T")
 
 
 def _call_in_order(op: External[Any], cx: Any, args: tuple[Any, ...], acc: list[Any]) -> Any:
@@ -36,14 +33,13 @@ def _call_in_order(op: External[Any], cx: Any, args: tuple[Any, ...], acc: list[
     fn = op.fn
 
     def item() -> None:
-        prev = inside.stream
-        inside.stream = stream
+        prev = swap_inside(stream)
         try:
             box[0] = fn(stream, *arrays)
         except BaseException as e:  # fn's error is the terminal's, not a device fault
             box[1] = e
         finally:
-            inside.stream = prev
+            swap_inside(prev)
             done.set()
 
     enqueue(cx, acc, lambda: stream.enqueue(item), op)
@@ -71,36 +67,3 @@ def _host_value(a: Any, host_array: Callable[[Any], Any]) -> Any:
 
 HOOKS["access_of"] = access_of
 HOOKS["call_in_order"] = _call_in_order
-
-
-def external(fn: Callable[..., T], *args: Any, reads: Any = (), writes: Any = ()) -> DeviceOp[T]:
-    """An op that runs another library's GPU work: ``fn(stream, *args)`` on the op's stream.
-
-    On cuda, ``fn`` enqueues work on ``stream`` through its own library
-    (``torch.cuda.ExternalStream(stream.handle_int)``, ``cupy.cuda.ExternalStream``, Triton,
-    any consumer of ``stream.__cuda_stream__()``) and returns; the op's output is what it
-    returns. On the host backend ``fn`` runs in stream order on the stream's worker thread,
-    with numpy arrays in place of deviceop tensors, and the enqueuing thread waits for it.
-
-    ``reads`` and ``writes`` name the memory ``fn``'s work touches: deviceop Tensors and
-    Partitions, or any array with ``__dlpack__`` or ``__cuda_array_interface__`` (a PyTorch or
-    CuPy tensor; a numpy array on the host backend), wrapped without a copy and kept alive
-    until the work has completed. The ledger orders the work like a kernel's: after
-    conflicting work in flight on other streams, and later conflicting work after it. The same
-    memory reached through two wrappers is one region. deviceop tensors among ``args`` that
-    neither list names count as written. Arguments may be ops; they run first, in the same
-    execution.
-
-    ``fn`` runs while deviceop's ledger is held (so that no other thread's work slips between
-    the ordering and the enqueue): it must only enqueue work and return, and must call no
-    deviceop op, terminal or import (that raises :class:`~deviceop.UsageError`). Inside it,
-    deviceop tensors export to other libraries (``torch.from_dlpack(t)``) without waiting.
-    An exception from ``fn`` is raised by the terminal; work ``fn`` enqueued before raising
-    completes first, and the device stays usable.
-
-    In a graph recording (``do.graph``) ``fn`` is called with the capturing stream on cuda, so
-    its library's work is recorded (the library must be able to record: PyTorch allocates
-    nothing new during capture only with memory it has cached; prefer ``out=`` variants); on
-    the host backend a replay calls ``fn`` again.
-    """
-    return new_external(fn, args, reads, writes)

@@ -25,7 +25,7 @@ import numpy as np
 
 from .._core._base import Buffer
 from .._core._external import (
-    inside,  # (re-exported: the stream whose external fn runs)
+    inside_stream,  # (re-exported: the stream whose external fn runs)
     remember,
     seen,
     wrapper,
@@ -35,7 +35,7 @@ from .._process import renew_at_fork
 from ..device._tensor import Partition, Tensor
 from ._dlstructs import describe_dlpack
 
-__all__ = ["access_of", "buffer_for", "host_root", "inside", "raw_view", "register", "span"]
+__all__ = ["access_of", "buffer_for", "host_root", "inside_stream", "raw_view", "register", "span"]
 
 
 class _Region:
@@ -221,7 +221,7 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
         r.users[id(buf)] = buf
         if is_torch:
             r.users[id(obj)] = obj  # the region lives as long as the tensor does
-            remember(obj, ptr, obj.shape, be, buf, lo - r.start, hi - r.start)
+            remember(obj, ptr, obj.nbytes, be, buf, lo - r.start, hi - r.start)
     return (buf, lo - buf.ptr, hi - buf.ptr, write)
 
 
