@@ -107,11 +107,26 @@ cdef extern from *:
     static int dvo_is_getset(PyObject *d) {
         return Py_IS_TYPE(d, &PyGetSetDescr_Type) && ((PyGetSetDescrObject *)d)->d_getset->get != NULL;
     }
+    /* ref() without a call: the referent (a new reference), or None */
+    static PyObject *dvo_deref(PyObject *ref) {
+    #if PY_VERSION_HEX >= 0x030D0000
+        PyObject *o;
+        if (PyWeakref_GetRef(ref, &o) < 0) return NULL;
+        if (o == NULL) Py_RETURN_NONE;
+        return o;
+    #else
+        PyObject *o = PyWeakref_GetObject(ref);
+        if (o == NULL) return NULL;
+        Py_INCREF(o);
+        return o;
+    #endif
+    }
     """
     object dvo_call_noargs(object d, object obj)
     bint dvo_is_noargs(object d)
     object dvo_get(object d, object obj)
     bint dvo_is_getset(object d)
+    object dvo_deref(object ref)
 
 
 cdef class _Reader:
@@ -126,7 +141,7 @@ cdef class _Reader:
             return dvo_call_noargs(self.data_ptr, obj)
         return obj.data_ptr()
 
-    cdef inline object nbytes_of(self, obj):
+    cdef inline Py_ssize_t nbytes_of(self, obj) except? -1:
         if self.nbytes is not None:
             return dvo_get(self.nbytes, obj)
         return obj.nbytes
@@ -165,7 +180,7 @@ cdef class Seen:
     cdef uintptr_t addr
     cdef _Reader reader
     cdef uintptr_t ptr
-    cdef object nbytes_then
+    cdef Py_ssize_t nbytes_then
     cdef object be
     cdef uintptr_t start
     cdef Py_ssize_t nbytes
@@ -216,6 +231,7 @@ cpdef object seen(obj, be, bint write):
     something (work in flight) keeps it, else a new one is made, which keeps the tensor alive.
     """
     cdef Seen e
+    cdef _Reader r
     cdef uintptr_t addr = <uintptr_t><void*>obj
     cdef Py_ssize_t i = _slot(addr)
     x = _SLOTS[i]
@@ -225,12 +241,12 @@ cpdef object seen(obj, be, bint write):
             return None
         _SLOTS[i] = x
     e = <Seen>x
-    if e.ref() is not obj or e.be is not be:
+    if dvo_deref(e.ref) is not obj or e.be is not be:
         return None
     r = e.reader
     if <uintptr_t>r.ptr_of(obj) != e.ptr or r.nbytes_of(obj) != e.nbytes_then:
         return None
-    b = e.last()
+    b = dvo_deref(e.last)
     if b is None:
         b = wrapper(be, e.start, e.nbytes, e.host, obj, e.accesses)
         e.last = PyWeakref_NewRef(b, None)
@@ -250,7 +266,7 @@ cpdef Buffer wrapper(be, uintptr_t start, Py_ssize_t nbytes, host, owner, list a
     return buf
 
 
-def remember(obj, uintptr_t ptr, nbytes, be, Buffer buf, Py_ssize_t lo, Py_ssize_t hi):
+def remember(obj, uintptr_t ptr, Py_ssize_t nbytes, be, Buffer buf, Py_ssize_t lo, Py_ssize_t hi):
     """Keep what describing PyTorch tensor ``obj`` found (its data address and size in bytes,
     and its wrapper ``buf`` of its region, with the byte range [lo, hi) of the region), for
     :func:`seen`. Held weakly: the tensor's death forgets it."""
@@ -350,7 +366,7 @@ cdef class External(DeviceOp):
             xb = (<TensorBase>x).buffer.backend if isinstance(x, TensorBase) else (<Buffer>x).backend
             if xb is not be:
                 check_backend(cx, xb, repr(self))
-        if not be.cuda_memory:
+        if cx.drv is None and not be.cuda_memory:  # (a cuda device has its driver)
             return HOOKS["call_in_order"](self, cx, args, acc)
         LOCK.take()
         try:
@@ -371,7 +387,7 @@ cdef object _call(External op, ExecutionContext cx, tuple args):
     stream = cx.stream
     prev = dvo_inside_swap(stream)
     try:
-        out = op.fn(stream, *args)
+        out = op.fn(stream, *args) if args else op.fn(stream)
     finally:
         dvo_inside_swap(prev)
         if cx.drv is not None:
