@@ -9,6 +9,8 @@ and the host backend's call in stream order.
 
 cimport cython
 from cpython.contextvars cimport get_value
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
 from cpython.long cimport PyLong_FromVoidPtr
 from cpython.weakref cimport PyWeakref_NewRef
 from libc.stdint cimport uintptr_t
@@ -64,6 +66,7 @@ def swap_inside(stream):
     which the caller puts back when its fn returns."""
     return dvo_inside_swap(stream)
 
+
 #: registered by ``deviceop.interop``: ``access_of(obj, backend, write, what)`` names a foreign
 #: array; ``call_in_order(op, cx, args, acc)`` runs fn on a host backend's stream worker
 HOOKS = {}
@@ -77,9 +80,10 @@ cdef inline object _current():
     """``current()`` without the Python call where a device is selected or made already."""
     be = get_value(_SELECTED, None)
     if be is None:
-        be = _STATE["backend"]
-        if be is None:
-            be = current()
+        p = PyDict_GetItem(_STATE, "backend")
+        if p == NULL or <object>p is None:
+            return current()
+        be = <object>p
     return be
 
 
@@ -323,6 +327,8 @@ cdef class External(DeviceOp):
             label = f"external {getattr(fn, '__qualname__', type(fn).__name__)}()"
         return f"<{label}>"
 
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
     cdef object _name(self, items, bint write, object be):
         """Append the accesses of ``items``; returns the device foreign arrays were named on
         (looked up once, at the first foreign array, and handed to the next call)."""
@@ -343,6 +349,8 @@ cdef class External(DeviceOp):
             i += 1
         return be
 
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
     cpdef object _run(self, ExecutionContext cx):
         cdef tuple args = self.args
         cdef list acc = self.acc
