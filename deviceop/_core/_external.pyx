@@ -307,6 +307,7 @@ cpdef tuple named(items, str what):
     return tuple(items)
 
 
+@cython.final  # (its _run is called without a look for an override)
 cdef class External(DeviceOp):
     """The op :func:`~deviceop.interop.external` returns; its output is what ``fn`` returns."""
 
@@ -334,7 +335,7 @@ cdef class External(DeviceOp):
         (looked up once, at the first foreign array, and handed to the next call)."""
         cdef Py_ssize_t i = 0
         cdef list acc = self.acc
-        for x in named(items, "writes" if write else "reads"):
+        for x in (<tuple>items if type(items) is tuple else named(items, "writes" if write else "reads")):
             if isinstance(x, TensorBase):
                 acc.append((x, write))
             elif isinstance(x, PartitionBase):
