@@ -22,7 +22,7 @@ from ._op cimport DeviceOp
 from .._errors import UsageError
 from ..device._select import _selected, _state, current
 
-__all__ = ["External", "HOOKS", "external", "inside_stream", "named", "remember", "seen", "swap_inside", "wrapper"]
+__all__ = ["External", "HOOKS", "Named", "external", "inside_stream", "named", "remember", "seen", "swap_inside", "wrapper"]
 
 
 # the stream whose ``external`` fn this thread is running (exports inside it need no wait): a C
@@ -190,7 +190,7 @@ cdef class Seen:
     cdef Py_ssize_t nbytes
     cdef object host
     cdef list accesses
-    cdef object lo, hi  # (ints: the access tuple takes them as they are)
+    cdef Py_ssize_t lo, hi
     cdef object last
 
 
@@ -220,20 +220,51 @@ cdef class _Forget:
                 _SLOTS[i] = None
 
 
+@cython.freelist(64)  # a few per external op: made and dropped on every step of a chain
+@cython.final
+cdef class Named:
+    """One array an external op names: a deviceop tensor (``tensor``: the ledger takes its
+    span), or the wrapper Buffer of a foreign array's region with the byte range [lo, hi) of
+    it; read or written."""
+
+    cdef object target
+    cdef Py_ssize_t lo, hi
+    cdef bint write, tensor
+
+    def as_tuple(self):
+        """The ledger's access: ``(tensor, write)`` or ``(buffer, lo, hi, write)``."""
+        if self.tensor:
+            return (self.target, self.write)
+        return (self.target, self.lo, self.hi, self.write)
+
+
+cdef inline Named _of_tensor(t, bint write):
+    cdef Named n = Named.__new__(Named)
+    n.target = t
+    n.write = write
+    n.tensor = True
+    return n
+
+
+cdef inline Named _of_range(Buffer b, Py_ssize_t lo, Py_ssize_t hi, bint write):
+    cdef Named n = Named.__new__(Named)
+    n.target = b
+    n.lo = lo
+    n.hi = hi
+    n.write = write
+    return n
+
+
+cdef Named _of_access(tuple a):
+    """A ledger access tuple as a Named."""
+    if len(a) == 2:
+        return _of_tensor(a[0], a[1])
+    return _of_range(<Buffer>a[0], a[1], a[2], a[3])
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
-cpdef object seen(obj, be, bint write):
-    """The ledger access ``(buffer, lo, hi, write)`` of a PyTorch tensor described before on
-    device ``be`` and unchanged since (the same object, data address and size in bytes), else
-    None.
-
-    The size in bytes stands for the shape: an in-place change that keeps the data address
-    and the size (``resize_`` to a shape of as many elements, ``t_``, ``squeeze_``) keeps the
-    byte range the tensor spans; only ``as_strided_`` and ``set_`` with new strides escape both.
-
-    Its region lives (the tensor is one of its users); its last wrapper serves again while
-    something (work in flight) keeps it, else a new one is made, which keeps the tensor alive.
-    """
+cdef Named _seen(obj, be, bint write):
     cdef Seen e
     cdef _Reader r
     cdef uintptr_t addr = <uintptr_t><void*>obj
@@ -254,7 +285,23 @@ cpdef object seen(obj, be, bint write):
     if b is None:
         b = wrapper(be, e.start, e.nbytes, e.host, obj, e.accesses)
         e.last = PyWeakref_NewRef(b, None)
-    return (b, e.lo, e.hi, write)
+    return _of_range(<Buffer>b, e.lo, e.hi, write)
+
+
+def seen(obj, be, bint write):
+    """The ledger access ``(buffer, lo, hi, write)`` of a PyTorch tensor described before on
+    device ``be`` and unchanged since (the same object, data address and size in bytes), else
+    None.
+
+    The size in bytes stands for the shape: an in-place change that keeps the data address
+    and the size (``resize_`` to a shape of as many elements, ``t_``, ``squeeze_``) keeps the
+    byte range the tensor spans; only ``as_strided_`` and ``set_`` with new strides escape both.
+
+    Its region lives (the tensor is one of its users); its last wrapper serves again while
+    something (work in flight) keeps it, else a new one is made, which keeps the tensor alive.
+    """
+    n = _seen(obj, be, write)
+    return None if n is None else n.as_tuple()
 
 
 cpdef Buffer wrapper(be, uintptr_t start, Py_ssize_t nbytes, host, owner, list accesses):
@@ -313,13 +360,19 @@ cdef class External(DeviceOp):
 
     cdef readonly object fn
     cdef readonly tuple args
-    cdef readonly list acc       # (tensor, write) or (buffer, lo, hi, write), in naming order
+    cdef list _acc               # Named, in naming order
     cdef readonly object post    # post(cx, out, args) -> (out, [(buffer, lo, hi, write)]) or None
     cdef readonly object label
     cdef bint lazy
 
     def __init__(self, fn, tuple args, reads=(), writes=(), post=None, label=None):
         _init(self, fn, args, reads, writes, post, label)
+
+    @property
+    def acc(self):
+        """What the op names, as the ledger's accesses: ``(tensor, write)`` or
+        ``(buffer, lo, hi, write)``, in naming order."""
+        return [(<Named>n).as_tuple() for n in self._acc]
 
     def __repr__(self):
         label = self.label
@@ -334,19 +387,22 @@ cdef class External(DeviceOp):
         """Append the accesses of ``items``; returns the device foreign arrays were named on
         (looked up once, at the first foreign array, and handed to the next call)."""
         cdef Py_ssize_t i = 0
-        cdef list acc = self.acc
+        cdef list acc = self._acc
+        cdef Named n
         for x in (<tuple>items if type(items) is tuple else named(items, "writes" if write else "reads")):
             if isinstance(x, TensorBase):
-                acc.append((x, write))
+                acc.append(_of_tensor(x, write))
             elif isinstance(x, PartitionBase):
-                acc.append(((<PartitionBase>x).tensor, write))
+                acc.append(_of_tensor((<PartitionBase>x).tensor, write))
             elif isinstance(x, DeviceOp):
                 raise UsageError(f"{self!r}: reads and writes name arrays, not ops; pass the op as an argument")
             else:
                 if be is None:
                     be = _current()
-                a = seen(x, be, write)
-                acc.append(a if a is not None else HOOKS["access_of"](x, be, write, (self, write, i)))
+                n = _seen(x, be, write)
+                if n is None:
+                    n = _of_access(HOOKS["access_of"](x, be, write, (self, write, i)))
+                acc.append(n)
             i += 1
         return be
 
@@ -354,8 +410,8 @@ cdef class External(DeviceOp):
     @cython.wraparound(False)
     cpdef object _run(self, ExecutionContext cx):
         cdef tuple args = self.args
-        cdef list acc = self.acc
-        cdef tuple a
+        cdef list acc = self._acc
+        cdef Named n
         cdef bint seen
         be = cx.backend
         if self.lazy:
@@ -364,28 +420,27 @@ cdef class External(DeviceOp):
             t = (<PartitionBase>x).tensor if isinstance(x, PartitionBase) else x
             if isinstance(t, TensorBase):
                 seen = False
-                for a in acc:
-                    if a[0] is t:
+                for n in acc:
+                    if n.target is t:
                         seen = True
                         break
                 if not seen:
-                    acc.append((t, True))
-        for a in acc:
-            x = a[0]
-            xb = (<TensorBase>x).buffer.backend if isinstance(x, TensorBase) else (<Buffer>x).backend
+                    acc.append(_of_tensor(t, True))
+        for n in acc:
+            xb = (<TensorBase>n.target).buffer.backend if n.tensor else (<Buffer>n.target).backend
             if xb is not be:
                 check_backend(cx, xb, repr(self))
         if cx.drv is None and not be.cuda_memory:  # (a cuda device has its driver)
-            return HOOKS["call_in_order"](self, cx, args, acc)
+            return HOOKS["call_in_order"](self, cx, args, [n.as_tuple() for n in acc])
         LOCK.take()
         try:
             # under the ledger lock: fn's work is enqueued before any later registration on
             # any thread can look at this execution's accesses
-            for a in acc:
-                if len(a) == 2:
-                    order_tensor(cx, a[0], a[1], self)
+            for n in acc:
+                if n.tensor:
+                    order_tensor(cx, n.target, n.write, self)
                 else:
-                    order(cx, <Buffer>a[0], a[1], a[2], a[3], self)
+                    order(cx, <Buffer>n.target, n.lo, n.hi, n.write, self)
             return _call(self, cx, args)
         finally:
             LOCK.drop()
@@ -416,7 +471,7 @@ cdef int _init(External op, fn, tuple args, reads, writes, post, label) except -
     op.fn = fn
     op.label = label
     op.post = post
-    op.acc = []
+    op._acc = []
     # foreign arrays are wrapped now: bad input fails before any work, and the wrapper keeps
     # the array alive until the work that uses it has completed
     be = None
