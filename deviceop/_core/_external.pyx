@@ -392,16 +392,17 @@ cdef class External(DeviceOp):
         for x in (<tuple>items if type(items) is tuple else named(items, "writes" if write else "reads")):
             if isinstance(x, TensorBase):
                 acc.append(_of_tensor(x, write))
-            elif isinstance(x, PartitionBase):
-                acc.append(_of_tensor((<PartitionBase>x).tensor, write))
-            elif isinstance(x, DeviceOp):
-                raise UsageError(f"{self!r}: reads and writes name arrays, not ops; pass the op as an argument")
             else:
                 if be is None:
                     be = _current()
-                n = _seen(x, be, write)
+                n = _seen(x, be, write)  # (first: a PyTorch tensor named before is the common case)
                 if n is None:
-                    n = _of_access(HOOKS["access_of"](x, be, write, (self, write, i)))
+                    if isinstance(x, PartitionBase):
+                        n = _of_tensor((<PartitionBase>x).tensor, write)
+                    elif isinstance(x, DeviceOp):
+                        raise UsageError(f"{self!r}: reads and writes name arrays, not ops; pass the op as an argument")
+                    else:
+                        n = _of_access(HOOKS["access_of"](x, be, write, (self, write, i)))
                 acc.append(n)
             i += 1
         return be
