@@ -597,6 +597,36 @@ def test_many_torch_tensors_named_in_turn_keep_their_own_accesses(host_backend):
         del t, buf
 
 
+def test_torch_tensor_subclasses_named_again_are_recognised(host_backend):
+    """A Parameter is read through PyTorch's own C getters; a subclass that overrides ``nbytes``
+    in Python is read through its override. Both are recognised when named again, and a change
+    of size in place is seen."""
+    torch = pytest.importorskip("torch")
+    from deviceop.device import current
+    from deviceop.interop._regions import access_of
+
+    class Counted(torch.Tensor):
+        reads = 0
+
+        @property
+        def nbytes(self):
+            type(self).reads += 1
+            return super().nbytes
+
+    be = current()
+    p = torch.nn.Parameter(torch.zeros(32))
+    t = torch.zeros(16).as_subclass(Counted)
+    for x, n in ((p, 128), (t, 64)):
+        first = access_of(x, be, False, "x")
+        again = access_of(x, be, True, "x")
+        assert again[0].accesses is first[0].accesses and again[1:] == (first[1], first[1] + n, True)
+    assert Counted.reads >= 2  # described, then checked through the override
+    with torch.no_grad():
+        t.resize_(8)
+    buf, lo, hi, _ = access_of(t, be, False, "t")
+    assert hi - lo == 32 and buf.owner is t
+
+
 def test_a_torch_tensor_named_by_many_ops_is_described_once(host_backend, monkeypatch):
     """Ops naming the same unchanged PyTorch tensor reuse its description (the compiled cache):
     it is described once, and again only after an in-place change of the bytes it spans (a

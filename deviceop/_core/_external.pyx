@@ -154,23 +154,26 @@ cdef class _Reader:
 cdef dict _READERS = {}  # by type
 
 
+cdef object _found(tp, str name):
+    """What ``tp.name`` resolves to in its MRO, before any binding (None: not found)."""
+    for k in tp.__mro__:
+        d = k.__dict__.get(name)
+        if d is not None:
+            return d
+    return None
+
+
 cdef _Reader _reader(tp):
     r = _READERS.get(tp)
     if r is not None:
         return <_Reader>r
     cdef _Reader rd = _Reader.__new__(_Reader)
-    for k in tp.__mro__:
-        d = k.__dict__.get("data_ptr")
-        if d is not None:
-            if dvo_is_noargs(d):
-                rd.data_ptr = d
-            break
-    for k in tp.__mro__:
-        d = k.__dict__.get("nbytes")
-        if d is not None:
-            if dvo_is_getset(d):
-                rd.nbytes = d
-            break
+    d = _found(tp, "data_ptr")
+    if d is not None and dvo_is_noargs(d):
+        rd.data_ptr = d
+    d = _found(tp, "nbytes")
+    if d is not None and dvo_is_getset(d):
+        rd.nbytes = d
     _READERS[tp] = rd
     return rd
 

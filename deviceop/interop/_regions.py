@@ -206,7 +206,7 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
         tp = Tensor
     if tp is Tensor:
         return (obj, write)
-    is_torch = tp.__module__ == "torch" and hasattr(obj, "data_ptr")
+    is_torch = _is_torch(tp)
     ptr, shape, strides, itemsize, _device = _describe(obj, be, what)
     lo, hi = span(ptr, shape, strides, itemsize)
     root = None
@@ -226,12 +226,20 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
 
 
 _ITEMSIZE: dict[str, int] = {}
+_TORCH: dict[type, bool] = {}
+
+
+def _is_torch(tp: type) -> bool:
+    """Whether ``tp`` is PyTorch's tensor or a subclass of it (``nn.Parameter``, a user's)."""
+    t = _TORCH.get(tp)
+    if t is None:
+        t = _TORCH[tp] = any(k.__module__ == "torch" and k.__name__ == "Tensor" for k in tp.__mro__)
+    return t
 
 
 def _describe(obj: Any, be: Any, what: Any) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, int, str]:
     """(address, shape, byte strides or None, itemsize, 'cuda'|'cpu') of a foreign array."""
-    mod = type(obj).__module__
-    if mod.startswith("torch") and hasattr(obj, "data_ptr"):
+    if _is_torch(type(obj)):
         dev = obj.device.type
         _check_device(dev, be, what, obj)
         it = obj.element_size()
