@@ -37,7 +37,7 @@ import sys
 out = sys.argv[1]
 for v in ("old", "new"):
     rs = [json.load(open(f))["steps"] for f in sorted(glob.glob(f"{out}/ext_{v}_*.json"))]
-    for k in ("external_over_direct_us", "external_wrapped_over_direct_us", "external_noop_us", "direct_us"):
+    for k in ("external_over_direct_us", "external_wrapped_over_direct_us", "external_noop_us", "adapter_over_direct_us", "direct_us"):
         xs = [r[k] for r in rs]
         print(v, k, "median", round(statistics.median(xs), 2), "runs", [round(x, 2) for x in xs])
 PY

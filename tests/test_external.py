@@ -441,6 +441,45 @@ def test_torch_adapter_gives_back_an_input_written_in_place_as_that_tensor(backe
     assert do.interop.torch(lambda a: a, x.partition((2, 8))).sync() is x
 
 
+def test_torch_adapter_gives_each_call_its_own_alias_of_a_tensor_used_again(backend):
+    """The PyTorch tensor on a deviceop tensor's memory is made once and each call gets an alias
+    of it: the same memory, its own metadata (a call that reshapes its argument in place leaves
+    the next call's as it was), usable with autograd after a call under inference mode; it
+    goes with the deviceop tensor and does not keep its memory."""
+    torch = pytest.importorskip("torch")
+    if not _cuda():
+        pytest.skip("on the host backend fn gets CPU tensors made for each call")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    x = do.full((4, 8), 1.0, do.float32).sync()
+    seen = []
+
+    def reshape_in_place(t):
+        seen.append((t, t.data_ptr(), tuple(t.shape)))
+        t.t_()  # (8, 4) from now on: this call's alias only
+        return t.sum()
+
+    for _ in range(3):
+        do.interop.torch(reshape_in_place, x).sync()
+    assert [s[2] for s in seen] == [(4, 8)] * 3
+    assert {s[1] for s in seen} == {x.ptr} and len({id(s[0]) for s in seen}) == 3
+    with torch.inference_mode():
+        do.interop.torch(lambda t: t.mul_(2.0), x).sync()  # in place: written, x itself back
+    w = torch.ones(8, device="cuda", requires_grad=True)
+    got = []
+    do.interop.torch(lambda t: got.append((t @ w).sum()), x).sync()
+    got[0].backward()  # an inference tensor would refuse to be saved for backward
+    np.testing.assert_array_equal(w.grad.cpu().numpy(), np.full(8, 8.0, np.float32))
+    # the alias cache holds the deviceop tensor weakly and its buffer only through the alias:
+    # once both are dropped, the memory goes back
+    seen.clear()
+    got.clear()
+    ref = weakref.ref(x.buffer)
+    del x
+    gc.collect()
+    assert ref() is None
+
+
 @pytest.mark.anyio
 async def test_torch_awaited(backend, anyio_backend):
     torch = pytest.importorskip("torch")

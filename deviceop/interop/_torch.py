@@ -5,20 +5,25 @@ PyTorch is imported when an adapter op first runs, never by ``import deviceop``.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .._core._dlpack import capsule
 from .._core._external import External, named
 from .._dtypes import as_dtype
 from .._errors import CaptureError, DTypeError, UsageError
 from ..device._capture import CAPTURE
 from ..device._tensor import Partition, Tensor
-from ._regions import buffer_for, span
+from ._regions import _is_torch, buffer_for, register, span
 
 __all__ = ["torch"]
 
-_streams: dict[int, Any] = {}  # torch.cuda.ExternalStream per CUstream handle
+# per CUstream handle: its torch.cuda.ExternalStream, stream_id, device_index, device_type
+_streams: dict[int, tuple[Any, int, int, int]] = {}
+# id(deviceop Tensor) -> (a weak reference to it, the PyTorch tensor on its memory)
+_views: dict[int, tuple[Any, Any]] = {}
 _DTYPES: dict[Any, Any] = {}  # deviceop dtype per torch.dtype
 _pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # graph scope -> torch.cuda.MemPool
 _stream_fns: list[Any] = []  # torch._C's current-stream getter and setter, and device getter (or None)
@@ -38,14 +43,17 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
 
     On cuda, PyTorch's current stream is the op's stream while ``fn`` runs
     (``torch.cuda.ExternalStream``), so the memory PyTorch allocates there is its caching
-    allocator's for that stream. On the host backend ``fn`` gets CPU tensors sharing the host
-    device's memory. The op's output is ``fn``'s, with every PyTorch tensor in it (itself, or
-    the items of a tuple or list) turned into a deviceop Tensor on the same memory, written by
-    this op and kept alive by it; a PyTorch tensor that is one of the deviceop tensors in
-    ``args`` given back (``out=``, in place: the same memory, shape, strides and dtype) is that
-    Tensor itself. deviceop tensors in ``args`` are read unless ``writes`` names
-    them; ``reads``/``writes`` name more memory, as for :func:`~deviceop.interop.external`,
-    whose rules hold here too (``fn`` only enqueues work; it calls no deviceop op).
+    allocator's for that stream; a deviceop tensor reaches ``fn`` as a new PyTorch tensor
+    object each call (an alias of the one made when that tensor first reached PyTorch code:
+    changing its shape in place changes no later call's). On the host backend ``fn`` gets CPU
+    tensors sharing the host device's memory. The op's output is ``fn``'s, with every PyTorch
+    tensor in it (itself, or the items of a tuple or list) turned into a deviceop Tensor on the
+    same memory, written by this op and kept alive by it; a PyTorch tensor that is one of the
+    deviceop tensors in ``args`` given back (``out=``, in place: the same memory, shape,
+    strides and dtype) is that Tensor itself. deviceop tensors in ``args`` are read unless
+    ``writes`` names them; ``reads``/``writes`` name more memory, as for
+    :func:`~deviceop.interop.external`, whose rules hold here too (``fn`` only enqueues work;
+    it calls no deviceop op).
     """
     if not callable(fn):
         raise UsageError(f"do.interop.torch(fn, ...) needs a callable or an nn.Module, got {type(fn).__name__}")
@@ -59,17 +67,14 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
     def call(stream: Any, *a: Any) -> Any:
         th = _torch()
         if stream.backend.cuda_memory:
-            ts = _streams.get(stream.handle_int)
-            if ts is None:
-                ts = _streams[stream.handle_int] = th.cuda.ExternalStream(stream.handle_int)
-            prev = _enter(th, ts)
+            st = _streams.get(stream.handle_int)
+            if st is None:
+                ts = th.cuda.ExternalStream(stream.handle_int)
+                st = _streams[stream.handle_int] = (ts, ts.stream_id, ts.device_index, ts.device_type)
+            prev = _enter(th, st)
             try:
-                # capsules made for this stream: the ledger ordered it already, and PyTorch skips
-                # its own stream hand-shake for a capsule
                 conv = tuple(
-                    th.from_dlpack((x.tensor if type(x) is Partition else x).__dlpack__(stream=-1))
-                    if type(x) in (Tensor, Partition)
-                    else x
+                    _view(th, x.tensor if type(x) is Partition else x) if type(x) in (Tensor, Partition) else x
                     for x in a
                 )
                 scope = CAPTURE.scope
@@ -106,12 +111,45 @@ def _pool_for(th: Any, scope: Any) -> Any:
     return pool
 
 
-def _enter(th: Any, ts: Any) -> Any:
-    """Make ``ts`` PyTorch's current stream; return what :func:`_leave` restores.
+def _view(th: Any, t: Tensor) -> Any:
+    """A PyTorch tensor on deviceop tensor ``t``'s memory (cuda; called inside the op's ``fn``).
+
+    The PyTorch tensor is made once per deviceop Tensor (a DLPack capsule, no copy) and kept
+    while ``t`` lives; each call gets a new alias of it (``detach()``: its own shape and
+    strides, so code that changes an argument's metadata in place, as ``t_()`` or
+    ``unsqueeze_()`` do, leaves the next call's alone). The capsule keeps ``t``'s buffer alive,
+    not ``t``: the cache entry goes with ``t``. It is made outside inference mode, so that code
+    run later with autograd on may use it. The ledger has ordered the op's stream already:
+    nothing is waited for here.
+    """
+    k = id(t)
+    e = _views.get(k)
+    if e is not None and e[0]() is t:
+        return e[1].detach()
+    buf = t.buffer
+    register(buf)  # its memory given back by PyTorch (a view of it returned) is this region
+    dev_type, dev_id = buf.backend.dlpack_device
+    dt = t.dtype
+    cap = capsule(buf, t.ptr, t.shape, t.strides, dt.dl_code, dt.itemsize * 8, dev_type, dev_id)
+    with th.inference_mode(False):
+        v = th.from_dlpack(cap)
+    _views[k] = (weakref.ref(t, functools.partial(_forget, k)), v)
+    return v.detach()
+
+
+def _forget(k: int, ref: Any) -> None:
+    e = _views.get(k)
+    if e is not None and e[0] is ref:
+        del _views[k]
+
+
+def _enter(th: Any, st: tuple[Any, int, int, int]) -> Any:
+    """Make the stream of ``st`` (its ExternalStream, stream_id, device_index, device_type)
+    PyTorch's current stream; return what :func:`_leave` restores.
 
     ``with torch.cuda.stream(ts)`` makes Stream objects and compares devices in Python (tens of
-    microseconds a call, more than a small op's launch); where ``ts`` is on the current device
-    this sets and restores the stream with PyTorch's own setter and getter, as that context
+    microseconds a call, more than a small op's launch); where the stream is on the current
+    device this sets and restores it with PyTorch's own setter and getter, as that context
     manager does. Elsewhere (another device, a PyTorch without them) it is the context manager.
     """
     fns = _stream_fns
@@ -119,9 +157,10 @@ def _enter(th: Any, ts: Any) -> Any:
         c = th._C
         fns.extend(getattr(c, n, None) for n in ("_cuda_getCurrentStream", "_cuda_setStream", "_cuda_getDevice"))
     get, set_, dev = fns
-    if get is not None and set_ is not None and dev is not None and dev() == ts.device_index:
-        prev = get(ts.device_index)  # (stream_id, device_index, device_type)
-        set_(stream_id=ts.stream_id, device_index=ts.device_index, device_type=ts.device_type)
+    ts, sid, di, dt = st
+    if get is not None and set_ is not None and dev is not None and dev() == di:
+        prev = get(di)  # (stream_id, device_index, device_type)
+        set_(stream_id=sid, device_index=di, device_type=dt)
         return prev
     ctx = th.cuda.stream(ts)
     ctx.__enter__()
@@ -147,13 +186,10 @@ def _outputs(cx: Any, out: Any, args: tuple[Any, ...]) -> tuple[Any, list[Any]]:
     tensor that is one of the op's deviceop tensors (the same memory, shape, strides and dtype:
     an ``out=`` or in-place result) comes back as that tensor itself."""
     acc: list[Any] = []
-    if type(out).__module__.startswith("torch") and hasattr(out, "data_ptr"):
+    if _is_torch(type(out)):
         return _wrap(cx, out, acc, args), acc
     if isinstance(out, (tuple, list)):
-        conv = [
-            _wrap(cx, x, acc, args) if type(x).__module__.startswith("torch") and hasattr(x, "data_ptr") else x
-            for x in out
-        ]
+        conv = [_wrap(cx, x, acc, args) if _is_torch(type(x)) else x for x in out]
         return (tuple(conv) if isinstance(out, tuple) else conv), acc
     return out, acc
 
