@@ -173,6 +173,34 @@ def test_foreign_memory_is_ordered_like_deviceop_memory(backend):
     np.testing.assert_array_equal(y.numpy(), np.full(1024, 6.0, np.float32))
 
 
+def test_a_region_lives_while_one_of_its_users_does_and_forgets_dead_ones(host_backend):
+    """A region of foreign memory is live while one of its users (wrappers, the foreign array)
+    is; users are held weakly, and dead ones are dropped as new ones come, so a region named
+    again and again keeps a bounded table."""
+    from deviceop.interop._regions import _Region
+
+    class User:
+        pass
+
+    r = _Region(0, 64, [], None)
+    assert not r.alive()
+    users = [User() for _ in range(100)]
+    for u in users:
+        r.add(u)
+    del u
+    assert r.alive() and len(r.users) == 100
+    del users[1:]
+    assert r.alive()  # the oldest user still lives
+    for _ in range(20):  # 1,000 more users, 50 alive at a time (a step's wrappers, until their work completes)
+        batch = [User() for _ in range(50)]
+        for u in batch:
+            r.add(u)
+    del batch, u
+    assert r.alive() and len(r.users) <= 128  # pruned at twice the users alive at the last pruning
+    users.clear()
+    assert not r.alive()
+
+
 def test_same_memory_through_two_wrappers_is_one_region(backend):
     from deviceop.device import current
     from deviceop.interop._regions import access_of

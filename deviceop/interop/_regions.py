@@ -41,16 +41,34 @@ __all__ = ["access_of", "buffer_for", "host_root", "inside_stream", "raw_view", 
 class _Region:
     """One allocation [start, end) of a device: its access list and the buffers that share it."""
 
-    __slots__ = ("accesses", "end", "host", "start", "users")
+    __slots__ = ("accesses", "bound", "end", "host", "start", "users")
 
     def __init__(self, start: int, end: int, accesses: list[Any], host: Any) -> None:
         self.start = start
         self.end = end
         self.accesses = accesses
-        # wrapper Buffers and the foreign arrays, by id: held weakly, never compared (a
-        # WeakSet compares its members with ==, which a PyTorch tensor answers elementwise)
-        self.users: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        # wrapper Buffers and the foreign arrays, by id, as weak references (never compared: a
+        # WeakSet compares its members with ==, which a PyTorch tensor answers elementwise; a
+        # WeakValueDictionary costs microseconds to make, and a region is made per new tensor)
+        self.users: dict[int, Any] = {}
+        self.bound = 16  # past this many users, the dead ones are dropped
         self.host = host
+
+    def add(self, obj: Any) -> None:
+        """Count ``obj`` as a user: the region lives while one of its users does."""
+        users = self.users
+        if len(users) >= self.bound:
+            for k in [k for k, ref in users.items() if ref() is None]:
+                del users[k]
+            self.bound = max(16, 2 * len(users))
+        users[id(obj)] = weakref.ref(obj)
+
+    def alive(self) -> bool:
+        """Whether a user lives (the newest first: the likeliest to)."""
+        for ref in reversed(self.users.values()):  # noqa: SIM110 (compiled, a loop makes no generator)
+            if ref() is not None:
+                return True
+        return False
 
 
 # per device: sorted region starts and the regions by start
@@ -74,7 +92,7 @@ def _find(table: tuple[list[int], dict[int, _Region]], lo: int, hi: int) -> _Reg
     if i < 0:
         return None
     r = regions[starts[i]]
-    if r.end >= hi and len(r.users):
+    if r.end >= hi and r.alive():
         return r
     return None
 
@@ -91,14 +109,14 @@ def _insert(table: tuple[list[int], dict[int, _Region]], r: _Region) -> bool:
     starts, regions = table
     _inserts[0] += 1
     if _inserts[0] % 256 == 0:  # regions of freed memory: forget them now and then
-        for dead in [x for x in regions.values() if not len(x.users)]:
+        for dead in [x for x in regions.values() if not x.alive()]:
             _drop(table, dead)
     i = bisect.bisect_right(starts, r.start) - 1
     j = i if i >= 0 else 0
     while j < len(starts) and starts[j] < r.end:
         x = regions[starts[j]]
         if x.end > r.start:
-            if len(x.users):
+            if x.alive():
                 return False
             _drop(table, x)
             continue
@@ -121,7 +139,7 @@ def register(buf: Buffer) -> None:
         if r is not None and r.accesses is buf.accesses:
             return
         r = _Region(buf.ptr, end, buf.accesses, buf.host)
-        r.users[id(buf)] = buf
+        r.add(buf)
         _insert(table, r)
 
 
@@ -157,7 +175,7 @@ def buffer_for(
     with _lock:
         r = _locate(be, lo, hi, root)
         buf = _wrapper(be, r, owner)
-        r.users[id(buf)] = buf
+        r.add(buf)
     return buf
 
 
@@ -218,9 +236,9 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
     with _lock:
         r = _locate(be, lo, hi, root)
         buf = _wrapper(be, r, obj)
-        r.users[id(buf)] = buf
+        r.add(buf)
         if is_torch:
-            r.users[id(obj)] = obj  # the region lives as long as the tensor does
+            r.add(obj)  # the region lives as long as the tensor does
             remember(obj, ptr, obj.nbytes, be, buf, lo - r.start, hi - r.start)
     return (buf, lo - buf.ptr, hi - buf.ptr, write)
 
