@@ -154,7 +154,7 @@ def step_cost(n: int, reps: int, profile: bool = False) -> dict:
     return out
 
 
-def mlp_service(requests: int, rounds: int) -> dict:
+def mlp_service(requests: int, rounds: int, profile: bool = False) -> dict:
     import torch
     import torch.nn as nn
 
@@ -233,6 +233,27 @@ def mlp_service(requests: int, rounds: int) -> dict:
                 f"{row['cpu_us_per_req']:7.1f} us CPU/req  wrong {row['wrong']}",
                 flush=True,
             )
+    if profile:  # one more deviceop round of 64 in flight, profiled, with the collector's and the await's counters
+        import cProfile
+        import gc
+        import pstats
+
+        from deviceop._core import _reactor
+        from deviceop.executors import _await
+
+        g0, a0, r0 = [st["collections"] for st in gc.get_stats()], _await.stats(), _reactor.stats()
+        pr = cProfile.Profile()
+        pr.enable()
+        rate = runner(run("deviceop", 64))[0]
+        pr.disable()
+        g1, a1, r1 = [st["collections"] for st in gc.get_stats()], _await.stats(), _reactor.stats()
+        print(
+            f"--- profile: deviceop, 64 in flight ({rate:.0f} req/s under the profiler): collections per "
+            f"generation {[b - a for a, b in zip(g0, g1)]}, parked awaits {a1['parks'] - a0['parks']}, reactor "
+            f"{ {k: r1[k] - r0[k] for k in ('armed', 'passes', 'sleeps', 'prewakes', 'late_resumes')} }",
+            flush=True,
+        )
+        pstats.Stats(pr).sort_stats("tottime").print_stats(20)
     return out
 
 
@@ -243,6 +264,9 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="print a cProfile of the external steps")
+    ap.add_argument(
+        "--profile-mlp", action="store_true", help="print a cProfile of one more deviceop MLP round, 64 in flight"
+    )
     ap.add_argument("--steps-only", action="store_true", help="the external step's cost only, no MLP")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -263,7 +287,7 @@ def main() -> int:
         flush=True,
     )
     if not a.steps_only:
-        doc["mlp"] = mlp_service(a.requests, a.rounds)
+        doc["mlp"] = mlp_service(a.requests, a.rounds, a.profile_mlp)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

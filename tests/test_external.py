@@ -498,6 +498,14 @@ def test_torch_adapter_gives_each_call_its_own_alias_of_a_tensor_used_again(back
     do.interop.torch(lambda t: got.append((t @ w).sum()), x).sync()
     got[0].backward()  # an inference tensor would refuse to be saved for backward
     np.testing.assert_array_equal(w.grad.cpu().numpy(), np.full(8, 8.0, np.float32))
+    # a tensor first given to PyTorch code under inference mode serves autograd later too
+    z = do.full((4, 8), 1.0, do.float32).sync()
+    with torch.inference_mode():
+        do.interop.torch(lambda t: t.sum(), z).sync()
+    w.grad = None
+    do.interop.torch(lambda t: got.append((t @ w).sum()), z).sync()
+    got[-1].backward()
+    np.testing.assert_array_equal(w.grad.cpu().numpy(), np.full(8, 4.0, np.float32))
     # the alias cache holds the deviceop tensor weakly and its buffer only through the alias:
     # once both are dropped, the memory goes back
     seen.clear()

@@ -118,9 +118,9 @@ def _view(th: Any, t: Tensor) -> Any:
     while ``t`` lives; each call gets a new alias of it (``detach()``: its own shape and
     strides, so code that changes an argument's metadata in place, as ``t_()`` or
     ``unsqueeze_()`` do, leaves the next call's alone). The capsule keeps ``t``'s buffer alive,
-    not ``t``: the cache entry goes with ``t``. It is made outside inference mode, so that code
-    run later with autograd on may use it. The ledger has ordered the op's stream already:
-    nothing is waited for here.
+    not ``t``: the cache entry goes with ``t``. It is made outside inference mode (left for the
+    moment where it is on), so that code run later with autograd on may use it. The ledger has
+    ordered the op's stream already: nothing is waited for here.
     """
     k = id(t)
     e = _views.get(k)
@@ -131,7 +131,10 @@ def _view(th: Any, t: Tensor) -> Any:
     dev_type, dev_id = buf.backend.dlpack_device
     dt = t.dtype
     cap = capsule(buf, t.ptr, t.shape, t.strides, dt.dl_code, dt.itemsize * 8, dev_type, dev_id)
-    with th.inference_mode(False):
+    if th.is_inference_mode_enabled():
+        with th.inference_mode(False):
+            v = th.from_dlpack(cap)
+    else:
         v = th.from_dlpack(cap)
     _views[k] = (weakref.ref(t, functools.partial(_forget, k)), v)
     return v.detach()
