@@ -249,7 +249,8 @@ def mlp_service(requests: int, rounds: int, profile: bool = False) -> dict:
         g1, a1, r1 = [st["collections"] for st in gc.get_stats()], _await.stats(), _reactor.stats()
         print(
             f"--- profile: deviceop, 64 in flight ({rate:.0f} req/s under the profiler): collections per "
-            f"generation {[b - a for a, b in zip(g0, g1)]}, parked awaits {a1['parks'] - a0['parks']}, reactor "
+            f"generation {[b - a for a, b in zip(g0, g1)]}, awaits {a1['awaits'] - a0['awaits']}, parked "
+            f"{a1['parks'] - a0['parks']}, yields while polling {a1['polls'] - a0['polls']}, reactor "
             f"{ {k: r1[k] - r0[k] for k in ('armed', 'passes', 'sleeps', 'prewakes', 'late_resumes')} }",
             flush=True,
         )

@@ -71,6 +71,21 @@ async def test_await_results(backend, anyio_backend, budget) -> None:
     assert await do.value("v").map(str.upper) == "V"
 
 
+async def test_await_counters(backend, anyio_backend, budget) -> None:
+    """``stats()`` counts awaits of ops, and polls only while a poll budget allows them."""
+    from deviceop.executors import _await
+
+    t = await do.zeros(1024, do.float32)
+    c0 = _await.stats()
+    for _ in range(5):
+        await slow_fill(t, 1.0, 0.002)
+    c1 = _await.stats()
+    assert c1["awaits"] - c0["awaits"] == 5
+    if budget == 0.0:  # no polling at all: each await of the 2 ms work parks
+        assert c1["polls"] == c0["polls"] and c1["parks"] - c0["parks"] == 5
+    assert set(c1) == {"awaits", "parks", "late", "polls"}
+
+
 async def test_await_shared_and_submit(backend, anyio_backend, budget) -> None:
     s = do.full(128, 3.0, do.float32).shared()
     t1 = await s

@@ -63,14 +63,16 @@ _POLL_SLACK = 50e-6
 #: first and longest interval of the parked re-check
 _RECHECK = (20e-3, 200e-3)
 #: counters (see :func:`stats`)
-_COUNTS = {"parks": 0, "late": 0}
+_COUNTS = {"awaits": 0, "parks": 0, "late": 0, "polls": 0}
 
 
 def stats() -> dict[str, int]:
-    """Counters of parked awaits, for diagnostics: ``parks``, and ``late``: parks that the
+    """Counters, for diagnostics: ``awaits`` of ops, ``parks``, ``late``: parks that the
     re-check timer ended with the work complete and no wake-up delivered (for work much
-    shorter than the 20 ms interval, a wake-up lost or late by about that much). Awaits in
-    several threads at once may miss a count."""
+    shorter than the 20 ms interval, a wake-up lost or late by about that much), and
+    ``polls``: yields to the loop while polling (each lets every other ready task run; many
+    awaits polling at once make every loop turn longer). Awaits in several threads at once
+    may miss a count."""
     return dict(_COUNTS)
 
 
@@ -268,8 +270,10 @@ async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: flo
     clock = time.perf_counter
     t0 = clock()
     y = _yielder(lib)
+    counts = _COUNTS
     while True:
         await y()
+        counts["polls"] += 1
         if done():
             return True
         now = clock()
@@ -287,6 +291,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
         timeout = _check_timeout(timeout)
     lib, d = loop_dispatcher()  # before any work: outside an event loop this raises, whatever the op
     cx, out = start(op, stream, label)
+    _COUNTS["awaits"] += 1
     deadline = None if timeout is None else time.perf_counter() + timeout
     tok = d.register(None)
     h = -1
