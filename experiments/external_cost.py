@@ -154,16 +154,26 @@ def step_cost(n: int, reps: int, profile: bool = False) -> dict:
     return out
 
 
-def mlp_service(requests: int, rounds: int, profile: bool = False) -> dict:
+#: the MLP's batch, width and layers
+B, D, L = 16, 2048, 8
+
+
+def make_mlp():
+    """The served model: L x (Linear(D, D), GELU), float16, on the GPU, seeded."""
     import torch
     import torch.nn as nn
 
     torch.manual_seed(0)
-    B, D, L = 16, 2048, 8
     layers: list = []
     for _ in range(L):
         layers += [nn.Linear(D, D), nn.GELU(approximate="tanh")]
-    mlp = nn.Sequential(*layers).half().cuda().eval()
+    return nn.Sequential(*layers).half().cuda().eval()
+
+
+def mlp_service(requests: int, rounds: int, profile: bool = False) -> dict:
+    import torch
+
+    mlp = make_mlp()
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((B, D)).astype(np.float16) for _ in range(16)]
 

@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import deviceop as do
@@ -47,14 +48,9 @@ def main() -> int:
         print("needs the cuda backend (a GPU)")
         return 1
     import torch
-    import torch.nn as nn
+    from external_cost import B, D, L, make_mlp
 
-    torch.manual_seed(0)
-    B, D, L = 16, 2048, 8
-    layers: list = []
-    for _ in range(L):
-        layers += [nn.Linear(D, D), nn.GELU(approximate="tanh")]
-    mlp = nn.Sequential(*layers).half().cuda().eval()
+    mlp = make_mlp()
     x = np.random.default_rng(0).standard_normal((B, D)).astype(np.float16)
     tx = torch.from_numpy(x).cuda()
     dx = do.from_numpy(x).sync()
