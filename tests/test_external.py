@@ -805,3 +805,33 @@ def test_the_stub_of_do_external_says_what_the_compiled_function_says():
     if doc.startswith("external("):  # the signature Cython writes first
         doc = doc.split("\n", 1)[1].lstrip("\n")
     assert ast.get_docstring(node) == doc
+
+
+def test_torch_tensors_in_one_set_of_the_cache_are_found_without_a_lookup(host_backend):
+    """Two PyTorch tensors whose addresses fall in one set of the compiled cache's slots, named
+    in turn again and again (a step's inputs), are both found in the slots: naming them looks
+    nothing up in the cache's dict. A third tensor in the set takes the older way, and all
+    three keep their own accesses."""
+    torch = pytest.importorskip("torch")
+    from deviceop._core import _external
+    from deviceop.device import current
+    from deviceop.interop._regions import access_of
+
+    be = current()
+    ts = [torch.zeros(16) for _ in range(400)]
+    by_set: dict[int, list] = {}
+    for t in ts:
+        by_set.setdefault(_external.set_of(t), []).append(t)
+    group = max(by_set.values(), key=len)
+    assert len(group) >= 3  # 400 tensors in 64 sets
+    a, b, c = group[:3]
+    for t in (a, b):
+        access_of(t, be, False, "t")  # described and remembered
+    before = _external.looked_up()
+    for _ in range(10):
+        for t in (a, b):
+            assert _external.seen(t, be, False)[0].owner is t
+    assert _external.looked_up() == before
+    for t in (c, a, b, c):
+        buf, lo, hi, _ = access_of(t, be, True, "t")
+        assert buf.owner is t and hi - lo == 64

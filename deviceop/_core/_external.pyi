@@ -48,6 +48,12 @@ def inside_stream() -> Any:
 def swap_inside(stream: Any) -> Any:
     """Make ``stream`` (None: none) this thread's :func:`inside_stream`; returns the one before."""
 
+def looked_up() -> int:
+    """How many times a PyTorch tensor named was looked for in the cache's dict (for tests)."""
+
+def set_of(obj: Any) -> int:
+    """The set of slots an object would occupy in the cache (for tests)."""
+
 def remember(obj: Any, ptr: int, nbytes: int, be: Any, buf: Any, lo: int, hi: int) -> None:
     """Keep what describing PyTorch tensor ``obj`` found, for :func:`seen` (held weakly)."""
 

@@ -9,7 +9,6 @@ and the host backend's call in stream order.
 
 cimport cython
 from cpython.contextvars cimport get_value
-from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from cpython.long cimport PyLong_FromVoidPtr
 from cpython.weakref cimport PyWeakref_NewRef
@@ -80,10 +79,9 @@ cdef inline object _current():
     """``current()`` without the Python call where a device is selected or made already."""
     be = get_value(_SELECTED, None)
     if be is None:
-        p = PyDict_GetItem(_STATE, "backend")
-        if p == NULL or <object>p is None:
+        be = _STATE.get("backend")  # (PyDict_GetItem would save and restore the error state)
+        if be is None:
             return current()
-        be = <object>p
     return be
 
 
@@ -119,8 +117,7 @@ cdef extern from *:
         if (o == NULL) Py_RETURN_NONE;
         return o;
     #else
-        PyObject *o = PyWeakref_GetObject(ref);
-        if (o == NULL) return NULL;
+        PyObject *o = PyWeakref_GET_OBJECT(ref);  /* (ref is a weakref: no check needed) */
         Py_INCREF(o);
         return o;
     #endif
@@ -201,14 +198,30 @@ cdef class Seen:
 cdef dict SEEN = {}
 
 # the entries found last, by their tensor's address: a step names the same few tensors again
-# and again, and this finds them without making an int of the address to look it up in SEEN
+# and again, and this finds them without making an int of the address to look it up in SEEN.
+# Two ways per set: two tensors a step names whose addresses fall in one set must not evict
+# each other on every step (a miss costs an int, a dict lookup and a slot write).
 cdef enum:
-    N_SLOTS = 64
-cdef list _SLOTS = [None] * N_SLOTS
+    N_SETS = 64
+cdef list _SLOTS = [None] * (2 * N_SETS)
 
 
-cdef inline Py_ssize_t _slot(uintptr_t addr) noexcept:
-    return <Py_ssize_t>((addr >> 4) ^ (addr >> 10)) & (N_SLOTS - 1)
+cdef inline Py_ssize_t _set_of(uintptr_t addr) noexcept:
+    """The first slot of the set of an object address (Fibonacci hashing: object addresses
+    share their low bits and are spaced by their allocator's strides)."""
+    return <Py_ssize_t>((<unsigned long long>addr * 0x9E3779B97F4A7C15ULL) >> 58) * 2
+
+
+cdef inline void _keep(Seen e):
+    """Make ``e`` the set's most recent entry; the older one moves to the set's second way
+    (an entry of the same tensor is replaced, not kept twice)."""
+    cdef Py_ssize_t i = _set_of(e.addr)
+    x = _SLOTS[i]
+    if x is not None and (<Seen>x).addr != e.addr:
+        _SLOTS[i + 1] = x
+    elif (<object>_SLOTS[i + 1]) is not None and (<Seen>_SLOTS[i + 1]).addr == e.addr:
+        _SLOTS[i + 1] = None
+    _SLOTS[i] = e
 
 
 cdef class _Forget:
@@ -218,9 +231,11 @@ cdef class _Forget:
         e = SEEN.get(self.key)
         if e is not None and (<Seen>e).ref is ref:
             del SEEN[self.key]
-            i = _slot((<Seen>e).addr)
+            i = _set_of((<Seen>e).addr)
             if _SLOTS[i] is e:
                 _SLOTS[i] = None
+            if _SLOTS[i + 1] is e:
+                _SLOTS[i + 1] = None
 
 
 @cython.freelist(64)  # a few per external op: made and dropped on every step of a chain
@@ -267,18 +282,49 @@ cdef Named _of_access(tuple a):
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-cdef Named _seen(obj, be, bint write):
-    cdef Seen e
-    cdef _Reader r
+cdef inline object _in_slots(obj):
+    """The entry of ``obj`` in the slots, or None (not found there)."""
     cdef uintptr_t addr = <uintptr_t><void*>obj
-    cdef Py_ssize_t i = _slot(addr)
+    cdef Py_ssize_t i = _set_of(addr)
     x = _SLOTS[i]
-    if x is None or (<Seen>x).addr != addr:
+    if x is not None and (<Seen>x).addr == addr:
+        return x
+    x = _SLOTS[i + 1]
+    if x is not None and (<Seen>x).addr == addr:
+        return x
+    return None
+
+
+cdef Py_ssize_t _looked_up = 0  # entries looked for in SEEN: not found in the slots
+
+
+def looked_up():
+    """How many times a PyTorch tensor named was looked for in the cache's dict, not found in
+    its slots (for tests)."""
+    return _looked_up
+
+
+def set_of(obj):
+    """The set of slots an object would occupy (for tests)."""
+    return _set_of(<uintptr_t><void*>obj) // 2
+
+
+cdef Named _seen(obj, be, bint write):
+    global _looked_up
+    x = _in_slots(obj)
+    if x is None:
+        _looked_up += 1
         x = SEEN.get(PyLong_FromVoidPtr(<void*>obj))
         if x is None:
             return None
-        _SLOTS[i] = x
-    e = <Seen>x
+        _keep(<Seen>x)
+    return _valid(<Seen>x, obj, be, write)
+
+
+cdef Named _valid(Seen e, obj, be, bint write):
+    """The access of ``obj`` named again through its entry ``e``, or None where ``e`` no
+    longer describes it."""
+    cdef _Reader r
     if dvo_deref(e.ref) is not obj or e.be is not be:
         return None
     r = e.reader
@@ -341,7 +387,7 @@ def remember(obj, uintptr_t ptr, Py_ssize_t nbytes, be, Buffer buf, Py_ssize_t l
     e.hi = hi
     e.last = PyWeakref_NewRef(buf, None)
     SEEN[f.key] = e
-    _SLOTS[_slot(e.addr)] = e  # (the slot may hold an entry this one replaces)
+    _keep(e)
 
 
 cpdef tuple named(items, str what):
@@ -375,7 +421,7 @@ cdef class External(DeviceOp):
     def acc(self):
         """What the op names, as the ledger's accesses: ``(tensor, write)`` or
         ``(buffer, lo, hi, write)``, in naming order."""
-        return [(<Named>n).as_tuple() for n in self._acc]
+        return [(<Named>n).as_tuple() for n in self._acc if n is not None]  # (None: not named yet)
 
     def __repr__(self):
         label = self.label
@@ -386,15 +432,17 @@ cdef class External(DeviceOp):
 
     @cython.boundscheck(False)
     @cython.wraparound(False)
-    cdef object _name(self, items, bint write, object be):
-        """Append the accesses of ``items``; returns the device foreign arrays were named on
-        (looked up once, at the first foreign array, and handed to the next call)."""
-        cdef Py_ssize_t i = 0
+    cdef object _name(self, tuple items, Py_ssize_t at, bint write, object be):
+        """Put the accesses of ``items`` in ``_acc`` from index ``at`` on; returns the device
+        foreign arrays were named on (looked up once, at the first foreign array, and handed
+        to the next call)."""
+        cdef Py_ssize_t i
         cdef list acc = self._acc
         cdef Named n
-        for x in (<tuple>items if type(items) is tuple else named(items, "writes" if write else "reads")):
+        for i in range(len(items)):
+            x = items[i]
             if isinstance(x, TensorBase):
-                acc.append(_of_tensor(x, write))
+                acc[at + i] = _of_tensor(x, write)
             else:
                 if be is None:
                     be = _current()
@@ -406,8 +454,7 @@ cdef class External(DeviceOp):
                         raise UsageError(f"{self!r}: reads and writes name arrays, not ops; pass the op as an argument")
                     else:
                         n = _of_access(HOOKS["access_of"](x, be, write, (self, write, i)))
-                acc.append(n)
-            i += 1
+                acc[at + i] = n
         return be
 
     @cython.boundscheck(False)
@@ -417,6 +464,7 @@ cdef class External(DeviceOp):
         cdef list acc = self._acc
         cdef Named n
         cdef bint seen
+        cdef Py_ssize_t i
         be = cx.backend
         if self.lazy:
             args = tuple([(<DeviceOp>x)._run(cx) if isinstance(x, DeviceOp) else x for x in args])
@@ -424,13 +472,14 @@ cdef class External(DeviceOp):
             t = (<PartitionBase>x).tensor if isinstance(x, PartitionBase) else x
             if isinstance(t, TensorBase):
                 seen = False
-                for n in acc:
-                    if n.target is t:
+                for i in range(len(acc)):
+                    if (<Named>acc[i]).target is t:
                         seen = True
                         break
                 if not seen:
                     acc.append(_of_tensor(t, True))
-        for n in acc:
+        for i in range(len(acc)):
+            n = <Named>acc[i]  # (every entry is a Named: no type test)
             xb = (<TensorBase>n.target).buffer.backend if n.tensor else (<Buffer>n.target).backend
             if xb is not be:
                 check_backend(cx, xb, repr(self))
@@ -440,7 +489,8 @@ cdef class External(DeviceOp):
         try:
             # under the ledger lock: fn's work is enqueued before any later registration on
             # any thread can look at this execution's accesses
-            for n in acc:
+            for i in range(len(acc)):
+                n = <Named>acc[i]
                 if n.tensor:
                     order_tensor(cx, n.target, n.write, self)
                 else:
@@ -475,14 +525,17 @@ cdef int _init(External op, fn, tuple args, reads, writes, post, label) except -
     op.fn = fn
     op.label = label
     op.post = post
-    op._acc = []
+    cdef tuple rt = named(reads, "reads")
+    cdef tuple wt = named(writes, "writes")
+    # sized once (appending would grow the list as it goes)
+    op._acc = [None] * (len(rt) + len(wt))
     # foreign arrays are wrapped now: bad input fails before any work, and the wrapper keeps
     # the array alive until the work that uses it has completed
     be = None
-    if reads is not None and not (type(reads) is tuple and not reads):  # (an array has no truth value)
-        be = op._name(reads, False, be)
-    if writes is not None and not (type(writes) is tuple and not writes):
-        op._name(writes, True, be)
+    if len(rt):
+        be = op._name(rt, 0, False, be)
+    if len(wt):
+        op._name(wt, len(rt), True, be)
     for i in range(len(args)):
         x = args[i]
         if isinstance(x, DeviceOp):
