@@ -171,6 +171,8 @@ def load(
         "lag_ms_max": server["lag_ms_max"],
         "server_cpu_us_per_req": 1e6 * server["cpu_s"] / max(1, server["requests"]),
         "server_cpu_cores": server["cpu_s"] / server["seconds"],
+        "loop_cpu_us_per_req": 1e6 * server["loop_cpu_s"] / max(1, server["requests"]),
+        "loop_cpu_cores": server["loop_cpu_s"] / server["seconds"],
         "client_cpu_cores": sum(p["cpu_s"] for p in parts) / (seconds + 2.5),
         "server": server,
     }
@@ -274,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"round {r} {impl:<15} {res['req_s']:8.1f} req/s  p50 {res['latency_ms_p50'] or 0:7.2f} ms  "
                     f"p99 {res['latency_ms_p99'] or 0:7.2f} ms  lag p99 {res['lag_ms_p99']:7.2f} ms  "
-                    f"CPU {res['server_cpu_us_per_req']:7.1f} us/req  errors {res['errors']}  "
+                    f"CPU {res['server_cpu_us_per_req']:7.1f} us/req (loop {res['loop_cpu_us_per_req']:6.1f})  "
+                    f"errors {res['errors']}  "
                     f"mismatches {res['mismatches']}",
                     flush=True,
                 )
@@ -297,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"at {rate:.0f} req/s, round {r} {impl:<15} {res['req_s']:8.1f} req/s  "
                         f"p50 {res['latency_ms_p50'] or 0:7.2f} ms  p99 {res['latency_ms_p99'] or 0:7.2f} ms  "
-                        f"lag p99 {res['lag_ms_p99']:7.2f} ms  CPU {res['server_cpu_us_per_req']:7.1f} us/req  "
+                        f"lag p99 {res['lag_ms_p99']:7.2f} ms  CPU {res['server_cpu_us_per_req']:7.1f} us/req "
+                        f"(loop {res['loop_cpu_us_per_req']:6.1f}, {res['loop_cpu_cores']:.2f} cores)  "
                         f"errors {res['errors']}  mismatches {res['mismatches']}",
                         flush=True,
                     )
@@ -311,7 +315,15 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
 
-    keys = ("req_s", "latency_ms_p50", "latency_ms_p99", "lag_ms_p50", "lag_ms_p99", "server_cpu_us_per_req")
+    keys = (
+        "req_s",
+        "latency_ms_p50",
+        "latency_ms_p99",
+        "lag_ms_p50",
+        "lag_ms_p99",
+        "server_cpu_us_per_req",
+        "loop_cpu_us_per_req",
+    )
     summary: dict[str, Any] = {}
     for impl in impls:
         mine = [x for x in rows if x["impl"] == impl]

@@ -12,7 +12,7 @@ model's output the same way. ``--impl`` picks how the handler runs the GPU work:
                   recorded and polled (``event.query()`` every ``--poll`` seconds)
 
 ``GET /stats`` reports, since the last ``POST /reset``: requests, the process's CPU seconds (all
-threads), the event loop's lag (a heartbeat timer every 5 ms; lag is how late it fires), the
+threads) and the event loop thread's alone, deviceop's await counters, the event loop's lag (a heartbeat timer every 5 ms; lag is how late it fires), the
 garbage collector's pauses and the Batcher's counters (and, with ``--trace-stalls MS``, what the
 loop's thread was running whenever the loop had not run for MS ms). After start-up the server calls
 ``gc.freeze()`` (``--no-gc-freeze`` leaves it out), as services do, for every variant. The server prints ``listening on PORT`` once it accepts requests.
@@ -46,6 +46,12 @@ IMPLS = ("deviceop-batch", "deviceop", "torch-blocking", "torch-thread", "torch-
 HEARTBEAT_S = 0.005
 
 
+def await_counts() -> dict[str, int]:
+    """deviceop's await counters (awaits, parks, polls), where deviceop is loaded."""
+    m = sys.modules.get("deviceop.executors._await")
+    return m.stats() if m is not None else {}
+
+
 class Stats:
     """What /stats reports: requests, CPU time and the event loop's lag since the last reset."""
 
@@ -57,6 +63,8 @@ class Stats:
         self.requests = 0
         self.errors = 0
         self.cpu0 = time.process_time()
+        self.loop_cpu0 = time.thread_time()  # (reset and report run on the loop's thread)
+        self.awaits0 = await_counts()
         self.t0 = time.perf_counter()
         self.lag: list[float] = []
         self.stalls: Counter[str] = Counter()
@@ -69,10 +77,12 @@ class Stats:
             "errors": self.errors,
             "seconds": time.perf_counter() - self.t0,
             "cpu_s": time.process_time() - self.cpu0,
+            "loop_cpu_s": time.thread_time() - self.loop_cpu0,
             "lag_ms_p50": 1e3 * statistics.median(lag),
             "lag_ms_p99": 1e3 * lag[min(len(lag) - 1, int(0.99 * len(lag)))],
             "lag_ms_max": 1e3 * lag[-1],
             "heartbeats": len(self.lag),
+            "awaits": {k: v - self.awaits0.get(k, 0) for k, v in await_counts().items()},
             "gc_collections": len(self.gc_pauses),
             "gc_pause_ms_max": 1e3 * max(self.gc_pauses, default=0.0),
             "gc_pause_ms_total": 1e3 * sum(self.gc_pauses),
