@@ -230,6 +230,8 @@ async def serve(a: argparse.Namespace) -> None:
 
     async def handle_reset(request: web.Request) -> web.Response:
         stats.reset()
+        if a.profile:
+            restart_profile()
         return web.Response(text="ok")
 
     async def handle_stats(request: web.Request) -> web.Response:
@@ -285,7 +287,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--no-gc-freeze", dest="gc_freeze", action="store_false", help="leave gc.freeze() out after start-up"
     )
-    ap.add_argument("--profile", default=None, help="write the event loop thread's cProfile stats here on exit")
+    ap.add_argument(
+        "--profile", default=None, help="write the event loop thread's cProfile stats of the last window here on exit"
+    )
     ap.add_argument(
         "--trace-stalls",
         type=float,
@@ -297,23 +301,32 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+PROFILE: list[Any] = []  # the loop thread's profiler (--profile), started again by every reset
+
+
+def restart_profile() -> None:
+    """Profile from now on: the stats dumped at exit cover the last window the load test measured."""
+    import cProfile
+
+    if PROFILE:
+        PROFILE.pop().disable()
+    PROFILE.append(cProfile.Profile())
+    PROFILE[0].enable()
+
+
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
-    prof = None
     if a.profile:
-        import cProfile
-
-        prof = cProfile.Profile()
-        prof.enable()
+        restart_profile()
     try:
         import uvloop
     except ImportError:
         asyncio.run(serve(a))
     else:
         uvloop.run(serve(a))
-    if prof is not None:
-        prof.disable()
-        prof.dump_stats(a.profile)
+    if PROFILE:
+        PROFILE[0].disable()
+        PROFILE[0].dump_stats(a.profile)
 
 
 if __name__ == "__main__":
