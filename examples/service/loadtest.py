@@ -216,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         help="offered load (requests/s) of the open-loop rounds; 0: 80%% of the best PyTorch variant's "
         "saturated throughput (of the slowest variant's without PyTorch); -1: no open-loop rounds",
     )
+    ap.add_argument(
+        "--server-warmup", type=int, default=32, metavar="N", help="rounds each server warms itself up with (0: none)"
+    )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--profile", default=None, help="profile each server's event loop into PREFIX.IMPL.prof")
     ap.add_argument(
@@ -242,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown --impls {bad}; choose from {', '.join(IMPLS)}")
     model_args = ["--rows", str(a.rows), "--width", str(a.width), "--steps", str(a.steps)]
     model_args += ["--max-batch", str(a.max_batch), "--max-delay", str(a.max_delay)]
+    model_args += ["--warmup", str(a.server_warmup)]
     if a.trace_stalls:
         model_args += ["--trace-stalls", str(a.trace_stalls)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

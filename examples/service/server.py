@@ -15,7 +15,8 @@ model's output the same way. ``--impl`` picks how the handler runs the GPU work:
 threads) and the event loop thread's alone, deviceop's await counters, the event loop's lag (a heartbeat timer every 5 ms; lag is how late it fires), the
 garbage collector's pauses and the Batcher's counters (and, with ``--trace-stalls MS``, what the
 loop's thread was running whenever the loop had not run for MS ms). After start-up the server calls
-``gc.freeze()`` (``--no-gc-freeze`` leaves it out), as services do, for every variant. The server prints ``listening on PORT`` once it accepts requests.
+``gc.freeze()`` (``--no-gc-freeze`` leaves it out), after warming itself up with ``--warmup`` rounds
+of concurrent requests, as services do, for every variant. The server prints ``listening on PORT`` once it accepts requests.
 
     python examples/service/server.py --impl deviceop-batch --port 8080
 """
@@ -60,6 +61,7 @@ class Stats:
 
     def reset(self) -> None:
         self.gc_pauses: list[float] = []
+        self.gc_generations: list[int] = []
         self.requests = 0
         self.errors = 0
         self.cpu0 = time.process_time()
@@ -86,6 +88,7 @@ class Stats:
             "gc_collections": len(self.gc_pauses),
             "gc_pause_ms_max": 1e3 * max(self.gc_pauses, default=0.0),
             "gc_pause_ms_total": 1e3 * sum(self.gc_pauses),
+            "gc_by_generation": dict(sorted(Counter(self.gc_generations).items())),
             **({"stalls": dict(self.stalls.most_common(12))} if self.stalls else {}),
             **extra,
         }
@@ -199,17 +202,24 @@ def watch_gc(stats: Stats) -> None:
             started[0] = time.perf_counter()
         else:
             stats.gc_pauses.append(time.perf_counter() - started[0])
+            stats.gc_generations.append(info["generation"])
 
     gc.callbacks.append(cb)
 
 
 async def serve(a: argparse.Namespace) -> None:
     infer, counters = make_infer(a)
+    if a.warmup:
+        # before traffic, as services warm up: every graph copy recorded, pools and staging
+        # blocks filled; what this makes then lives as long as the process (and is frozen below)
+        x = np.zeros((a.rows, a.width), np.float16)
+        for _ in range(a.warmup):
+            await asyncio.gather(*(infer(x) for _ in range(a.max_batch)))
     stats = Stats()
     watch_gc(stats)
     if a.gc_freeze:
-        # what the process holds after start-up (modules, the model) is never collected again:
-        # the collector's full passes then walk only what requests made
+        # what the process holds after start-up and warm-up (modules, the model, recorded graphs)
+        # is never collected again: the collector's full passes then walk only what requests made
         gc.collect()
         gc.freeze()
     nbytes = a.rows * a.width * 2
@@ -286,6 +296,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--poll", type=float, default=0.0002, help="torch-streams: seconds between event polls")
     ap.add_argument(
         "--no-gc-freeze", dest="gc_freeze", action="store_false", help="leave gc.freeze() out after start-up"
+    )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=32,
+        metavar="N",
+        help="before serving, run N rounds of max-batch concurrent requests of zeros (0: none)",
     )
     ap.add_argument(
         "--profile", default=None, help="write the event loop thread's cProfile stats of the last window here on exit"
