@@ -256,3 +256,26 @@ def test_an_interrupted_batch_tells_its_other_requests(host_backend):
 
     anyio.run(main)
     assert seen["leader"] == 3 and "interrupted (SystemExit" in str(seen["follower"])
+
+
+@pytest.mark.parametrize("loop", LOOPS[:2])
+def test_a_leader_whose_task_is_cancelled_still_runs_its_batch(host_backend, loop):
+    """``task.cancel()`` of the request leading a batch (a framework cancelling the handler of
+    a client gone) raises CancelledError in that request at once; its batch still runs, and the
+    other requests get their results instead of waiting forever."""
+    import asyncio
+
+    b = Batcher(lambda xs: do.value([10 * x for x in xs]), max_batch=4, max_delay=0.05)
+
+    async def main() -> list:
+        lead = asyncio.ensure_future(b(1))
+        await asyncio.sleep(0.01)  # the leader waits for its batch's delay
+        follower = asyncio.ensure_future(b(2))
+        await asyncio.sleep(0.005)
+        lead.cancel()
+        with anyio.fail_after(10):  # a follower left waiting would hang: fail instead
+            return await asyncio.gather(lead, follower, return_exceptions=True)
+
+    got = _run(loop, main)
+    assert isinstance(got[0], asyncio.CancelledError) and got[1] == 20
+    assert b.stats()["batches"] == 1

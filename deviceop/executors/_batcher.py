@@ -11,11 +11,12 @@ Serve's ``@serve.batch`` for deviceop ops.
     y = await b(x)          # from each request handler
 
 No background task is needed: the first request of a batch leads it (waits for it to fill or
-for its delay, runs it, hands out the results). Errors stay per request where they can: a
-result that is an exception instance is raised to its own caller only; ``fn`` raising, or the
-batch's op failing, fails every request of that batch (and none of the next). A cancelled
-caller gets no result; the others of its batch are not affected (a cancelled leader still runs
-its batch for the others, then raises its cancellation).
+for its delay, runs it, hands out the results; under asyncio in a task of its own, which a
+native cancellation of the leading request's task cannot stop). Errors stay per request where
+they can: a result that is an exception instance is raised to its own caller only; ``fn``
+raising, or the batch's op failing, fails every request of that batch (and none of the next).
+A cancelled caller gets no result; the others of its batch are not affected (a cancelled
+leader's batch still runs for the others; the leader raises its cancellation).
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class _Batch:
         self.started = False
 
 
+def _raise_interrupt(t: Any) -> None:
+    """Done callback of a batch's task whose leader was cancelled: its interrupt, raised."""
+    if not t.cancelled() and t.exception() is None and t.result() is not None:
+        raise t.result()
+
+
 class Batcher(Generic[X, R]):
     """Gather concurrent ``await b(x)`` calls into batches of at most ``max_batch``, each run as
     one op ``fn(items)`` whose output is a list of ``len(items)`` results (see the module doc).
@@ -101,6 +108,7 @@ class Batcher(Generic[X, R]):
         self._requests = 0
         self._largest = 0
         self._failed = 0
+        self._leading: set[Any] = set()  # asyncio: the batches' tasks, held until they end
 
     def _check_loop(self) -> None:
         lib = current_lib()
@@ -129,10 +137,13 @@ class Batcher(Generic[X, R]):
         b.requests.append(req)
         self._requests += 1
         if len(b.requests) == 1:
-            await self._lead(b)
+            if self._lib == "trio":
+                await self._lead(b)
+            else:
+                await self._lead_in_task(b)
             # its own result is handed out: a cancellation that came while it led (shielded)
-            # is raised here, as awaiting the done waker would not check for it
-            await anyio.lowlevel.checkpoint_if_cancelled()
+            # is raised at this checkpoint (awaiting a waker already set would not yield)
+            await anyio.lowlevel.checkpoint()
         elif len(b.requests) >= self.max_batch:
             b.full.set()
         if self._lib == "trio":
@@ -143,6 +154,34 @@ class Batcher(Generic[X, R]):
             raise req.error
         result: R = req.result
         return result
+
+    async def _lead_in_task(self, b: _Batch) -> None:
+        """Under asyncio the batch runs in a task of its own: a cancel scope's shield does not
+        stop a native cancellation of the leading request's task (``task.cancel()``, a
+        framework cancelling the handler of a client gone), which would leave the batch
+        unrun and its other requests waiting forever. The leader then raises its cancellation
+        at once; the batch goes on for the others."""
+        import asyncio
+
+        t = asyncio.ensure_future(self._lead_catching(b))
+        self._leading.add(t)
+        t.add_done_callback(self._leading.discard)
+        try:
+            interrupt = await asyncio.shield(t)
+        except asyncio.CancelledError:
+            t.add_done_callback(_raise_interrupt)  # (the leader is gone: not lost with it)
+            raise
+        if interrupt is not None:
+            raise interrupt
+
+    async def _lead_catching(self, b: _Batch) -> BaseException | None:
+        # KeyboardInterrupt or SystemExit in fn is handed to the leader to raise: raised by a
+        # task, asyncio would raise it out of the event loop past the leader
+        try:
+            await self._lead(b)
+        except (KeyboardInterrupt, SystemExit) as e:
+            return e
+        return None
 
     async def _lead(self, b: _Batch) -> None:
         # the first request runs its batch; shielded so that its own cancellation cannot strand
