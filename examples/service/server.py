@@ -12,11 +12,13 @@ model's output the same way. ``--impl`` picks how the handler runs the GPU work:
                   recorded and polled (``event.query()`` every ``--poll`` seconds)
 
 ``GET /stats`` reports, since the last ``POST /reset``: requests, the process's CPU seconds (all
-threads) and the event loop thread's alone, deviceop's await counters, the event loop's lag (a heartbeat timer every 5 ms; lag is how late it fires), the
-garbage collector's pauses and the Batcher's counters (and, with ``--trace-stalls MS``, what the
-loop's thread was running whenever the loop had not run for MS ms). After start-up the server calls
-``gc.freeze()`` (``--no-gc-freeze`` leaves it out), after warming itself up with ``--warmup`` rounds
-of concurrent requests, as services do, for every variant. The server prints ``listening on PORT`` once it accepts requests.
+threads) and the event loop thread's alone, deviceop's await counters, the event loop's lag (a
+heartbeat timer every 5 ms; lag is how late it fires), the garbage collector's pauses (by
+generation) and the Batcher's counters (and, with ``--trace-stalls MS``, what the loop's thread
+was running whenever the loop had not run for MS ms). After start-up the server warms itself up
+(``--warmup`` rounds of concurrent requests) and calls ``gc.freeze()`` (``--no-gc-freeze``
+leaves it out), as services do, for every variant. The server prints ``listening on PORT`` once
+it accepts requests.
 
     python examples/service/server.py --impl deviceop-batch --port 8080
 """
