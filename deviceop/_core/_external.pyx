@@ -217,9 +217,10 @@ cdef inline void _keep(Seen e):
     (an entry of the same tensor is replaced, not kept twice)."""
     cdef Py_ssize_t i = _set_of(e.addr)
     x = _SLOTS[i]
+    y = _SLOTS[i + 1]
     if x is not None and (<Seen>x).addr != e.addr:
         _SLOTS[i + 1] = x
-    elif (<object>_SLOTS[i + 1]) is not None and (<Seen>_SLOTS[i + 1]).addr == e.addr:
+    elif y is not None and (<Seen>y).addr == e.addr:
         _SLOTS[i + 1] = None
     _SLOTS[i] = e
 
@@ -311,6 +312,8 @@ def set_of(obj):
 
 cdef Named _seen(obj, be, bint write):
     global _looked_up
+    cdef Seen e
+    cdef _Reader r
     x = _in_slots(obj)
     if x is None:
         _looked_up += 1
@@ -318,13 +321,7 @@ cdef Named _seen(obj, be, bint write):
         if x is None:
             return None
         _keep(<Seen>x)
-    return _valid(<Seen>x, obj, be, write)
-
-
-cdef Named _valid(Seen e, obj, be, bint write):
-    """The access of ``obj`` named again through its entry ``e``, or None where ``e`` no
-    longer describes it."""
-    cdef _Reader r
+    e = <Seen>x
     if dvo_deref(e.ref) is not obj or e.be is not be:
         return None
     r = e.reader

@@ -185,7 +185,8 @@ class Batcher(Generic[X, R]):
 
     async def _lead(self, b: _Batch) -> None:
         # the first request runs its batch; shielded so that its own cancellation cannot strand
-        # the others (it is raised at the next checkpoint once the batch has been handed out)
+        # the others (under trio, where it runs in the leader's task: the cancellation is raised
+        # at the checkpoint after; under asyncio it runs in a task of its own)
         with anyio.CancelScope(shield=True):
             if len(b.requests) < self.max_batch and self.max_delay > 0:
                 await _sleep_or_wake(self._lib, b.full, self.max_delay)
