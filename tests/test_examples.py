@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT, needs_gpu
@@ -69,6 +70,28 @@ def test_service_load_test(backend, tmp_path) -> None:
     assert batched["server"]["backend"] == backend
     assert batched["server"]["batcher"]["requests"] >= batched["ok"]
     assert batched["server"]["graph_cache"]["misses"] >= 1
+    sv = batched["server"]
+    assert sv["gc_collected"] >= 0 and sv["machine_cpu"]["busy_s"] > 0
+    if sys.platform == "linux":
+        assert sv["loop_sched"]["runq_wait_s"] >= 0 and sv["loop_sched"]["voluntary"] >= 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="schedstat and /proc/stat are Linux's")
+def test_service_reads_the_loop_threads_scheduling_and_the_machines_cpu() -> None:
+    pytest.importorskip("aiohttp")
+    sys.path.insert(0, os.path.join(EXAMPLES, "service"))
+    try:
+        import server
+    finally:
+        sys.path.pop(0)
+    m0, s0 = server.machine_cpu(), server.thread_sched()
+    t = time.thread_time() + 0.05
+    while time.thread_time() < t:  # busy on this thread
+        pass
+    m1, s1 = server.machine_cpu(), server.thread_sched()
+    assert m1["busy_s"] - m0["busy_s"] >= 0.02 and m1["steal_s"] >= m0["steal_s"] >= 0
+    assert s1["voluntary"] >= s0["voluntary"] and s1["nonvoluntary"] >= s0["nonvoluntary"]
+    assert s1["runq_wait_s"] >= s0["runq_wait_s"] >= 0
 
 
 def test_gemm_queue(backend, tmp_path) -> None:

@@ -309,6 +309,19 @@ def main(argv: list[str] | None = None) -> int:
                         f"errors {res['errors']}  mismatches {res['mismatches']}",
                         flush=True,
                     )
+                    sv, sched, mc = (
+                        res["server"],
+                        res["server"].get("loop_sched", {}),
+                        res["server"].get("machine_cpu", {}),
+                    )
+                    print(  # why the loop ran late: waiting for a CPU, the collector, the machine's load
+                        f"    loop waited for a CPU {1e3 * sched.get('runq_wait_s', 0.0):.1f} ms, "
+                        f"{sched.get('nonvoluntary', 0):.0f} involuntary switches; "
+                        f"{sv['gc_collections']} collections (longest {sv['gc_pause_ms_max']:.2f} ms, "
+                        f"{sv['gc_collected']} objects freed); machine busy "
+                        f"{mc.get('busy_s', 0.0) / sv['seconds']:.2f} cores, stolen {mc.get('steal_s', 0.0):.2f} s",
+                        flush=True,
+                    )
         doc["at_rate"] = at_rate
     finally:
         for p, _ in servers.values():

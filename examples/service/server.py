@@ -12,9 +12,10 @@ model's output the same way. ``--impl`` picks how the handler runs the GPU work:
                   recorded and polled (``event.query()`` every ``--poll`` seconds)
 
 ``GET /stats`` reports, since the last ``POST /reset``: requests, the process's CPU seconds (all
-threads) and the event loop thread's alone, deviceop's await counters, the event loop's lag (a
-heartbeat timer every 5 ms; lag is how late it fires), the garbage collector's pauses (by
-generation) and the Batcher's counters (and, with ``--trace-stalls MS``, what the loop's thread
+threads) and the event loop thread's alone, how long that thread waited runnable for a CPU and
+its context switches, the machine's busy and stolen CPU time, deviceop's await counters, the
+event loop's lag (a heartbeat timer every 5 ms; lag is how late it fires), the garbage
+collector's pauses (by generation, with the objects they freed) and the Batcher's counters (and, with ``--trace-stalls MS``, what the loop's thread
 was running whenever the loop had not run for MS ms). After start-up the server warms itself up
 (``--warmup`` rounds of concurrent requests) and calls ``gc.freeze()`` (``--no-gc-freeze``
 leaves it out), as services do, for every variant. The server prints ``listening on PORT`` once
@@ -55,6 +56,35 @@ def await_counts() -> dict[str, int]:
     return m.stats() if m is not None else {}
 
 
+def thread_sched() -> dict[str, float]:
+    """The calling thread's scheduling so far, where Linux reports it (else empty): seconds it
+    waited runnable for a CPU (``schedstat``), and its voluntary and involuntary switches."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            out["runq_wait_s"] = int(f.read().split()[1]) / 1e9
+        with open("/proc/thread-self/status") as f:
+            for line in f:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    k, v = line.split(":")
+                    out[k.split("_")[0]] = float(v)
+    except (OSError, IndexError, ValueError):
+        pass
+    return out
+
+
+def machine_cpu() -> dict[str, float]:
+    """The machine's CPU time so far, all CPUs, seconds (``/proc/stat``; empty where unknown):
+    busy (user, system, interrupts) and stolen (given by the hypervisor to others while this
+    machine's CPUs wanted it)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) / os.sysconf("SC_CLK_TCK") for x in f.readline().split()[1:9]]
+    except (OSError, IndexError, ValueError):
+        return {}
+    return {"busy_s": v[0] + v[1] + v[2] + v[5] + v[6], "steal_s": v[7]}
+
+
 class Stats:
     """What /stats reports: requests, CPU time and the event loop's lag since the last reset."""
 
@@ -64,10 +94,13 @@ class Stats:
     def reset(self) -> None:
         self.gc_pauses: list[float] = []
         self.gc_generations: list[int] = []
+        self.gc_collected = 0
         self.requests = 0
         self.errors = 0
         self.cpu0 = time.process_time()
         self.loop_cpu0 = time.thread_time()  # (reset and report run on the loop's thread)
+        self.sched0 = thread_sched()
+        self.machine0 = machine_cpu()
         self.awaits0 = await_counts()
         self.t0 = time.perf_counter()
         self.lag: list[float] = []
@@ -82,6 +115,8 @@ class Stats:
             "seconds": time.perf_counter() - self.t0,
             "cpu_s": time.process_time() - self.cpu0,
             "loop_cpu_s": time.thread_time() - self.loop_cpu0,
+            "loop_sched": {k: v - self.sched0.get(k, 0.0) for k, v in thread_sched().items()},
+            "machine_cpu": {k: v - self.machine0.get(k, 0.0) for k, v in machine_cpu().items()},
             "lag_ms_p50": 1e3 * statistics.median(lag),
             "lag_ms_p99": 1e3 * lag[min(len(lag) - 1, int(0.99 * len(lag)))],
             "lag_ms_max": 1e3 * lag[-1],
@@ -91,6 +126,7 @@ class Stats:
             "gc_pause_ms_max": 1e3 * max(self.gc_pauses, default=0.0),
             "gc_pause_ms_total": 1e3 * sum(self.gc_pauses),
             "gc_by_generation": dict(sorted(Counter(self.gc_generations).items())),
+            "gc_collected": self.gc_collected,
             **({"stalls": dict(self.stalls.most_common(12))} if self.stalls else {}),
             **extra,
         }
@@ -205,6 +241,7 @@ def watch_gc(stats: Stats) -> None:
         else:
             stats.gc_pauses.append(time.perf_counter() - started[0])
             stats.gc_generations.append(info["generation"])
+            stats.gc_collected += info["collected"]
 
     gc.callbacks.append(cb)
 
