@@ -274,6 +274,30 @@ def test_step_loop_raises_usage_errors(backend):
         do.value(0).map(lambda x: 1 / x).then(do.value).sync()
 
 
+@pytest.mark.parametrize("combinator", ["then", "map", "inspect"])
+def test_a_step_that_is_not_callable_is_refused_before_the_op_is_consumed(backend, combinator):
+    op = do.value(1).map(lambda x: x + 1)
+    with pytest.raises(do.UsageError, match=rf"\.{combinator}\(f\) needs a function, got int"):
+        getattr(op, combinator)(3)
+    assert op.sync() == 2  # not consumed by the refused step
+
+
+def test_an_extended_chain_hands_its_steps_over(backend):
+    op = do.value(1).map(lambda x: x + 1)
+    assert "+ 1 steps" in repr(op)
+    longer = op.then(lambda x: do.value(x * 10)).map(lambda x: x + 3)
+    assert "+ 3 steps" in repr(longer)
+    assert "+ 0 steps" in repr(op)  # consumed: the longer chain took its steps
+    with pytest.raises(do.UsageError, match="already consumed"):
+        op.sync()
+    assert longer.sync() == 23
+    from deviceop.combinators import chain
+
+    with pytest.raises(do.UsageError, match="a chain step is then, map or inspect"):
+        chain(do.value(1), "zip", len)
+    assert chain(do.value(4), "map", lambda x: x + 1).sync() == 5
+
+
 def test_chained_kernels_with_changing_scalars_and_tensors(backend):
     # the planned fast path must fall back when the scalar or the tensors differ from the last launch
     a, b = do.full(512, 1.0, do.float32).sync(), do.full(512, 1.0, do.float32).sync()

@@ -9,6 +9,8 @@ higher layers; they register their implementations in :data:`HOOKS` when importe
 ``deviceop`` imports them all), so this layer imports nothing above it.
 """
 
+cimport cython
+
 from ._base cimport Driver, StreamBase, make_current, n_recording
 from ._ledger cimport ExecutionContext, new_context
 
@@ -213,23 +215,23 @@ cdef class DeviceOp:
     # -- combinators -----------------------------------------------------------------------
     def then(self, f):
         """Chain: ``f(output)`` returns the next op, which runs on the same stream after this one."""
-        return chain(self, _THEN, f)
+        return _extend(self, _THEN, ".then()", f)
 
     def map(self, f):
         """Transform the output on the host with ``f(output)`` (runs when the op is enqueued)."""
-        return chain(self, _MAP, f)
+        return _extend(self, _MAP, ".map()", f)
 
     def inspect(self, f):
         """Call ``f(output)`` for its side effect when the op is enqueued; pass the output on."""
-        return chain(self, _INSPECT, f)
+        return _extend(self, _INSPECT, ".inspect()", f)
 
     def first(self):
         """The first element of a tuple output."""
-        return chain(self, _MAP, _first)
+        return _extend(self, _MAP, ".first()", _first)
 
     def last(self):
         """The last element of a tuple output."""
-        return chain(self, _MAP, _last)
+        return _extend(self, _MAP, ".last()", _last)
 
     def shared(self):
         """An op that executes this one once; every consumer gets the same output."""
@@ -354,6 +356,7 @@ cdef dict _BY = {"then": ".then()", "map": ".map()", "inspect": ".inspect()"}
 cdef dict _KIND = {"then": _THEN, "map": _MAP, "inspect": _INSPECT}
 
 
+@cython.final
 cdef class Chain(DeviceOp):
     """A source op and steps (then / map / inspect) run in order on one stream.
 
@@ -362,18 +365,22 @@ cdef class Chain(DeviceOp):
     """
 
     cdef readonly DeviceOp src
-    cdef list steps
+    cdef list steps  # kind, f, kind, f, ... (flat: no tuple made per step)
 
     def __repr__(self):
-        return f"<Chain {self.src!r} + {len(self.steps)} steps>"
+        # (a chain extended since has handed its steps over)
+        return f"<Chain {self.src!r} + {len(self.steps or ()) // 2} steps>"
 
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
     cpdef object _run(self, ExecutionContext cx):
         cdef list steps = self.steps
         cdef Py_ssize_t i
         cdef DeviceOp op
         out = self.src._run(cx)
-        for i in range(len(steps)):
-            kind, f = <tuple>steps[i]
+        for i in range(0, len(steps), 2):
+            kind = steps[i]
+            f = steps[i + 1]
             v = f(out)
             if kind is _THEN:
                 if not isinstance(v, DeviceOp):
@@ -396,21 +403,29 @@ cdef object _not_an_op(f, v):
 
 cpdef Chain chain(DeviceOp op, str kind, f):
     """Append a step to ``op`` (consuming it); a chain extends its own step list."""
-    cdef Chain c
-    if not callable(f):
-        raise UsageError(f".{kind}() needs a function, got {type(f).__name__}")
     by = _BY.get(kind)
     if by is None:
         raise UsageError(f"a chain step is then, map or inspect, not {kind!r}")
-    kind = _KIND[kind]  # the interned constant the step loop compares by identity
+    return _extend(op, _KIND[kind], by, f)
+
+
+cdef Chain _extend(DeviceOp op, str kind, str by, f):
+    """:func:`chain` with ``kind`` one of the interned constants the step loop compares by
+    identity, and ``by`` the combinator's name for errors."""
+    cdef Chain c
+    cdef list steps
+    if not callable(f):
+        raise UsageError(f"{by[:-1]}f) needs a function, got {type(f).__name__}")
     op.take(by)
     c = Chain.__new__(Chain)
     if type(op) is Chain:
         c.src = (<Chain>op).src
-        c.steps = (<Chain>op).steps
-        (<Chain>op).steps = []  # taken over: the consumed chain keeps no reference
+        steps = (<Chain>op).steps
+        (<Chain>op).steps = None  # taken over: the consumed chain keeps no reference
     else:
         c.src = op
-        c.steps = []
-    c.steps.append((kind, f))
+        steps = []
+    steps.append(kind)
+    steps.append(f)
+    c.steps = steps
     return c
