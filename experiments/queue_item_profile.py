@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bimodal import Workload, run_async, run_serial  # noqa: E402
+from bimodal import Workload, run_async, run_serial
 
 
 def top(pr: cProfile.Profile, items: int, n: int) -> list[dict]:
