@@ -42,7 +42,15 @@ from .ops import DeviceOp, empty, from_numpy, full, ones, to_device, to_numpy, v
 if TYPE_CHECKING:
     from . import executors, graph, interop, kernels
     from .combinators import zip
-    from .executors import DeviceFuture, poll_budget, set_poll_budget, set_wait_policy, wait_policy
+    from .executors import (
+        DeviceFuture,
+        enqueue_slice,
+        poll_budget,
+        set_enqueue_slice,
+        set_poll_budget,
+        set_wait_policy,
+        wait_policy,
+    )
     from .interop import external
 
 # The layers above the ops load on first use (start-up time): the modules that register the
@@ -65,7 +73,9 @@ _LAZY = {
     "external": ("deviceop.interop", "external"),
     "zip": ("deviceop.combinators", "zip"),
     "DeviceFuture": ("deviceop.executors", "DeviceFuture"),
+    "enqueue_slice": ("deviceop.executors", "enqueue_slice"),
     "poll_budget": ("deviceop.executors", "poll_budget"),
+    "set_enqueue_slice": ("deviceop.executors", "set_enqueue_slice"),
     "set_poll_budget": ("deviceop.executors", "set_poll_budget"),
     "set_wait_policy": ("deviceop.executors", "set_wait_policy"),
     "wait_policy": ("deviceop.executors", "wait_policy"),
@@ -153,6 +163,7 @@ __all__ = [
     "devices",
     "empty",
     "empty_cache",
+    "enqueue_slice",
     "executors",
     "external",
     "float16",
@@ -169,6 +180,7 @@ __all__ = [
     "ones",
     "poll_budget",
     "set_borrow_policy",
+    "set_enqueue_slice",
     "set_host_chaos",
     "set_poll_budget",
     "set_wait_policy",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import os
 import random
 import subprocess
@@ -83,7 +84,7 @@ async def test_await_counters(backend, anyio_backend, budget) -> None:
     assert c1["awaits"] - c0["awaits"] == 5
     if budget == 0.0:  # no polling at all: each await of the 2 ms work parks
         assert c1["polls"] == c0["polls"] and c1["parks"] - c0["parks"] == 5
-    assert set(c1) == {"awaits", "parks", "late", "polls"}
+    assert set(c1) == {"awaits", "parks", "late", "polls", "enqueue_yields"}
 
 
 async def test_await_shared_and_submit(backend, anyio_backend, budget) -> None:
@@ -172,6 +173,117 @@ async def test_cancel_keeps_buffers_alive(backend, anyio_backend) -> None:
     for s in do.streams():
         s.synchronize()
     assert do.used_bytes() == base
+
+
+# -- long enqueues: the loop gets turns -----------------------------------------------------------
+def _busy(seconds: float) -> None:
+    """Host work on the calling thread (a library enqueueing many kernels)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _long_chain(t: do.Tensor, steps: int, ran: list[int], seconds: float = 0.001) -> do.DeviceOp:
+    """A chain of ``steps`` steps, each ``seconds`` of host work then a fill of ``t`` with its
+    index (noted in ``ran`` when it runs)."""
+
+    def step(i: int):
+        def f(_):
+            ran.append(i)
+            _busy(seconds)
+            return K.fill(t.partition((128,)), float(i))
+
+        return f
+
+    op: do.DeviceOp = do.value(None)
+    for i in range(steps):
+        op = op.then(step(i))
+    return op
+
+
+async def _longest_gap(awaitable) -> tuple[float, object]:
+    """Await ``awaitable`` beside a task that takes every turn the loop gives it: the longest
+    time that task waited for a turn meanwhile, and the result."""
+    turns: list[float] = []
+    result: list[object] = []
+    async with anyio.create_task_group() as tg:
+
+        async def other() -> None:
+            while True:
+                turns.append(time.perf_counter())
+                await anyio.sleep(0)
+
+        tg.start_soon(other)
+        await anyio.sleep(0)
+        t0 = time.perf_counter()
+        result.append(await awaitable)
+        t1 = time.perf_counter()
+        tg.cancel_scope.cancel()
+    inside = [t0, *(x for x in turns if t0 <= x <= t1), t1]
+    return max(b - a for a, b in itertools.pairwise(inside)), result[0]
+
+
+async def test_an_awaited_long_chain_gives_its_loop_turns(backend, anyio_backend) -> None:
+    """20 steps of 1 ms of host work: the loop's other task runs between slices of the enqueue;
+    with the slice set to 0 it waits for the whole enqueue."""
+    from deviceop.executors._await import stats
+
+    assert do.enqueue_slice() == 5e-4
+    t = await do.zeros(256, do.float32)
+    ran: list[int] = []
+    y0 = stats()["enqueue_yields"]
+    gap, out = await _longest_gap(_long_chain(t, 20, ran).then(lambda o: do.to_numpy(o[0].tensor)))
+    assert (out == 19.0).all() and ran == list(range(20))
+    assert stats()["enqueue_yields"] - y0 >= 10
+    assert gap < 0.012, f"the loop waited {gap * 1e3:.1f} ms for a turn"
+    old = do.enqueue_slice()
+    do.set_enqueue_slice(0)
+    try:
+        ran.clear()
+        y0 = stats()["enqueue_yields"]
+        gap, out = await _longest_gap(_long_chain(t, 20, ran).then(lambda o: do.to_numpy(o[0].tensor)))
+        assert (out == 19.0).all() and ran == list(range(20))
+        assert stats()["enqueue_yields"] == y0
+        assert gap >= 0.02  # the whole enqueue held the loop
+    finally:
+        do.set_enqueue_slice(old)
+
+
+async def test_a_task_cancelled_between_slices_enqueues_no_later_step(backend, anyio_backend) -> None:
+    """Cancelled while its chain is being enqueued: the steps after the turn never run, the work
+    enqueued completes (the ledger orders a later reader after it), and the buffers live."""
+    t = await do.zeros(256, do.float32)
+    ran: list[int] = []
+    with anyio.move_on_after(0.006) as scope:
+        await _long_chain(t, 50, ran)
+    assert scope.cancelled_caught
+    assert 1 <= len(ran) < 50 and ran == list(range(len(ran)))
+    assert (await do.to_numpy(t) == float(ran[-1])).all()
+    assert await do.value(3).then(lambda x: do.value(x + 1)) == 4  # the device stays usable
+
+
+async def test_a_step_failing_after_a_turn_raises_and_the_work_before_it_completes(backend, anyio_backend) -> None:
+    t = await do.zeros(256, do.float32)
+    ran: list[int] = []
+
+    def boom(_):
+        raise ValueError("step 8 failed")
+
+    with pytest.raises(ValueError, match="step 8 failed"):
+        await _long_chain(t, 8, ran).map(boom).then(lambda _: do.value(0))
+    assert ran == list(range(8))
+    assert (await do.to_numpy(t) == 7.0).all()
+
+
+def test_enqueue_slice_setting() -> None:
+    old = do.enqueue_slice()
+    for bad in (-1, 2, True, "1ms", None):
+        with pytest.raises(do.SettingError, match="enqueue slice"):
+            do.set_enqueue_slice(bad)  # type: ignore[arg-type]
+    assert do.enqueue_slice() == old
+    do.set_enqueue_slice(0.002)
+    assert do.enqueue_slice() == 0.002
+    do.set_enqueue_slice(old)
 
 
 async def test_timeout(backend, anyio_backend) -> None:

@@ -79,3 +79,16 @@ def value(x: T) -> Value[T]:
     """An op that yields ``x``."""
 
 def chain(op: DeviceOp[Any], kind: str, f: Callable[..., Any]) -> Chain[Any]: ...
+
+class Slices:
+    """The rest of a chain's enqueue, run a slice of host time at a time (``start_sliced``)."""
+
+    slices: int
+    @property
+    def output(self) -> Any:
+        """The chain's output, once :meth:`run` returned True."""
+    def run(self, seconds: float) -> bool:
+        """Enqueue the next steps for about ``seconds`` of host time; True once all are."""
+
+def start_sliced(op: DeviceOp[Any], stream: Any, label: str, seconds: float) -> tuple[Any, Any, Slices | None]:
+    """:func:`start` in slices of about ``seconds`` of host time for a chain."""

@@ -115,24 +115,36 @@ cpdef int hand_over(ExecutionContext cx, object stream, object ev=None) except -
     return 0
 
 
-cdef object _enqueue(ExecutionContext cx, DeviceOp op, object stream):
-    """Enqueue ``op`` in ``cx``; on failure, what was already enqueued completes before its
-    buffers go."""
+cdef inline int _make_current(ExecutionContext cx) except -1:
     if cx.drv is not None:
         make_current(cx.drv)
     else:
         cx.backend.make_current()
+    return 0
+
+
+cdef int _enqueue_failed(ExecutionContext cx, object stream) except -1:
+    """After an enqueue of ``cx`` raised: what was already enqueued completes before its
+    buffers go (the caller re-raises)."""
+    try:
+        stream.synchronize()
+    except CudaError:
+        cx.finish_c(False)
+    except BaseException:
+        hand_over(cx, stream)  # interrupted while waiting: the watcher finishes it
+    else:
+        cx.finish_c(False)
+    return 0
+
+
+cdef object _enqueue(ExecutionContext cx, DeviceOp op, object stream):
+    """Enqueue ``op`` in ``cx``; on failure, what was already enqueued completes before its
+    buffers go."""
+    _make_current(cx)
     try:
         return op._run(cx)
     except BaseException:
-        try:
-            stream.synchronize()  # what was enqueued completes before its buffers go
-        except CudaError:
-            cx.finish_c(False)
-        except BaseException:
-            hand_over(cx, stream)  # interrupted while waiting: the watcher finishes it
-        else:
-            cx.finish_c(False)
+        _enqueue_failed(cx, stream)
         raise
 
 
@@ -376,21 +388,25 @@ cdef class Chain(DeviceOp):
     cpdef object _run(self, ExecutionContext cx):
         cdef list steps = self.steps
         cdef Py_ssize_t i
-        cdef DeviceOp op
         out = self.src._run(cx)
         for i in range(0, len(steps), 2):
-            kind = steps[i]
-            f = steps[i + 1]
-            v = f(out)
-            if kind is _THEN:
-                if not isinstance(v, DeviceOp):
-                    _not_an_op(f, v)
-                op = v
-                op.take(".then()")
-                out = op._run(cx)
-            elif kind is _MAP:
-                out = v
+            out = _step(steps[i], steps[i + 1], out, cx)
         return out
+
+
+cdef inline object _step(kind, f, out, ExecutionContext cx):
+    """Run one step of a chain on ``out``: its output."""
+    cdef DeviceOp op
+    v = f(out)
+    if kind is _THEN:
+        if not isinstance(v, DeviceOp):
+            _not_an_op(f, v)
+        op = v
+        op.take(".then()")
+        return op._run(cx)
+    if kind is _MAP:
+        return v
+    return out  # inspect: the output passes on
 
 
 cdef object _not_an_op(f, v):
@@ -429,3 +445,95 @@ cdef Chain _extend(DeviceOp op, str kind, str by, f):
     steps.append(f)
     c.steps = steps
     return c
+
+
+cdef extern from "<time.h>" nogil:
+    """
+    static double dvo_now(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    }
+    """
+    double dvo_now()
+
+
+@cython.final
+cdef class Slices:
+    """The rest of a chain's enqueue, enqueued in slices of host time by an await that gives its
+    event loop a turn between them (:func:`start_sliced`)."""
+
+    cdef ExecutionContext cx
+    cdef object stream
+    cdef list steps
+    cdef Py_ssize_t i
+    cdef object out
+    cdef readonly Py_ssize_t slices  # slices run so far (the first one by start_sliced)
+
+    @property
+    def output(self):
+        """The chain's output, once :meth:`run` returned True."""
+        return self.out
+
+    def run(self, double seconds):
+        """Enqueue the next steps for about ``seconds`` of host time (at least one step); True
+        once every step is enqueued. A step that raises: what was enqueued completes before its
+        buffers go (as for a whole enqueue), then the error is raised."""
+        _make_current(self.cx)  # (the loop's other tasks may have made another context current)
+        try:
+            return _steps(self, dvo_now() + seconds)
+        except BaseException:
+            _enqueue_failed(self.cx, self.stream)
+            raise
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+cdef bint _steps(Slices sl, double until) except -1:
+    """Run ``sl``'s steps (Chain._run's loop) until the clock passes ``until`` after one; True when
+    none is left."""
+    cdef list steps = sl.steps
+    cdef Py_ssize_t n = len(steps)
+    out = sl.out
+    sl.slices += 1
+    while sl.i < n:
+        sl.i += 2
+        out = _step(steps[sl.i - 2], steps[sl.i - 1], out, sl.cx)
+        if sl.i < n and dvo_now() >= until:
+            sl.out = out
+            return False
+    sl.out = out
+    sl.steps = None  # (the step functions go with the enqueue)
+    return True
+
+
+cpdef tuple start_sliced(DeviceOp op, object stream, str label, double seconds):
+    """:func:`start` for an await that yields to its event loop while a long chain is enqueued:
+    ``(execution, output, None)`` when the whole op was enqueued within about ``seconds`` of
+    host time, else ``(execution, None, rest)``, where ``rest.run(seconds)`` (a
+    :class:`Slices`) enqueues the following steps. A chain's source and each of its steps
+    are enqueued whole; ops that are not chains are enqueued at once."""
+    cdef ExecutionContext cx
+    cdef Slices sl
+    if seconds <= 0 or type(op) is not Chain:
+        cx, out = start(op, stream, label)
+        return cx, out, None
+    if n_recording:
+        refuse_in_capture(f"{op!r}.{label}")
+    t0 = dvo_now()
+    cx = new_context(stream, label, op)
+    sl = Slices.__new__(Slices)
+    sl.cx = cx
+    sl.stream = stream
+    sl.steps = (<Chain>op).steps
+    (<Chain>op).steps = None  # handed over to the enqueue, as a chain extended hands its steps on
+    _make_current(cx)
+    try:
+        sl.out = (<Chain>op).src._run(cx)
+        done = _steps(sl, t0 + seconds)
+    except BaseException:
+        _enqueue_failed(cx, stream)
+        raise
+    if done:
+        return cx, sl.out, None
+    return cx, None, sl

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from .._core._ledger import ExecutionContext
 from . import _terminals  # noqa: F401 - registers submit() with DeviceOp
-from ._await import poll_budget, set_poll_budget, set_wait_policy, wait_policy
+from ._await import enqueue_slice, poll_budget, set_enqueue_slice, set_poll_budget, set_wait_policy, wait_policy
 from ._future import DeviceFuture
 
 if TYPE_CHECKING:
@@ -24,7 +24,9 @@ __all__ = [
     "QueueStats",
     "ThreadedQueue",
     "WorkQueue",
+    "enqueue_slice",
     "poll_budget",
+    "set_enqueue_slice",
     "set_poll_budget",
     "set_wait_policy",
     "wait_policy",

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._core import _reactor
-from .._core._op import HOOKS, as_stream, hand_over, start
+from .._core._op import HOOKS, as_stream, hand_over, start_sliced
 from .._errors import CudaError, SettingError, UsageError
 from . import _future
 from ._future import DeviceFuture
@@ -42,7 +42,9 @@ from ._wake import event_class, loop_dispatcher
 __all__ = [
     "await_future",
     "await_op",
+    "enqueue_slice",
     "poll_budget",
+    "set_enqueue_slice",
     "set_poll_budget",
     "set_wait_policy",
     "stats",
@@ -62,8 +64,10 @@ _SPIN_SLACK = 5e-6
 _POLL_SLACK = 50e-6
 #: first and longest interval of the parked re-check
 _RECHECK = (20e-3, 200e-3)
+#: the host time an awaited chain is enqueued for before the loop gets a turn (set_enqueue_slice)
+_SLICE = [0.5e-3]
 #: counters (see :func:`stats`)
-_COUNTS = {"awaits": 0, "parks": 0, "late": 0, "polls": 0}
+_COUNTS = {"awaits": 0, "parks": 0, "late": 0, "polls": 0, "enqueue_yields": 0}
 
 
 def stats() -> dict[str, int]:
@@ -71,7 +75,8 @@ def stats() -> dict[str, int]:
     re-check timer ended with the work complete and no wake-up delivered (for work much
     shorter than the 20 ms interval, a wake-up lost or late by about that much), and
     ``polls``: yields to the loop while polling (each lets every other ready task run; many
-    awaits polling at once make every loop turn longer). Awaits in several threads at once
+    awaits polling at once make every loop turn longer), and ``enqueue_yields``: turns given to
+    the loop in the middle of enqueuing a long chain (see :func:`set_enqueue_slice`). Awaits in several threads at once
     may miss a count."""
     return dict(_COUNTS)
 
@@ -95,6 +100,32 @@ def set_poll_budget(seconds: float) -> None:
 def poll_budget() -> float:
     """The current poll budget in seconds (see :func:`set_poll_budget`)."""
     return _POLL[0]
+
+
+def set_enqueue_slice(seconds: float) -> None:
+    """How long an awaited chain's enqueue may hold its event loop (default 0.5 ms; 0: the whole
+    op is enqueued at once).
+
+    Enqueuing is host work on the loop's thread: a chain whose steps call a library that
+    enqueues many kernels (a PyTorch model through :func:`~deviceop.interop.torch`) can take
+    milliseconds. ``await op`` enqueues a chain's source and steps in turn, and once this much
+    host time has passed since the loop last ran, gives the loop a turn before the next step,
+    so its other tasks, timers and I/O are not held up. A task cancelled during such a turn
+    enqueues no later step; what it enqueued completes, its buffers kept alive until then. A
+    step itself is never split: a long step holds the loop for as long as it takes (split the
+    work into steps). Synchronous terminals (``sync``, ``sync_on``), ``submit`` and ops that
+    are not chains enqueue at once.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 <= float(seconds) <= 1:
+        raise SettingError(
+            f"enqueue slice {seconds!r} s is not accepted; use a number from 0 to 1 second (default 5e-4)"
+        )
+    _SLICE[0] = float(seconds)
+
+
+def enqueue_slice() -> float:
+    """The current enqueue slice in seconds (see :func:`set_enqueue_slice`)."""
+    return _SLICE[0]
 
 
 def set_wait_policy(policy: str) -> None:
@@ -281,6 +312,23 @@ async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: flo
             return False
 
 
+async def _enqueue_rest(lib: str, cx: Any, stream: Any, rest: Any) -> Any:
+    """Enqueue the rest of a chain (``rest``, from ``start_sliced``), a slice at a time, giving
+    the loop a turn before each; returns the chain's output."""
+    y = _yielder(lib)
+    while True:
+        try:
+            await y()
+        except BaseException:
+            # cancelled during the turn: no later step is enqueued; the work enqueued so far
+            # completes before its buffers go (a step that fails is handled by rest.run)
+            hand_over(cx, stream)
+            raise
+        _COUNTS["enqueue_yields"] += 1
+        if rest.run(_SLICE[0] or float("inf")):
+            return rest.output
+
+
 async def await_op(op: Any, stream: Any, label: str, timeout: float | None = None, poll: float | None = None) -> Any:
     """Enqueue ``op`` on ``stream``; resume when its work is complete; return its output.
 
@@ -290,7 +338,9 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     if timeout is not None:
         timeout = _check_timeout(timeout)
     lib, d = loop_dispatcher()  # before any work: outside an event loop this raises, whatever the op
-    cx, out = start(op, stream, label)
+    cx, out, rest = start_sliced(op, stream, label, _SLICE[0])
+    if rest is not None:  # a long chain: the loop gets a turn between slices of its enqueue
+        out = await _enqueue_rest(lib, cx, stream, rest)
     _COUNTS["awaits"] += 1
     deadline = None if timeout is None else time.perf_counter() + timeout
     tok = d.register(None)

@@ -17,9 +17,10 @@ each cancels the chunk work in flight.
 The same loop, five ways, one after the other over the same audio:
 
   deviceop        one thread, one event loop (uvloop where installed): the encoder is PyTorch
-                  code run on deviceop's stream through ``do.interop.torch``; each voiced chunk's op is
-                  awaited in a task while the next chunk is ingested; an interrupt cancels the
-                  awaiting tasks
+                  code run on deviceop's stream through ``do.interop.torch``, in steps (features,
+                  ``--steps`` groups of layers, the head); each voiced chunk's op is awaited in a task
+                  while the next chunk is ingested, and its enqueue gives the loop a turn between
+                  steps (``do.set_enqueue_slice``); an interrupt cancels the awaiting tasks
   deviceop-graph  the same, with the encoder recorded once into a CUDA graph (``do.graph.scope``
                   around the ``do.interop.torch`` op); a chunk's op uploads its audio into the
                   recording's input and replays it
@@ -120,15 +121,26 @@ class Encoder:
 
     def __call__(self, audio: Any) -> Any:
         """float32 audio samples (on the encoder's device) -> (frames, symbols) float32 logits."""
-        import torch.nn.functional as F
+        return self.head(self.block(self.features(audio), 0, len(self.layers)))
 
+    def features(self, audio: Any) -> Any:
+        """Log-mel features, normalised, projected to the encoder's width."""
         torch = self.torch
         spec = torch.stft(audio, N_FFT, HOP, window=self.window, return_complex=True).abs() ** 2
         feats = torch.log(self.mel @ spec + 1e-6).T.contiguous()
         feats = (feats - feats.mean()) / (feats.std() + 1e-5)
-        h = feats.to(self.dtype) @ self.w_in
-        for w in self.layers:
+        return feats.to(self.dtype) @ self.w_in
+
+    def block(self, h: Any, lo: int, hi: int) -> Any:
+        """Layers ``lo`` to ``hi - 1`` of the encoder."""
+        import torch.nn.functional as F
+
+        for w in self.layers[lo:hi]:
             h = h + F.gelu(h @ w, approximate="tanh")
+        return h
+
+    def head(self, h: Any) -> Any:
+        """Per-frame logits over the symbols."""
         return (h @ self.w_out).float()
 
     def frames(self, samples: int) -> int:
@@ -261,19 +273,34 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = 
     enqueued = [0.0]
     arrived = [0.0]  # the arrival of the chunk whose op is starting
 
-    def encode(x: Any) -> Any:
+    began = [0.0]  # the start of the chunk's first encoder step
+
+    def features(x: Any) -> Any:
         # the PyTorch encoder, run by do.interop.torch on the op's stream with the op's tensor
         # given as a PyTorch tensor (no copy); its output comes back as a deviceop tensor
-        t = time.perf_counter()
-        y = enc(x)
+        began[0] = time.perf_counter()
+        rep.stage("start", began[0] - arrived[0])
+        return enc.features(x)
+
+    def head(h: Any) -> Any:
+        y = enc.head(h)
         enqueued[0] = time.perf_counter()
-        rep.stage("start", t - arrived[0])
-        rep.stage("enqueue", enqueued[0] - t)
+        rep.stage("enqueue", enqueued[0] - began[0])
         return y
 
+    n = len(enc.layers)
+    group = max(1, -(-n // a.steps))  # layers per step (--steps of them)
+
     def eager_op(c: Chunk) -> do.DeviceOp[np.ndarray]:
-        # the audio's upload is an argument of the encoder's op: it runs first, on the same stream
-        return do.interop.torch(encode, do.from_numpy(c.context)).then(do.to_numpy)
+        # the audio's upload is an argument of the first step: it runs first, on the same stream.
+        # The encoder is enqueued in steps (features, --steps groups of layers, the head): the
+        # await gives the loop a turn between them once the enqueue has held it for the
+        # enqueue slice (do.set_enqueue_slice), so an interrupt is seen, and the steps not yet
+        # enqueued are dropped, while PyTorch's enqueue of the chunk is still under way
+        op = do.interop.torch(features, do.from_numpy(c.context))
+        for lo in range(0, n, group):
+            op = op.then(lambda h, lo=lo: do.interop.torch(enc.block, h, lo, min(n, lo + group)))
+        return op.then(lambda h: do.interop.torch(head, h)).then(do.to_numpy)
 
     # the chunks follow each other on one stream (PyTorch's caching allocator keeps blocks per
     # stream: one stream, one warm pool)
@@ -569,6 +596,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vad-mode", type=int, default=2, choices=range(4))
     ap.add_argument("--voiced-fraction", type=float, default=0.3)
     ap.add_argument("--rounds", type=int, default=2, help="runs of the audio per loop, in rotated order")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=8,
+        help="deviceop loop: groups of layers the encoder is enqueued in, one op step each",
+    )
+    ap.add_argument(
+        "--enqueue-slice",
+        type=float,
+        default=2.5e-4,
+        help="do.set_enqueue_slice(S): the host time an awaited chain's enqueue may hold the loop (deviceop loops)",
+    )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     a = ap.parse_args(argv)
     cuda = do.backend_name() == "cuda"
@@ -580,12 +619,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(
             f"--loops {', '.join(sorted(CUDA_ONLY & set(loops)))} need(s) the cuda backend (PyTorch's CUDA graphs)"
         )
-    ok = a.chunk > 0 and a.context >= a.chunk and a.speed > 0 and a.width > 0 and a.layers >= 0
+    ok = a.chunk > 0 and a.context >= a.chunk and a.speed > 0 and a.width > 0 and a.layers >= 0 and a.steps >= 1
     if not (ok and a.rounds >= 1 and a.interrupt_every >= 0 and 0 <= a.interrupt_after < a.chunk):
         ap.error(
-            "need --chunk > 0, --context >= --chunk, --speed > 0, --width > 0, --layers >= 0, --rounds >= 1, "
-            "--interrupt-every >= 0 and 0 <= --interrupt-after < --chunk"
+            "need --chunk > 0, --context >= --chunk, --speed > 0, --width > 0, --layers >= 0, --steps >= 1, "
+            "--rounds >= 1, --interrupt-every >= 0 and 0 <= --interrupt-after < --chunk"
         )
+    try:
+        do.set_enqueue_slice(a.enqueue_slice)
+    except do.SettingError as e:
+        ap.error(str(e))
 
     import torch
 
