@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 export DEVICEOP_CACHE_DIR=/tmp/deviceop-cache
 # wheels the GPU machines lack (cp312, manylinux), carried in the ignored .whl/: nvmath-python,
-# trio with outcome and sortedcontainers, pytest-asyncio, sniffio
+# trio with outcome and sortedcontainers, pytest-asyncio, sniffio, webrtcvad-wheels (the speech example)
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PWD:/tmp/site || exit 1
