@@ -183,9 +183,11 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def _long_chain(t: do.Tensor, steps: int, ran: list[int], seconds: float = 0.001) -> do.DeviceOp:
-    """A chain of ``steps`` steps, each ``seconds`` of host work then a fill of ``t`` with its
-    index (noted in ``ran`` when it runs)."""
+def _long_chain(
+    t: do.Tensor, steps: int, ran: list[int], seconds: float = 0.001, op: do.DeviceOp | None = None
+) -> do.DeviceOp:
+    """``op`` (default: a value) then ``steps`` steps, each ``seconds`` of host work then a fill
+    of ``t`` with its index (noted in ``ran`` when it runs)."""
 
     def step(i: int):
         def f(_):
@@ -195,7 +197,8 @@ def _long_chain(t: do.Tensor, steps: int, ran: list[int], seconds: float = 0.001
 
         return f
 
-    op: do.DeviceOp = do.value(None)
+    if op is None:
+        op = do.value(None)
     for i in range(steps):
         op = op.then(step(i))
     return op
@@ -230,6 +233,7 @@ async def test_an_awaited_long_chain_gives_its_loop_turns(backend, anyio_backend
 
     assert do.enqueue_slice() == 5e-4
     t = await do.zeros(256, do.float32)
+    await K.fill(t.partition((128,)), -1.0)  # the kernel built (a first build is one long step)
     ran: list[int] = []
     y0 = stats()["enqueue_yields"]
     gap, out = await _longest_gap(_long_chain(t, 20, ran).then(lambda o: do.to_numpy(o[0].tensor)))
@@ -253,6 +257,7 @@ async def test_a_task_cancelled_between_slices_enqueues_no_later_step(backend, a
     """Cancelled while its chain is being enqueued: the steps after the turn never run, the work
     enqueued completes (the ledger orders a later reader after it), and the buffers live."""
     t = await do.zeros(256, do.float32)
+    await K.fill(t.partition((128,)), -1.0)  # the kernel built
     ran: list[int] = []
     with anyio.move_on_after(0.006) as scope:
         await _long_chain(t, 50, ran)
@@ -260,6 +265,31 @@ async def test_a_task_cancelled_between_slices_enqueues_no_later_step(backend, a
     assert 1 <= len(ran) < 50 and ran == list(range(len(ran)))
     assert (await do.to_numpy(t) == float(ran[-1])).all()
     assert await do.value(3).then(lambda x: do.value(x + 1)) == 4  # the device stays usable
+
+
+async def test_another_tasks_work_between_two_steps_is_ordered_by_the_ledger(backend, anyio_backend) -> None:
+    """A task reads, during a turn of a chain's enqueue, what the chain's first step writes on
+    the GPU (slowly): the ledger orders the read after that write."""
+    t = await do.zeros(256, do.float32)
+    u = await do.zeros(256, do.float32)
+    ran: list[int] = []
+    seen: list[tuple[int, np.ndarray]] = []
+
+    async def reader() -> None:
+        while not ran:
+            await anyio.sleep(0)
+        at = len(ran)
+        seen.append((at, await do.to_numpy(t)))
+
+    first = do.value(None).then(lambda _: (ran.append(-1), slow_fill(t, 5.0, 0.02))[1])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        await anyio.sleep(0)
+        await _long_chain(u, 10, ran, op=first)
+    ((at, got),) = seen
+    assert at < 11, "the read was enqueued after the whole chain"
+    assert (got == 5.0).all()
+    assert (await do.to_numpy(u) == 9.0).all()
 
 
 async def test_a_step_failing_after_a_turn_raises_and_the_work_before_it_completes(backend, anyio_backend) -> None:

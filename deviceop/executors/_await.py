@@ -115,6 +115,11 @@ def set_enqueue_slice(seconds: float) -> None:
     step itself is never split: a long step holds the loop for as long as it takes (split the
     work into steps). Synchronous terminals (``sync``, ``sync_on``), ``submit`` and ops that
     are not chains enqueue at once.
+
+    During such a turn another task's work may be enqueued between two steps of the chain; the
+    ledger orders it by the memory it touches, as any two executions in flight, so a later
+    step sees the writes of whatever was enqueued before it. Tasks that touch the same memory
+    while the chain is awaited race either way; set 0 to have every chain enqueued whole.
     """
     if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 <= float(seconds) <= 1:
         raise SettingError(
