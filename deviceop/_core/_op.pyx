@@ -460,11 +460,12 @@ cdef extern from "<time.h>" nogil:
 
 @cython.final
 cdef class Slices:
-    """The rest of a chain's enqueue, enqueued in slices of host time by an await that gives its
-    event loop a turn between them (:func:`start_sliced`)."""
+    """A chain's enqueue, in slices of host time, for an await that gives its event loop a turn
+    between them (:func:`start_sliced`)."""
 
     cdef ExecutionContext cx
     cdef object stream
+    cdef DeviceOp src  # the chain's source, None once enqueued
     cdef list steps
     cdef Py_ssize_t i
     cdef object out
@@ -479,32 +480,31 @@ cdef class Slices:
         """Enqueue the next steps for about ``seconds`` of host time (at least one step); True
         once every step is enqueued. A step that raises: what was enqueued completes before its
         buffers go (as for a whole enqueue), then the error is raised."""
+        return self._until(dvo_now() + seconds)
+
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
+    cdef bint _until(self, double until) except -1:
+        """Run the source (first) and the steps (Chain._run's loop) until the clock passes
+        ``until`` after one; True when none is left."""
+        cdef list steps = self.steps
+        cdef Py_ssize_t n = len(steps)
+        self.slices += 1
         _make_current(self.cx)  # (the loop's other tasks may have made another context current)
         try:
-            return _steps(self, dvo_now() + seconds)
+            if self.src is not None:
+                self.out = self.src._run(self.cx)
+                self.src = None
+            while self.i < n:
+                self.i += 2
+                self.out = _step(steps[self.i - 2], steps[self.i - 1], self.out, self.cx)
+                if self.i < n and dvo_now() >= until:
+                    return False
         except BaseException:
             _enqueue_failed(self.cx, self.stream)
             raise
-
-
-@cython.boundscheck(False)
-@cython.wraparound(False)
-cdef bint _steps(Slices sl, double until) except -1:
-    """Run ``sl``'s steps (Chain._run's loop) until the clock passes ``until`` after one; True when
-    none is left."""
-    cdef list steps = sl.steps
-    cdef Py_ssize_t n = len(steps)
-    out = sl.out
-    sl.slices += 1
-    while sl.i < n:
-        sl.i += 2
-        out = _step(steps[sl.i - 2], steps[sl.i - 1], out, sl.cx)
-        if sl.i < n and dvo_now() >= until:
-            sl.out = out
-            return False
-    sl.out = out
-    sl.steps = None  # (the step functions go with the enqueue)
-    return True
+        self.steps = None  # (the step functions go with the enqueue)
+        return True
 
 
 cpdef tuple start_sliced(DeviceOp op, object stream, str label, double seconds):
@@ -513,7 +513,6 @@ cpdef tuple start_sliced(DeviceOp op, object stream, str label, double seconds):
     host time, else ``(execution, None, rest)``, where ``rest.run(seconds)`` (a
     :class:`Slices`) enqueues the following steps. A chain's source and each of its steps
     are enqueued whole; ops that are not chains are enqueued at once."""
-    cdef ExecutionContext cx
     cdef Slices sl
     if seconds <= 0 or type(op) is not Chain:
         cx, out = start(op, stream, label)
@@ -521,19 +520,12 @@ cpdef tuple start_sliced(DeviceOp op, object stream, str label, double seconds):
     if n_recording:
         refuse_in_capture(f"{op!r}.{label}")
     t0 = dvo_now()
-    cx = new_context(stream, label, op)
     sl = Slices.__new__(Slices)
-    sl.cx = cx
+    sl.cx = new_context(stream, label, op)
     sl.stream = stream
+    sl.src = (<Chain>op).src
     sl.steps = (<Chain>op).steps
     (<Chain>op).steps = None  # handed over to the enqueue, as a chain extended hands its steps on
-    _make_current(cx)
-    try:
-        sl.out = (<Chain>op).src._run(cx)
-        done = _steps(sl, t0 + seconds)
-    except BaseException:
-        _enqueue_failed(cx, stream)
-        raise
-    if done:
-        return cx, sl.out, None
-    return cx, None, sl
+    if sl._until(t0 + seconds):
+        return sl.cx, sl.out, None
+    return sl.cx, None, sl
