@@ -54,7 +54,8 @@ if TYPE_CHECKING:
     from .interop import external
 
 # The layers above the ops load on first use (start-up time): the modules that register the
-# core's hooks, and the public names they hold.
+# core's hooks when a hook is first called, and the public names they hold, all of them at the
+# first use of any (see _load_lazy).
 _HOOKS.load_from.update(
     {
         "shared": "deviceop.combinators",
@@ -83,13 +84,21 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    spec = _LAZY.get(name)
-    if spec is None:
+    if name not in _LAZY:
         raise AttributeError(f"module 'deviceop' has no attribute {name!r}")
-    mod = importlib.import_module(spec[0])
-    value = mod if spec[1] is None else getattr(mod, spec[1])
-    globals()[name] = value
-    return value
+    _load_lazy()
+    return globals()[name]
+
+
+def _load_lazy() -> None:
+    """Load every lazy name at once and drop the module's ``__getattr__``: CPython specialises
+    an attribute load from a module (``do.value`` in a user's loop) only where the module has
+    no ``__getattr__``; with one, every such load walks the module's dict."""
+    g = globals()
+    for name, (mod_name, attr) in _LAZY.items():
+        mod = importlib.import_module(mod_name)
+        g[name] = mod if attr is None else getattr(mod, attr)
+    g.pop("__getattr__", None)
 
 
 def __dir__() -> list[str]:

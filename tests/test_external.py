@@ -742,6 +742,44 @@ def test_a_torch_tensor_named_by_many_ops_is_described_once(host_backend, monkey
     assert ref() is None  # the cache holds the tensor weakly
 
 
+def test_a_torch_tensor_is_compared_by_the_span_its_shape_and_strides_reach(host_backend, monkeypatch):
+    """Where PyTorch publishes the DLPack C exchange API, a tensor named again is compared by
+    the bytes its shape and strides reach: ``as_strided_`` over fewer bytes at the same address
+    is described again, a transpose over the same bytes is not. Subclasses are read through
+    their descriptors (a subclass may override them)."""
+    torch = pytest.importorskip("torch")
+    from deviceop._core import _external
+    from deviceop.interop import _regions
+
+    if not _external.uses_exchange(torch.Tensor):
+        pytest.skip("this PyTorch has no DLPack C exchange API")
+    assert not _external.uses_exchange(torch.nn.Parameter)
+    t = torch.zeros(64)
+    base = t.data_ptr()
+    assert _external.extent(t) == (base, 256)
+    assert _external.extent(t[::2]) == (base, 252)  # 32 elements 8 bytes apart: 31 * 8 + 4
+    assert _external.extent(t[3:5]) == (base + 12, 8)
+    assert _external.extent(t.view(8, 8).t()) == (base, 256)
+    assert _external.extent(t[:0]) == (0, 0)  # no bytes
+    assert _external.extent(torch.zeros(()))[1] == 4
+    calls = []
+    describe = _regions._describe
+
+    def counting(obj, be, what):
+        calls.append(obj.shape)
+        return describe(obj, be, what)
+
+    monkeypatch.setattr(_regions, "_describe", counting)
+    m = torch.zeros(8, 8)
+    assert do.external(lambda stream: None, writes=(m,)).acc[0][1:3] == (0, 256)
+    m.t_()  # the same bytes: the description holds
+    do.external(lambda stream: None, writes=(m,)).sync()
+    assert len(calls) == 1
+    m.as_strided_((8,), (8,))  # a column: 7 * 32 + 4 bytes from the same address
+    assert do.external(lambda stream: None, writes=(m,)).acc[0][1:3] == (0, 228)
+    assert len(calls) == 2
+
+
 def test_asyncio_gather_of_externals(backend):
     async def main():
         xs = [do.zeros(128, do.float32).sync() for _ in range(8)]

@@ -14,30 +14,6 @@ from libc.stdlib cimport free, malloc
 __all__ = ["capsule"]
 
 
-cdef struct DLDevice:
-    int32_t device_type
-    int32_t device_id
-
-cdef struct DLDataType:
-    uint8_t code
-    uint8_t bits
-    uint16_t lanes
-
-cdef struct DLTensor:
-    void* data
-    DLDevice device
-    int32_t ndim
-    DLDataType dtype
-    int64_t* shape
-    int64_t* strides
-    uint64_t byte_offset
-
-cdef struct DLManagedTensor:
-    DLTensor dl_tensor
-    void* manager_ctx
-    void (*deleter)(DLManagedTensor*) noexcept
-
-
 cdef void _deleter(DLManagedTensor* mt) noexcept with gil:
     # the consumer is done (any thread): drop the tensor's reference, free the block
     if mt == NULL:

@@ -36,7 +36,7 @@ def named(items: Any, what: str) -> tuple[Any, ...]:
 
 def seen(obj: Any, be: Any, write: bool) -> tuple[Any, int, int, bool] | None:
     """The ledger access ``(buffer, lo, hi, write)`` of a PyTorch tensor described before on
-    device ``be`` and unchanged since (data address and size in bytes), else None."""
+    device ``be`` and unchanged since (the same object and extent), else None."""
 
 def wrapper(be: Any, start: int, nbytes: int, host: Any, owner: Any, accesses: list[Any]) -> Buffer:
     """A Buffer of foreign memory [start, start + nbytes) on device ``be`` that keeps ``owner``
@@ -54,8 +54,15 @@ def looked_up() -> int:
 def set_of(obj: Any) -> int:
     """The set of slots an object would occupy in the cache (for tests)."""
 
-def remember(obj: Any, ptr: int, nbytes: int, be: Any, buf: Any, lo: int, hi: int) -> None:
-    """Keep what describing PyTorch tensor ``obj`` found, for :func:`seen` (held weakly)."""
+def remember(obj: Any, be: Any, buf: Any, lo: int, hi: int) -> None:
+    """Keep what describing PyTorch tensor ``obj`` found and its extent now, for :func:`seen`
+    (held weakly)."""
+
+def extent(obj: Any) -> tuple[int, int]:
+    """``(address, size in bytes)`` of a PyTorch tensor as the cache compares it."""
+
+def uses_exchange(tp: type) -> bool:
+    """Whether tensors of type ``tp`` are read through the DLPack C exchange API (for tests)."""
 
 def external(fn: Callable[..., T], *args: Any, reads: Any = (), writes: Any = ()) -> DeviceOp[T]:
     """An op that runs another library's GPU work: ``fn(stream, *args)`` on the op's stream.

@@ -10,11 +10,13 @@ and the host backend's call in stream order.
 cimport cython
 from cpython.contextvars cimport get_value
 from cpython.object cimport PyObject
-from cpython.long cimport PyLong_FromVoidPtr
+from cpython.long cimport PyLong_AsVoidPtr, PyLong_FromVoidPtr
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.weakref cimport PyWeakref_NewRef
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport int32_t, int64_t, uintptr_t
 
 from ._base cimport _LOCK as LOCK, Buffer, PartitionBase, TensorBase, make_current
+from ._dlpack cimport DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, DLTensorFromPyObjectNoSync
 from ._ledger cimport ExecutionContext, check_backend, order, order_tensor
 from ._op cimport DeviceOp
 
@@ -122,30 +124,68 @@ cdef extern from *:
         return o;
     #endif
     }
+    /* ref() is obj, without a reference where the API allows it */
+    static int dvo_refers_to(PyObject *ref, PyObject *obj) {
+    #if PY_VERSION_HEX >= 0x030D0000
+        PyObject *o;
+        if (PyWeakref_GetRef(ref, &o) <= 0) { PyErr_Clear(); return 0; }
+        Py_DECREF(o);
+        return o == obj;
+    #else
+        return PyWeakref_GET_OBJECT(ref) == obj;
+    #endif
+    }
     """
     object dvo_call_noargs(object d, object obj)
     bint dvo_is_noargs(object d)
     object dvo_get(object d, object obj)
     bint dvo_is_getset(object d)
     object dvo_deref(object ref)
+    bint dvo_refers_to(object ref, object obj)
 
 
 cdef class _Reader:
-    """How to read ``data_ptr()`` and ``nbytes`` of the tensors of one type: through its
-    descriptors where they are PyTorch's C ones (a subclass may override either)."""
+    """How to read a tensor's *extent* of one type: its first byte's address and its size in
+    bytes, compared each time it is named again (a change means it is described anew).
 
+    Where the type publishes the DLPack C exchange API (PyTorch 2.10 and newer), one C call
+    fills a DLTensor and the extent is the byte span its shape and strides reach (an in-place
+    change of either that moves the span is seen). Else ``data_ptr()`` and ``nbytes``, read
+    through the type's descriptors where they are PyTorch's C ones (a subclass may override
+    either), in Python otherwise."""
+
+    cdef DLTensorFromPyObjectNoSync dl  # the type's own exchange function, or NULL
     cdef object data_ptr  # the method descriptor, or None: call obj.data_ptr()
     cdef object nbytes    # the getset descriptor, or None: read obj.nbytes
 
-    cdef inline object ptr_of(self, obj):
-        if self.data_ptr is not None:
-            return dvo_call_noargs(self.data_ptr, obj)
-        return obj.data_ptr()
-
-    cdef inline Py_ssize_t nbytes_of(self, obj) except? -1:
-        if self.nbytes is not None:
-            return dvo_get(self.nbytes, obj)
-        return obj.nbytes
+    @cython.cdivision(True)
+    cdef int extent(self, obj, uintptr_t* ptr, Py_ssize_t* size) except -1:
+        cdef DLTensor t
+        cdef int64_t lo = 0, hi = 0, it
+        cdef int32_t i
+        if self.dl != NULL:
+            if self.dl(<void*>obj, &t) != 0:
+                return -1  # (the producer set the exception)
+            it = (<int64_t>t.dtype.bits * t.dtype.lanes + 7) // 8
+            for i in range(t.ndim):
+                if t.shape[i] == 0:  # no bytes (and producers may give no address)
+                    ptr[0] = 0
+                    size[0] = 0
+                    return 0
+                if t.strides == NULL:  # compact, row-major
+                    hi = hi * t.shape[i] + t.shape[i] - 1
+                elif t.strides[i] < 0:
+                    lo += (t.shape[i] - 1) * t.strides[i]
+                else:
+                    hi += (t.shape[i] - 1) * t.strides[i]
+            ptr[0] = <uintptr_t>t.data + <uintptr_t>t.byte_offset + <uintptr_t>(lo * it)
+            size[0] = <Py_ssize_t>((hi - lo + 1) * it)
+            return 0
+        ptr[0] = <uintptr_t>PyLong_AsVoidPtr(
+            dvo_call_noargs(self.data_ptr, obj) if self.data_ptr is not None else obj.data_ptr()
+        )
+        size[0] = dvo_get(self.nbytes, obj) if self.nbytes is not None else obj.nbytes
+        return 0
 
 
 cdef dict _READERS = {}  # by type
@@ -160,11 +200,26 @@ cdef object _found(tp, str name):
     return None
 
 
+cdef DLTensorFromPyObjectNoSync _exchange(tp) except? NULL:
+    """The DLTensor function of the exchange API ``tp`` itself publishes (a subclass would
+    bypass its overrides), of DLPack major version 1; NULL where there is none."""
+    cap = tp.__dict__.get("__dlpack_c_exchange_api__")
+    if cap is None or not PyCapsule_IsValid(cap, b"dlpack_exchange_api"):
+        return NULL
+    cdef DLPackExchangeAPIHeader* h = <DLPackExchangeAPIHeader*>PyCapsule_GetPointer(cap, b"dlpack_exchange_api")
+    while h != NULL and h.version.major > 1:  # a newer API links the older ones
+        h = h.prev_api
+    if h == NULL or h.version.major != 1:
+        return NULL
+    return (<DLPackExchangeAPI*>h).dltensor_from_py_object_no_sync
+
+
 cdef _Reader _reader(tp):
     r = _READERS.get(tp)
     if r is not None:
         return <_Reader>r
     cdef _Reader rd = _Reader.__new__(_Reader)
+    rd.dl = _exchange(tp)
     d = _found(tp, "data_ptr")
     if d is not None and dvo_is_noargs(d):
         rd.data_ptr = d
@@ -175,16 +230,30 @@ cdef _Reader _reader(tp):
     return rd
 
 
+def extent(obj):
+    """``(address, size in bytes)`` of a PyTorch tensor as the cache compares it (see
+    :class:`_Reader`)."""
+    cdef uintptr_t ptr
+    cdef Py_ssize_t size
+    _reader(type(obj)).extent(obj, &ptr, &size)
+    return ptr, size
+
+
+def uses_exchange(tp):
+    """Whether tensors of type ``tp`` are read through the DLPack C exchange API (for tests)."""
+    return _reader(tp).dl != NULL
+
+
 cdef class Seen:
-    """A PyTorch tensor as last described: the tensor (weak) and its address, its data address
-    and size in bytes then (with the reader of its type), the device, its region (start, size,
-    host view, access list), its byte range there, and its last wrapper (weak)."""
+    """A PyTorch tensor as last described: the tensor (weak) and its address, its extent then
+    (with the reader of its type), the device, its region (start, size, host view, access
+    list), its byte range there, and its last wrapper (weak)."""
 
     cdef object ref
     cdef uintptr_t addr
     cdef _Reader reader
-    cdef uintptr_t ptr
-    cdef Py_ssize_t nbytes_then
+    cdef uintptr_t ptr         # the extent then: first byte's address
+    cdef Py_ssize_t size_then  # and size in bytes
     cdef object be
     cdef uintptr_t start
     cdef Py_ssize_t nbytes
@@ -313,7 +382,8 @@ def set_of(obj):
 cdef Named _seen(obj, be, bint write):
     global _looked_up
     cdef Seen e
-    cdef _Reader r
+    cdef uintptr_t ptr
+    cdef Py_ssize_t size
     x = _in_slots(obj)
     if x is None:
         _looked_up += 1
@@ -322,10 +392,10 @@ cdef Named _seen(obj, be, bint write):
             return None
         _keep(<Seen>x)
     e = <Seen>x
-    if dvo_deref(e.ref) is not obj or e.be is not be:
+    if not dvo_refers_to(e.ref, obj) or e.be is not be:
         return None
-    r = e.reader
-    if <uintptr_t>r.ptr_of(obj) != e.ptr or r.nbytes_of(obj) != e.nbytes_then:
+    e.reader.extent(obj, &ptr, &size)
+    if ptr != e.ptr or size != e.size_then:
         return None
     b = dvo_deref(e.last)
     if b is None:
@@ -336,12 +406,14 @@ cdef Named _seen(obj, be, bint write):
 
 def seen(obj, be, bint write):
     """The ledger access ``(buffer, lo, hi, write)`` of a PyTorch tensor described before on
-    device ``be`` and unchanged since (the same object, data address and size in bytes), else
+    device ``be`` and unchanged since (the same object and extent: see :class:`_Reader`), else
     None.
 
-    The size in bytes stands for the shape: an in-place change that keeps the data address
-    and the size (``resize_`` to a shape of as many elements, ``t_``, ``squeeze_``) keeps the
-    byte range the tensor spans; only ``as_strided_`` and ``set_`` with new strides escape both.
+    Through the DLPack C exchange API the extent is the byte span the tensor's shape and
+    strides reach, so any in-place change of the bytes it spans is seen (``resize_``, ``set_``,
+    ``as_strided_``), and one that keeps them (``t_``, ``squeeze_``) needs no new description.
+    Through ``data_ptr()`` and ``nbytes`` (older PyTorch, subclasses) the size in bytes stands
+    for the span: ``as_strided_`` and ``set_`` with new strides over as many bytes escape both.
 
     Its region lives (the tensor is one of its users); its last wrapper serves again while
     something (work in flight) keeps it, else a new one is made, which keeps the tensor alive.
@@ -363,18 +435,17 @@ cpdef Buffer wrapper(be, uintptr_t start, Py_ssize_t nbytes, host, owner, list a
     return buf
 
 
-def remember(obj, uintptr_t ptr, Py_ssize_t nbytes, be, Buffer buf, Py_ssize_t lo, Py_ssize_t hi):
-    """Keep what describing PyTorch tensor ``obj`` found (its data address and size in bytes,
-    and its wrapper ``buf`` of its region, with the byte range [lo, hi) of the region), for
-    :func:`seen`. Held weakly: the tensor's death forgets it."""
+def remember(obj, be, Buffer buf, Py_ssize_t lo, Py_ssize_t hi):
+    """Keep what describing PyTorch tensor ``obj`` found (its wrapper ``buf`` of its region,
+    with the byte range [lo, hi) of the region) and its extent now, for :func:`seen`. Held
+    weakly: the tensor's death forgets it."""
     cdef Seen e = Seen.__new__(Seen)
     cdef _Forget f = _Forget.__new__(_Forget)
+    e.reader = _reader(type(obj))
+    e.reader.extent(obj, &e.ptr, &e.size_then)
     f.key = PyLong_FromVoidPtr(<void*>obj)
     e.ref = PyWeakref_NewRef(obj, f)
     e.addr = <uintptr_t><void*>obj
-    e.reader = _reader(type(obj))
-    e.ptr = ptr
-    e.nbytes_then = nbytes
     e.be = be
     e.start = buf.ptr
     e.nbytes = buf.nbytes

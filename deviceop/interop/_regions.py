@@ -239,7 +239,7 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
         r.add(buf)
         if is_torch:
             r.add(obj)  # the region lives as long as the tensor does
-            remember(obj, ptr, obj.nbytes, be, buf, lo - r.start, hi - r.start)
+            remember(obj, be, buf, lo - r.start, hi - r.start)
     return (buf, lo - buf.ptr, hi - buf.ptr, write)
 
 
