@@ -153,6 +153,29 @@ def test_undeclared_tensor_arguments_count_as_written(backend):
     np.testing.assert_array_equal(y.numpy(), np.full(1024, 3.0, np.float32))
 
 
+def test_many_named_arrays_and_undeclared_arguments_are_all_ordered(backend):
+    """An op naming more arrays than it holds in itself, with undeclared tensor arguments on top:
+    every access is kept in naming order, and the undeclared ones count as written."""
+    s = pool_of(2)
+    z = do.zeros(128, do.float32).sync()
+    rs = [do.zeros(128, do.float32).sync() for _ in range(3)]
+    ws = [do.zeros(128, do.float32).sync() for _ in range(3)]
+    u1, u2 = do.zeros(1024, do.float32).sync(), do.zeros(1024, do.float32).sync()
+    y = do.zeros(1024, do.float32).sync()
+
+    def fill_both(stream, a, b):
+        lib_fill(stream, a, 1.0, 1024)
+        return lib_fill(stream, b, 6.0, 1024)
+
+    op = do.external(fill_both, u1, u2, reads=tuple(rs), writes=tuple(ws))
+    assert [(a[0], a[-1]) for a in op.acc] == [(t, False) for t in rs] + [(t, True) for t in ws]
+    fut = slow_fill(z, 1.0, 0.2).then(lambda _: op).submit(stream=s[0])
+    K.copy(y.partition((128,)), u2).sync_on(s[1])  # must wait for fill_both's write of u2
+    assert fut.result() == "filled"
+    np.testing.assert_array_equal(y.numpy(), np.full(1024, 6.0, np.float32))
+    assert [(a[0], a[-1]) for a in op.acc][6:] == [(u1, True), (u2, True)]
+
+
 # -- foreign memory ---------------------------------------------------------------------------
 
 

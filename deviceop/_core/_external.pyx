@@ -12,6 +12,9 @@ from cpython.contextvars cimport get_value
 from cpython.object cimport PyObject
 from cpython.long cimport PyLong_AsVoidPtr, PyLong_FromVoidPtr
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.weakref cimport PyWeakref_NewRef
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 
@@ -23,7 +26,7 @@ from ._op cimport DeviceOp
 from .._errors import UsageError
 from ..device._select import _selected, _state, current
 
-__all__ = ["External", "HOOKS", "Named", "external", "inside_stream", "named", "remember", "seen", "swap_inside", "wrapper"]
+__all__ = ["External", "HOOKS", "external", "inside_stream", "named", "remember", "seen", "swap_inside", "wrapper"]
 
 
 # the stream whose ``external`` fn this thread is running (exports inside it need no wait): a C
@@ -308,46 +311,15 @@ cdef class _Forget:
                 _SLOTS[i + 1] = None
 
 
-@cython.freelist(64)  # a few per external op: made and dropped on every step of a chain
-@cython.final
-cdef class Named:
-    """One array an external op names: a deviceop tensor (``tensor``: the ledger takes its
-    span), or the wrapper Buffer of a foreign array's region with the byte range [lo, hi) of
-    it; read or written."""
+# one access an external op names: a byte range [lo, hi) of its target (a wrapper Buffer of a
+# foreign array's region), or a deviceop tensor (``tensor``: the ledger takes its span); read
+# or written. The targets themselves are in a tuple beside (the collector sees them).
+cdef struct Acc:
+    Py_ssize_t lo, hi
+    bint write, tensor
 
-    cdef object target
-    cdef Py_ssize_t lo, hi
-    cdef bint write, tensor
-
-    def as_tuple(self):
-        """The ledger's access: ``(tensor, write)`` or ``(buffer, lo, hi, write)``."""
-        if self.tensor:
-            return (self.target, self.write)
-        return (self.target, self.lo, self.hi, self.write)
-
-
-cdef inline Named _of_tensor(t, bint write):
-    cdef Named n = Named.__new__(Named)
-    n.target = t
-    n.write = write
-    n.tensor = True
-    return n
-
-
-cdef inline Named _of_range(Buffer b, Py_ssize_t lo, Py_ssize_t hi, bint write):
-    cdef Named n = Named.__new__(Named)
-    n.target = b
-    n.lo = lo
-    n.hi = hi
-    n.write = write
-    return n
-
-
-cdef Named _of_access(tuple a):
-    """A ledger access tuple as a Named."""
-    if len(a) == 2:
-        return _of_tensor(a[0], a[1])
-    return _of_range(<Buffer>a[0], a[1], a[2], a[3])
+cdef enum:
+    N_INLINE = 4  # accesses held in the op itself (more: a heap array)
 
 
 @cython.boundscheck(False)
@@ -379,7 +351,9 @@ def set_of(obj):
     return _set_of(<uintptr_t><void*>obj) // 2
 
 
-cdef Named _seen(obj, be, bint write):
+cdef object _seen(obj, be, Py_ssize_t* lo, Py_ssize_t* hi):
+    """The wrapper Buffer of PyTorch tensor ``obj`` if it was described before on device ``be``
+    and is unchanged since, with its byte range there in ``lo``/``hi``; else None."""
     global _looked_up
     cdef Seen e
     cdef uintptr_t ptr
@@ -401,7 +375,9 @@ cdef Named _seen(obj, be, bint write):
     if b is None:
         b = wrapper(be, e.start, e.nbytes, e.host, obj, e.accesses)
         e.last = PyWeakref_NewRef(b, None)
-    return _of_range(<Buffer>b, e.lo, e.hi, write)
+    lo[0] = e.lo
+    hi[0] = e.hi
+    return b
 
 
 def seen(obj, be, bint write):
@@ -418,8 +394,9 @@ def seen(obj, be, bint write):
     Its region lives (the tensor is one of its users); its last wrapper serves again while
     something (work in flight) keeps it, else a new one is made, which keeps the tensor alive.
     """
-    n = _seen(obj, be, write)
-    return None if n is None else n.as_tuple()
+    cdef Py_ssize_t lo, hi
+    b = _seen(obj, be, &lo, &hi)
+    return None if b is None else (b, lo, hi, write)
 
 
 cpdef Buffer wrapper(be, uintptr_t start, Py_ssize_t nbytes, host, owner, list accesses):
@@ -477,7 +454,10 @@ cdef class External(DeviceOp):
 
     cdef readonly object fn
     cdef readonly tuple args
-    cdef list _acc               # Named, in naming order
+    cdef tuple _tg               # the targets of the accesses, in naming order (_n of them set)
+    cdef Acc* _ac                # their ranges and kinds: _inline, or a heap array of _cap
+    cdef Acc _inline[N_INLINE]
+    cdef Py_ssize_t _n, _cap
     cdef readonly object post    # post(cx, out, args) -> (out, [(buffer, lo, hi, write)]) or None
     cdef readonly object label
     cdef bint lazy
@@ -485,11 +465,65 @@ cdef class External(DeviceOp):
     def __init__(self, fn, tuple args, reads=(), writes=(), post=None, label=None):
         _init(self, fn, args, reads, writes, post, label)
 
+    def __dealloc__(self):
+        if self._ac != NULL and self._ac != &self._inline[0]:
+            PyMem_Free(self._ac)
+
     @property
     def acc(self):
         """What the op names, as the ledger's accesses: ``(tensor, write)`` or
         ``(buffer, lo, hi, write)``, in naming order."""
-        return [(<Named>n).as_tuple() for n in self._acc if n is not None]  # (None: not named yet)
+        cdef Py_ssize_t i
+        return [
+            (self._tg[i], self._ac[i].write) if self._ac[i].tensor
+            else (self._tg[i], self._ac[i].lo, self._ac[i].hi, self._ac[i].write)
+            for i in range(self._n)
+        ]
+
+    cdef int _room(self, Py_ssize_t n) except -1:
+        """Room for ``n`` accesses in all (made once at construction; grown only for deviceop
+        tensors among ``args`` that no list names)."""
+        cdef Acc* ac
+        cdef Py_ssize_t i
+        if n <= self._cap:
+            return 0
+        if n <= N_INLINE and self._ac == NULL:
+            ac = &self._inline[0]
+        else:
+            ac = <Acc*>PyMem_Malloc(n * sizeof(Acc))
+            if ac == NULL:
+                raise MemoryError()
+        tg = PyTuple_New(n)
+        for i in range(self._n):
+            ac[i] = self._ac[i]
+            x = self._tg[i]
+            Py_INCREF(x)
+            PyTuple_SET_ITEM(tg, i, x)
+        if self._ac != NULL and self._ac != &self._inline[0]:
+            PyMem_Free(self._ac)
+        self._ac = ac
+        self._tg = tg
+        self._cap = n
+        return 0
+
+    cdef inline int _put(self, target, Py_ssize_t lo, Py_ssize_t hi, bint write, bint tensor) except -1:
+        cdef Py_ssize_t i = self._n
+        if i == self._cap:
+            self._room(i + 1)
+        Py_INCREF(target)
+        PyTuple_SET_ITEM(self._tg, i, target)
+        self._ac[i].lo = lo
+        self._ac[i].hi = hi
+        self._ac[i].write = write
+        self._ac[i].tensor = tensor
+        self._n = i + 1
+        return 0
+
+    cdef int _put_access(self, tuple a) except -1:
+        """Put a ledger access tuple: ``(tensor, write)`` or ``(buffer, lo, hi, write)``."""
+        if len(a) == 2:
+            return self._put(a[0], 0, 0, a[1], True)
+        return self._put(<Buffer>a[0], a[1], a[2], a[3], False)
 
     def __repr__(self):
         label = self.label
@@ -500,37 +534,33 @@ cdef class External(DeviceOp):
 
     @cython.boundscheck(False)
     @cython.wraparound(False)
-    cdef object _name(self, tuple items, Py_ssize_t at, bint write, object be):
-        """Put the accesses of ``items`` in ``_acc`` from index ``at`` on; returns the device
-        foreign arrays were named on (looked up once, at the first foreign array, and handed
-        to the next call)."""
-        cdef Py_ssize_t i
-        cdef list acc = self._acc
-        cdef Named n
+    cdef object _name(self, tuple items, bint write, object be):
+        """Put the accesses of ``items``; returns the device foreign arrays were named on
+        (looked up once, at the first foreign array, and handed to the next call)."""
+        cdef Py_ssize_t i, lo, hi
         for i in range(len(items)):
             x = items[i]
             if isinstance(x, TensorBase):
-                acc[at + i] = _of_tensor(x, write)
+                self._put(x, 0, 0, write, True)
             else:
                 if be is None:
                     be = _current()
-                n = _seen(x, be, write)  # (first: a PyTorch tensor named before is the common case)
-                if n is None:
-                    if isinstance(x, PartitionBase):
-                        n = _of_tensor((<PartitionBase>x).tensor, write)
-                    elif isinstance(x, DeviceOp):
-                        raise UsageError(f"{self!r}: reads and writes name arrays, not ops; pass the op as an argument")
-                    else:
-                        n = _of_access(HOOKS["access_of"](x, be, write, (self, write, i)))
-                acc[at + i] = n
+                b = _seen(x, be, &lo, &hi)  # (first: a PyTorch tensor named before is the common case)
+                if b is not None:
+                    self._put(b, lo, hi, write, False)
+                elif isinstance(x, PartitionBase):
+                    self._put((<PartitionBase>x).tensor, 0, 0, write, True)
+                elif isinstance(x, DeviceOp):
+                    raise UsageError(f"{self!r}: reads and writes name arrays, not ops; pass the op as an argument")
+                else:
+                    self._put_access(HOOKS["access_of"](x, be, write, (self, write, i)))
         return be
 
     @cython.boundscheck(False)
     @cython.wraparound(False)
     cpdef object _run(self, ExecutionContext cx):
         cdef tuple args = self.args
-        cdef list acc = self._acc
-        cdef Named n
+        cdef Acc* ac
         cdef bint seen
         cdef Py_ssize_t i
         be = cx.backend
@@ -540,29 +570,30 @@ cdef class External(DeviceOp):
             t = (<PartitionBase>x).tensor if isinstance(x, PartitionBase) else x
             if isinstance(t, TensorBase):
                 seen = False
-                for i in range(len(acc)):
-                    if (<Named>acc[i]).target is t:
+                for i in range(self._n):
+                    if self._tg[i] is t:
                         seen = True
                         break
                 if not seen:
-                    acc.append(_of_tensor(t, True))
-        for i in range(len(acc)):
-            n = <Named>acc[i]  # (every entry is a Named: no type test)
-            xb = (<TensorBase>n.target).buffer.backend if n.tensor else (<Buffer>n.target).backend
+                    self._put(t, 0, 0, True, True)
+        tg = self._tg
+        ac = self._ac
+        for i in range(self._n):
+            x = tg[i]
+            xb = (<TensorBase>x).buffer.backend if ac[i].tensor else (<Buffer>x).backend
             if xb is not be:
                 check_backend(cx, xb, repr(self))
         if cx.drv is None and not be.cuda_memory:  # (a cuda device has its driver)
-            return HOOKS["call_in_order"](self, cx, args, [n.as_tuple() for n in acc])
+            return HOOKS["call_in_order"](self, cx, args, self.acc)
         LOCK.take()
         try:
             # under the ledger lock: fn's work is enqueued before any later registration on
             # any thread can look at this execution's accesses
-            for i in range(len(acc)):
-                n = <Named>acc[i]
-                if n.tensor:
-                    order_tensor(cx, n.target, n.write, self)
+            for i in range(self._n):
+                if ac[i].tensor:
+                    order_tensor(cx, tg[i], ac[i].write, self)
                 else:
-                    order(cx, <Buffer>n.target, n.lo, n.hi, n.write, self)
+                    order(cx, <Buffer>tg[i], ac[i].lo, ac[i].hi, ac[i].write, self)
             return _call(self, cx, args)
         finally:
             LOCK.drop()
@@ -595,15 +626,14 @@ cdef int _init(External op, fn, tuple args, reads, writes, post, label) except -
     op.post = post
     cdef tuple rt = named(reads, "reads")
     cdef tuple wt = named(writes, "writes")
-    # sized once (appending would grow the list as it goes)
-    op._acc = [None] * (len(rt) + len(wt))
+    op._room(len(rt) + len(wt))  # sized once
     # foreign arrays are wrapped now: bad input fails before any work, and the wrapper keeps
     # the array alive until the work that uses it has completed
     be = None
     if len(rt):
-        be = op._name(rt, 0, False, be)
+        be = op._name(rt, False, be)
     if len(wt):
-        op._name(wt, len(rt), True, be)
+        op._name(wt, True, be)
     for i in range(len(args)):
         x = args[i]
         if isinstance(x, DeviceOp):
