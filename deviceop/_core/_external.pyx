@@ -13,8 +13,6 @@ from cpython.object cimport PyObject
 from cpython.long cimport PyLong_AsVoidPtr, PyLong_FromVoidPtr
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.weakref cimport PyWeakref_NewRef
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 
@@ -151,7 +149,7 @@ cdef class _Reader:
     """How to read a tensor's *extent* of one type: its first byte's address and its size in
     bytes, compared each time it is named again (a change means it is described anew).
 
-    Where the type publishes the DLPack C exchange API (PyTorch 2.10 and newer), one C call
+    Where the type publishes the DLPack C exchange API (recent PyTorch), one C call
     fills a DLTensor and the extent is the byte span its shape and strides reach (an in-place
     change of either that moves the span is seen). Else ``data_ptr()`` and ``nbytes``, read
     through the type's descriptors where they are PyTorch's C ones (a subclass may override
@@ -313,7 +311,7 @@ cdef class _Forget:
 
 # one access an external op names: a byte range [lo, hi) of its target (a wrapper Buffer of a
 # foreign array's region), or a deviceop tensor (``tensor``: the ledger takes its span); read
-# or written. The targets themselves are in a tuple beside (the collector sees them).
+# or written. The targets themselves are in a list beside (the collector sees them).
 cdef struct Acc:
     Py_ssize_t lo, hi
     bint write, tensor
@@ -454,7 +452,7 @@ cdef class External(DeviceOp):
 
     cdef readonly object fn
     cdef readonly tuple args
-    cdef tuple _tg               # the targets of the accesses, in naming order (_n of them set)
+    cdef list _tg                # the targets of the accesses, in naming order (_n of them set)
     cdef Acc* _ac                # their ranges and kinds: _inline, or a heap array of _cap
     cdef Acc _inline[N_INLINE]
     cdef Py_ssize_t _n, _cap
@@ -493,25 +491,25 @@ cdef class External(DeviceOp):
             ac = <Acc*>PyMem_Malloc(n * sizeof(Acc))
             if ac == NULL:
                 raise MemoryError()
-        tg = PyTuple_New(n)
         for i in range(self._n):
             ac[i] = self._ac[i]
-            x = self._tg[i]
-            Py_INCREF(x)
-            PyTuple_SET_ITEM(tg, i, x)
         if self._ac != NULL and self._ac != &self._inline[0]:
             PyMem_Free(self._ac)
         self._ac = ac
-        self._tg = tg
+        if self._tg is None:
+            self._tg = [None] * n
+        else:
+            self._tg.extend([None] * (n - len(self._tg)))
         self._cap = n
         return 0
 
+    @cython.boundscheck(False)
+    @cython.wraparound(False)
     cdef inline int _put(self, target, Py_ssize_t lo, Py_ssize_t hi, bint write, bint tensor) except -1:
         cdef Py_ssize_t i = self._n
         if i == self._cap:
             self._room(i + 1)
-        Py_INCREF(target)
-        PyTuple_SET_ITEM(self._tg, i, target)
+        self._tg[i] = target
         self._ac[i].lo = lo
         self._ac[i].hi = hi
         self._ac[i].write = write
@@ -560,6 +558,7 @@ cdef class External(DeviceOp):
     @cython.wraparound(False)
     cpdef object _run(self, ExecutionContext cx):
         cdef tuple args = self.args
+        cdef list tg
         cdef Acc* ac
         cdef bint seen
         cdef Py_ssize_t i
