@@ -725,15 +725,11 @@ def test_torch_tensor_subclasses_named_again_are_recognised(host_backend):
     assert hi - lo == 32 and buf.owner is t
 
 
-def test_a_torch_tensor_named_by_many_ops_is_described_once(host_backend, monkeypatch):
-    """Ops naming the same unchanged PyTorch tensor reuse its description (the compiled cache):
-    it is described once, and again only after an in-place change of the bytes it spans (a
-    change of shape over the same bytes needs none); every op registers the same region, and
-    the op's wrapper keeps the tensor alive."""
-    torch = pytest.importorskip("torch")
+def count_descriptions(monkeypatch) -> list:
+    """The shapes of the foreign arrays described (interop's ``_describe``) from now on."""
     from deviceop.interop import _regions
 
-    calls = []
+    calls: list = []
     describe = _regions._describe
 
     def counting(obj, be, what):
@@ -741,6 +737,16 @@ def test_a_torch_tensor_named_by_many_ops_is_described_once(host_backend, monkey
         return describe(obj, be, what)
 
     monkeypatch.setattr(_regions, "_describe", counting)
+    return calls
+
+
+def test_a_torch_tensor_named_by_many_ops_is_described_once(host_backend, monkeypatch):
+    """Ops naming the same unchanged PyTorch tensor reuse its description (the compiled cache):
+    it is described once, and again only after an in-place change of the bytes it spans (a
+    change of shape over the same bytes needs none); every op registers the same region, and
+    the op's wrapper keeps the tensor alive."""
+    torch = pytest.importorskip("torch")
+    calls = count_descriptions(monkeypatch)
     t = torch.zeros(64)
     ops = [do.external(lambda stream: None, reads=(t,), writes=(t,)) for _ in range(5)]
     assert len(calls) == 1
@@ -772,7 +778,6 @@ def test_a_torch_tensor_is_compared_by_the_span_its_shape_and_strides_reach(host
     their descriptors (a subclass may override them)."""
     torch = pytest.importorskip("torch")
     from deviceop._core import _external
-    from deviceop.interop import _regions
 
     if not _external.uses_exchange(torch.Tensor):
         pytest.skip("this PyTorch has no DLPack C exchange API")
@@ -785,14 +790,7 @@ def test_a_torch_tensor_is_compared_by_the_span_its_shape_and_strides_reach(host
     assert _external.extent(t.view(8, 8).t()) == (base, 256)
     assert _external.extent(t[:0]) == (0, 0)  # no bytes
     assert _external.extent(torch.zeros(()))[1] == 4
-    calls = []
-    describe = _regions._describe
-
-    def counting(obj, be, what):
-        calls.append(obj.shape)
-        return describe(obj, be, what)
-
-    monkeypatch.setattr(_regions, "_describe", counting)
+    calls = count_descriptions(monkeypatch)
     m = torch.zeros(8, 8)
     assert do.external(lambda stream: None, writes=(m,)).acc[0][1:3] == (0, 256)
     m.t_()  # the same bytes: the description holds
