@@ -539,6 +539,63 @@ def test_torch_adapter_gives_each_call_its_own_alias_of_a_tensor_used_again(back
     assert ref() is None
 
 
+def test_a_tensor_an_adapter_step_returned_reaches_the_next_as_an_alias_of_pytorchs(backend):
+    """A deviceop tensor that PyTorch code returned (a model split into steps) reaches the next
+    adapter step as a new alias of the PyTorch tensor it came from: the same memory, shape,
+    strides and storage, without autograd history, its own metadata each call; an inference
+    tensor is imported anew (usable with autograd). The cache goes with the deviceop tensor."""
+    torch = pytest.importorskip("torch")
+    if not _cuda():
+        pytest.skip("on the host backend fn gets CPU tensors made for each call")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    from deviceop.interop import _torch as adapter
+
+    made = []
+    w = torch.ones(8, 4, device="cuda", requires_grad=True)
+
+    def first(t):  # a new tensor with autograd history, as a model's layer returns
+        made.append(t @ w)
+        return made[-1]
+
+    seen = []
+
+    def second(h):
+        seen.append((h, h.data_ptr(), tuple(h.shape), h.stride(), h.requires_grad))
+        h.t_()  # this call's alias only
+        return h.sum()
+
+    x = do.full((4, 8), 1.0, do.float32).sync()
+    out = do.interop.torch(first, x).sync()
+    assert type(out) is do.Tensor and out.shape == (4, 4) and out.ptr == made[0].data_ptr()
+    for _ in range(2):
+        do.interop.torch(second, out).sync()
+    r = made[0]
+    assert [s[1:] for s in seen] == [(r.data_ptr(), (4, 4), r.stride(), False)] * 2
+    assert seen[0][0] is not seen[1][0] and seen[0][0] is not r
+    assert seen[0][0].untyped_storage().data_ptr() == r.untyped_storage().data_ptr()
+    assert r.shape == (4, 4) and r.requires_grad  # PyTorch's own tensor left as it was
+    np.testing.assert_array_equal(out.numpy(), np.full((4, 4), 8.0, np.float32))
+    # returned under inference mode: the next step, with autograd on, gets a normal tensor
+    with torch.inference_mode():
+        inf = do.interop.torch(lambda t: t * 2.0, x).sync()
+    v = torch.ones(8, device="cuda", requires_grad=True)
+    got = []
+    do.interop.torch(lambda t: got.append((t @ v).sum()), inf).sync()
+    got[0].backward()
+    np.testing.assert_array_equal(v.grad.cpu().numpy(), np.full(8, 8.0, np.float32))
+    # the entry goes with the deviceop tensor; PyTorch's tensor then goes too
+    k = id(out)
+    assert k in adapter._views
+    ref = weakref.ref(r)
+    seen.clear()
+    made.clear()
+    del out, r
+    gc.collect()
+    assert k not in adapter._views or adapter._views[k][0]() is not None
+    assert ref() is None
+
+
 @pytest.mark.anyio
 async def test_torch_awaited(backend, anyio_backend):
     torch = pytest.importorskip("torch")

@@ -114,7 +114,8 @@ def _pool_for(th: Any, scope: Any) -> Any:
 def _view(th: Any, t: Tensor) -> Any:
     """A PyTorch tensor on deviceop tensor ``t``'s memory (cuda; called inside the op's ``fn``).
 
-    The PyTorch tensor is made once per deviceop Tensor (a DLPack capsule, no copy) and kept
+    The PyTorch tensor is made once per deviceop Tensor (a DLPack capsule, no copy; for one an
+    adapter op returned, the PyTorch tensor it came from, aliased: see _wrap) and kept
     while ``t`` lives; each call gets a new alias of it (``detach()``: its own shape and
     strides, so code that changes an argument's metadata in place, as ``t_()`` or
     ``unsqueeze_()`` do, leaves the next call's alone). The capsule keeps ``t``'s buffer alive,
@@ -227,6 +228,13 @@ def _wrap(cx: Any, t: Any, acc: list[Any], args: tuple[Any, ...]) -> Tensor:
     buf = buffer_for(be, lo, hi, t, lambda: _storage(t))
     out = Tensor(buf, shape, dt, strides, ptr - buf.ptr)
     acc.append((buf, lo - buf.ptr, hi - buf.ptr, True))
+    if be.cuda_memory and not t.is_inference():
+        # the PyTorch tensor a later step gets for ``out`` (see _view): an alias of ``t`` (the
+        # same memory, shape, strides and dtype), not a DLPack import of ``out`` (tens of µs
+        # more at every step boundary of a model split into steps). An inference tensor is left
+        # to the import, which makes a normal one
+        k = id(out)
+        _views[k] = (weakref.ref(out, functools.partial(_forget, k)), t.detach())
     return out
 
 
