@@ -858,6 +858,42 @@ def test_a_torch_tensor_is_compared_by_the_span_its_shape_and_strides_reach(host
     assert len(calls) == 2
 
 
+def test_a_torch_tensors_layout_is_read_in_one_call_as_its_getters_give_it(host_backend):
+    """``layout`` (what the adapter reads of every tensor PyTorch code returns) gives what the
+    tensor's getters give: address, shape, element strides, the byte span they reach, its
+    DLPack dtype and device; None for a subclass (which may override the getters)."""
+    torch = pytest.importorskip("torch")
+    from deviceop._core import _external
+    from deviceop.interop._regions import span
+
+    if not _external.uses_exchange(torch.Tensor):
+        pytest.skip("this PyTorch has no DLPack C exchange API")
+    z = torch.zeros(64)
+    cases = [
+        z,
+        z.view(8, 8).t(),
+        z[::3],
+        z.view(8, 8)[2:5, 1::2],
+        z.flip(0),  # a copy: PyTorch has no negative strides
+        z[:0].view(0, 4),
+        torch.zeros(()),
+        torch.zeros(5, 1, 3, dtype=torch.float16),
+        torch.zeros(4, 4, dtype=torch.bfloat16).t(),
+        torch.zeros(3, dtype=torch.int64),
+        torch.zeros(3, dtype=torch.uint8),
+    ]
+    codes = {}
+    for t in cases:
+        ptr, shape, strides, key, dev, lo, hi = _external.layout(t)
+        it = t.element_size()
+        assert (ptr, shape, strides) == (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        assert (lo, hi) == span(t.data_ptr(), tuple(t.shape), tuple(s * it for s in t.stride()), it)
+        assert dev == 1 and (key >> 8) & 0xFF == 8 * it and key & 0xFF == 1  # CPU; bits; one lane
+        assert codes.setdefault(t.dtype, key) == key
+    assert len(set(codes.values())) == len(codes)  # each dtype its own key
+    assert _external.layout(torch.nn.Parameter(torch.zeros(2))) is None
+
+
 def test_asyncio_gather_of_externals(backend):
     async def main():
         xs = [do.zeros(128, do.float32).sync() for _ in range(8)]

@@ -196,6 +196,28 @@ def test_an_allocated_tensor_has_the_layout_a_tensor_made_on_its_buffer_has(back
             assert [getattr(t, f) for f in fields] == [getattr(u, f) for f in fields]
 
 
+def test_a_tensor_made_at_a_layout_has_every_field_the_constructor_gives(backend):
+    """``tensor_at`` (how wrapped foreign outputs are made) gives what the constructor gives,
+    through its table of layouts for a contiguous tensor at the buffer's start and through the
+    constructor otherwise; no fresh-tensor hook sees it (it allocates nothing)."""
+    from deviceop._core._base import set_fresh_tensor_hook, tensor_at
+    from deviceop.device._tensor import Tensor
+
+    buf = do.empty((64,), do.float32).sync().buffer
+    seen = []
+    prev = set_fresh_tensor_hook(seen.append)  # (the stub driver's, under it)
+    try:
+        for shape, strides, off in [((4, 16), (16, 1), 0), ((16, 4), (1, 16), 0), ((4, 8), (8, 1), 32), ((), (), 0)]:
+            t = tensor_at(Tensor, buf, shape, do.float32, strides, off)
+            u = Tensor(buf, shape, do.float32, strides, off)
+            assert type(t) is Tensor
+            fields = ("shape", "strides", "size", "offset", "addr", "_span", "_key", "nbytes", "dtype")
+            assert [getattr(t, f) for f in fields] == [getattr(u, f) for f in fields]
+    finally:
+        set_fresh_tensor_hook(prev)
+    assert seen == []
+
+
 def test_forgetting_a_devices_layouts_forgets_its_fresh_tensor_layouts(backend):
     """A device's layout ids are dropped when it closes; allocations then work the layout out
     again (the table of fresh layouts holds nothing of the device either)."""

@@ -95,6 +95,7 @@ cdef class TensorBase:
 
 
 cdef TensorBase new_contiguous(type cls, Buffer buf, tuple shape, dtype)
+cpdef TensorBase tensor_at(type cls, Buffer buf, tuple shape, dtype, tuple strides, Py_ssize_t offset)
 cpdef bint plain_shape(shape)
 
 

@@ -3,7 +3,7 @@
 Names not declared here are internal to the core and typed ``Any``.
 """
 
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 from .._dtypes import DType
 
@@ -50,6 +50,14 @@ class TensorBase:
     def _span(self) -> tuple[int, int]:
         """The byte range [lo, hi) of the buffer that this view can touch."""
 
+_T = TypeVar("_T", bound=TensorBase)
+
+def tensor_at(
+    cls: type[_T], buf: Buffer, shape: tuple[int, ...], dtype: Any, strides: tuple[int, ...], offset: int
+) -> _T:
+    """What ``cls(buf, shape, dtype, strides, offset)`` makes; a contiguous one from the
+    buffer's start without working out its layout again."""
+
 class PartitionBase:
     """Fields of a Partition, declared once for the core."""
 
@@ -94,8 +102,9 @@ class Lent:
 
     def __call__(self) -> None: ...
 
-def set_fresh_tensor_hook(fn: Any) -> None:
-    """Call ``fn(tensor)`` with every tensor an allocation makes from now on (None: stop)."""
+def set_fresh_tensor_hook(fn: Any) -> Any:
+    """Call ``fn(tensor)`` with every tensor an allocation makes from now on (None: stop);
+    returns the hook set before."""
 
 def lent_bytes() -> int:
     """Page-locked bytes lent to result arrays now (for tests and diagnostics)."""

@@ -313,16 +313,34 @@ cdef object _FRESH_HOOK = None
 def set_fresh_tensor_hook(fn):
     """Call ``fn(tensor)`` with every tensor an allocation makes from now on (None: stop). For
     harnesses that map device addresses to tensors, such as the stub driver's kernels: these
-    tensors are made without ``Tensor.__init__``."""
+    tensors are made without ``Tensor.__init__``. Returns the hook set before."""
     global _FRESH_HOOK
     if fn is not None and not callable(fn):
         raise UsageError(f"the fresh-tensor hook must be callable or None, got {type(fn).__name__}")
+    prev = _FRESH_HOOK
     _FRESH_HOOK = fn
+    return prev
 
 
 cdef TensorBase new_contiguous(type cls, Buffer buf, tuple shape, dtype):
     """A ``cls`` tensor (TensorBase or a subclass) of shape ``shape`` over ``buf`` from its start,
     contiguous: what ``cls(buf, shape, dtype)`` makes, without working out its layout again."""
+    cdef TensorBase t = _contiguous(cls, buf, shape, dtype)
+    if _FRESH_HOOK is not None:
+        _FRESH_HOOK(t)
+    return t
+
+
+cpdef TensorBase tensor_at(type cls, Buffer buf, tuple shape, dtype, tuple strides, Py_ssize_t offset):
+    """What ``cls(buf, shape, dtype, strides, offset)`` makes (``cls``: TensorBase or a
+    subclass); a contiguous one from the buffer's start without working out its layout again
+    (the tensors another library's code returns, wrapped at every call)."""
+    if offset == 0 and strides == contiguous_strides(shape):
+        return _contiguous(cls, buf, shape, dtype)
+    return cls(buf, shape, dtype, strides, offset)
+
+
+cdef TensorBase _contiguous(type cls, Buffer buf, tuple shape, dtype):
     cdef TensorBase t = TensorBase.__new__(cls)
     cdef Py_ssize_t size = 1, n
     cdef tuple e
@@ -348,8 +366,6 @@ cdef TensorBase new_contiguous(type cls, Buffer buf, tuple shape, dtype):
     t.lo = 0
     t.hi = <Py_ssize_t>e[2]
     t._key = <Py_ssize_t>e[3]
-    if _FRESH_HOOK is not None:
-        _FRESH_HOOK(t)
     return t
 
 

@@ -38,6 +38,10 @@ def seen(obj: Any, be: Any, write: bool) -> tuple[Any, int, int, bool] | None:
     """The ledger access ``(buffer, lo, hi, write)`` of a PyTorch tensor described before on
     device ``be`` and unchanged since (the same object and extent), else None."""
 
+def layout(obj: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], int, int, int, int] | None:
+    """``(address, shape, element strides, dtype key, device type, lo, hi)`` of a tensor read in
+    one C call through its type's DLPack C exchange API; None where its type publishes none."""
+
 def wrapper(be: Any, start: int, nbytes: int, host: Any, owner: Any, accesses: list[Any]) -> Buffer:
     """A Buffer of foreign memory [start, start + nbytes) on device ``be`` that keeps ``owner``
     alive and shares the region's access list ``accesses``."""

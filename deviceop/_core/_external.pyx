@@ -24,7 +24,7 @@ from ._op cimport DeviceOp
 from .._errors import UsageError
 from ..device._select import _selected, _state, current
 
-__all__ = ["External", "HOOKS", "external", "inside_stream", "named", "remember", "seen", "swap_inside", "wrapper"]
+__all__ = ["External", "HOOKS", "external", "inside_stream", "layout", "named", "remember", "seen", "swap_inside", "wrapper"]
 
 
 # the stream whose ``external`` fn this thread is running (exports inside it need no wait): a C
@@ -238,6 +238,57 @@ def extent(obj):
     cdef Py_ssize_t size
     _reader(type(obj)).extent(obj, &ptr, &size)
     return ptr, size
+
+
+cdef int _fill(_Reader r, obj, DLTensor* t) except -1:
+    if r.dl(<void*>obj, t) != 0:
+        return -1  # (the producer set the exception)
+    return 0
+
+
+@cython.cdivision(True)
+def layout(obj):
+    """``(address, shape, element strides, dtype key, device type, lo, hi)`` of a tensor, read
+    in one C call through the DLPack C exchange API its own type publishes (rather than six
+    getters of a PyTorch tensor: this runs at every step that returns one); ``lo``/``hi``: the
+    byte span its shape and strides reach, as addresses; the dtype key: ``code << 16 | bits << 8
+    | lanes``. None where its type publishes none (older PyTorch, subclasses)."""
+    cdef _Reader r = _reader(type(obj))
+    cdef DLTensor t
+    cdef int64_t lo = 0, hi = 0, it, acc = 1
+    cdef int32_t i
+    cdef bint empty = False
+    if r.dl == NULL:
+        return None
+    _fill(r, obj, &t)
+    it = (<int64_t>t.dtype.bits * t.dtype.lanes + 7) // 8
+    shape = tuple([t.shape[i] for i in range(t.ndim)])
+    if t.strides == NULL:  # compact, row-major
+        st = [0] * t.ndim
+        for i in range(t.ndim - 1, -1, -1):
+            st[i] = acc
+            acc *= t.shape[i] if t.shape[i] > 1 else 1
+        strides = tuple(st)
+    else:
+        strides = tuple([t.strides[i] for i in range(t.ndim)])
+    for i in range(t.ndim):
+        if t.shape[i] == 0:
+            empty = True
+        elif t.strides != NULL and t.strides[i] < 0:
+            lo += (t.shape[i] - 1) * t.strides[i]
+        elif t.strides != NULL:
+            hi += (t.shape[i] - 1) * t.strides[i]
+    cdef uintptr_t ptr = <uintptr_t>t.data + <uintptr_t>t.byte_offset
+    cdef Py_ssize_t n = 1
+    if t.strides == NULL:
+        for i in range(t.ndim):
+            n *= t.shape[i]
+        hi = n - 1
+    key = (<int>t.dtype.code << 16) | (<int>t.dtype.bits << 8) | <int>t.dtype.lanes
+    if empty:
+        return ptr, shape, strides, key, t.device.device_type, ptr, ptr
+    return (ptr, shape, strides, key, t.device.device_type,
+            ptr + <uintptr_t>(lo * it), ptr + <uintptr_t>((hi + 1) * it))
 
 
 def uses_exchange(tp):

@@ -156,6 +156,15 @@ def _locate(be: Any, lo: int, hi: int, root: Any) -> _Region:
         if rng is None or not (rng[0] <= lo and hi <= rng[0] + rng[1]):
             rng = (lo, max(hi - lo, 1))
         start, end = int(rng[0]), int(rng[0]) + int(rng[1])
+        old = table[1].get(start)
+        if old is not None and old.end == end and not old.alive():
+            # the same allocation again (a caching allocator hands an address out again and
+            # again): its region of before serves anew. Nothing uses it: no wrapper, array or
+            # work in flight (work keeps its buffers), so it starts with no accesses
+            old.accesses = []
+            old.users.clear()
+            old.bound = 16
+            return old
         r = _Region(start, end, [], raw_view(start, end - start) if not be.cuda_memory else None)
         _insert(table, r)  # (refused where a live region overlaps: then this one stands alone)
     return r

@@ -10,8 +10,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .._core._base import tensor_at
 from .._core._dlpack import capsule
-from .._core._external import External, named
+from .._core._external import External, layout, named
 from .._dtypes import as_dtype
 from .._errors import CaptureError, DTypeError, UsageError
 from ..device._capture import CAPTURE
@@ -25,6 +26,8 @@ _streams: dict[int, tuple[Any, int, int, int]] = {}
 # id(deviceop Tensor) -> (a weak reference to it, the PyTorch tensor on its memory)
 _views: dict[int, tuple[Any, Any]] = {}
 _DTYPES: dict[Any, Any] = {}  # deviceop dtype per torch.dtype
+_DL_DTYPES: dict[int, Any] = {}  # deviceop dtype per DLPack dtype key (see layout)
+_KDLCUDA = 2  # DLPack's device type of CUDA memory
 _pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # graph scope -> torch.cuda.MemPool
 _stream_fns: list[Any] = []  # torch._C's current-stream getter and setter, and device getter (or None)
 
@@ -200,33 +203,39 @@ def _outputs(cx: Any, out: Any, args: tuple[Any, ...]) -> tuple[Any, list[Any]]:
 
 def _wrap(cx: Any, t: Any, acc: list[Any], args: tuple[Any, ...]) -> Tensor:
     be = cx.backend
-    if t.is_cuda != bool(be.cuda_memory):
+    try:
+        d = layout(t)  # one C call (PyTorch's DLPack exchange API), where its type has one
+    except Exception:  # a tensor DLPack refuses (a conjugate view): read through its getters
+        d = None
+    if d is None:
+        it = t.element_size()
+        ptr = int(t.data_ptr())
+        shape = tuple(t.shape)
+        strides = tuple(t.stride())
+        lo, hi = span(ptr, shape, tuple(s * it for s in strides), it)
+        on_cuda = t.is_cuda
+        key = -1
+    else:
+        ptr, shape, strides, key, dev, lo, hi = d
+        on_cuda = dev == _KDLCUDA
+    if on_cuda != bool(be.cuda_memory):
         raise UsageError(
             f"the PyTorch code returned a tensor on {t.device}, but this op runs on the {be.name} backend; "
             "return tensors on the op's device"
         )
-    try:
-        dt = _DTYPES.get(t.dtype)
-        if dt is None:
-            dt = _DTYPES[t.dtype] = as_dtype(str(t.dtype).removeprefix("torch."), "PyTorch output dtype")
-    except DTypeError:
-        raise DTypeError(
-            f"the PyTorch code returned a {t.dtype} tensor, which deviceop has no dtype for; convert it "
-            "(float32, float16, bfloat16, int32, int64, uint8) before returning"
-        ) from None
-    ptr = int(t.data_ptr())
-    shape = tuple(t.shape)
-    strides = tuple(t.stride())
+    dt = _DL_DTYPES.get(key)
+    if dt is None:
+        dt = _dtype_of(t)
+        if key >= 0:
+            _DL_DTYPES[key] = dt
     for a in args:  # an input given back (out=, in place): no second wrapper of its memory
         x = a.tensor if type(a) is Partition else a
-        if type(x) is Tensor and x.ptr == ptr and x.dtype is dt and x.shape == shape and x.strides == strides:
-            lo, hi = x.span
-            acc.append((x.buffer, lo, hi, True))
+        if type(x) is Tensor and x.addr == ptr and x.dtype is dt and x.shape == shape and x.strides == strides:
+            xlo, xhi = x.span
+            acc.append((x.buffer, xlo, xhi, True))
             return x
-    it = t.element_size()
-    lo, hi = span(ptr, shape, tuple(s * it for s in strides), it)
     buf = buffer_for(be, lo, hi, t, lambda: _storage(t))
-    out = Tensor(buf, shape, dt, strides, ptr - buf.ptr)
+    out = tensor_at(Tensor, buf, shape, dt, strides, ptr - buf.ptr)
     acc.append((buf, lo - buf.ptr, hi - buf.ptr, True))
     if be.cuda_memory and not t.is_inference():
         # the PyTorch tensor a later step gets for ``out`` (see _view): an alias of ``t`` (the
@@ -236,6 +245,20 @@ def _wrap(cx: Any, t: Any, acc: list[Any], args: tuple[Any, ...]) -> Tensor:
         k = id(out)
         _views[k] = (weakref.ref(out, functools.partial(_forget, k)), t.detach())
     return out
+
+
+def _dtype_of(t: Any) -> Any:
+    """The deviceop dtype of PyTorch tensor ``t`` (DTypeError where there is none)."""
+    dt = _DTYPES.get(t.dtype)
+    if dt is None:
+        try:
+            dt = _DTYPES[t.dtype] = as_dtype(str(t.dtype).removeprefix("torch."), "PyTorch output dtype")
+        except DTypeError:
+            raise DTypeError(
+                f"the PyTorch code returned a {t.dtype} tensor, which deviceop has no dtype for; convert it "
+                "(float32, float16, bfloat16, int32, int64, uint8) before returning"
+            ) from None
+    return dt
 
 
 def _storage(t: Any) -> tuple[int, int]:
