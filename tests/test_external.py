@@ -224,6 +224,59 @@ def test_a_region_lives_while_one_of_its_users_does_and_forgets_dead_ones(host_b
     assert not r.alive()
 
 
+def test_a_region_nothing_uses_serves_anew_when_its_allocation_comes_back(host_backend):
+    """A caching allocator hands the same block out again and again: the region of that
+    allocation, once nothing uses it, serves the next wrapper with an empty access list (not
+    one of the work before), and is not taken over while it lives, nor by another allocation
+    at the same address."""
+    from deviceop.device import current
+    from deviceop.interop._regions import _table, buffer_for
+
+    class Owner:
+        pass
+
+    be = current()
+    base = np.zeros(1024, np.uint8)
+    p = base.ctypes.data
+    o1 = Owner()
+    b1 = buffer_for(be, p, p + 64, o1, (p, 256))
+    first = _table(be)[1][p]
+    old_list = b1.accesses
+    # a live user: the region is shared, not made anew
+    o2 = Owner()
+    b2 = buffer_for(be, p + 64, p + 128, o2, (p, 256))
+    assert b2.accesses is old_list and _table(be)[1][p] is first
+    del b1, b2, o1, o2
+    gc.collect()
+    assert not first.alive()
+    o3 = Owner()
+    b3 = buffer_for(be, p + 16, p + 32, o3, lambda: (p, 256))
+    assert _table(be)[1][p] is first and first.alive()  # the same region, in use again
+    assert (b3.ptr, b3.nbytes) == (p, 256) and b3.accesses == [] and b3.accesses is not old_list
+    del b3, o3
+    gc.collect()
+    # another allocation at the address (a different size): a region of its own
+    o4 = Owner()
+    b4 = buffer_for(be, p, p + 64, o4, (p, 512))
+    assert _table(be)[1][p] is not first and (b4.ptr, b4.nbytes) == (p, 512)
+    # deviceop's own buffers, registered as they leave (DLPack, external): a block of its pool
+    # given out again gets the region of before, with the new buffer's access list
+    from deviceop._core._base import Buffer
+    from deviceop.interop._regions import register
+
+    q = p + 768
+    d1 = Buffer(be, q, 128)
+    register(d1)
+    own = _table(be)[1][q]
+    assert own.accesses is d1.accesses
+    del d1
+    gc.collect()
+    d2 = Buffer(be, q, 128)
+    register(d2)
+    assert _table(be)[1][q] is own and own.accesses is d2.accesses and own.alive()
+    np.testing.assert_array_equal(base, 0)  # (kept alive to here: the addresses are its)
+
+
 def test_same_memory_through_two_wrappers_is_one_region(backend):
     from deviceop.device import current
     from deviceop.interop._regions import access_of

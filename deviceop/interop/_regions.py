@@ -138,6 +138,11 @@ def register(buf: Buffer) -> None:
         r = _find(table, buf.ptr, end)
         if r is not None and r.accesses is buf.accesses:
             return
+        r = _revived(table, buf.ptr, end, buf.accesses)
+        if r is not None:
+            r.host = buf.host
+            r.add(buf)
+            return
         r = _Region(buf.ptr, end, buf.accesses, buf.host)
         r.add(buf)
         _insert(table, r)
@@ -156,17 +161,27 @@ def _locate(be: Any, lo: int, hi: int, root: Any) -> _Region:
         if rng is None or not (rng[0] <= lo and hi <= rng[0] + rng[1]):
             rng = (lo, max(hi - lo, 1))
         start, end = int(rng[0]), int(rng[0]) + int(rng[1])
-        old = table[1].get(start)
-        if old is not None and old.end == end and not old.alive():
-            # the same allocation again (a caching allocator hands an address out again and
-            # again): its region of before serves anew. Nothing uses it: no wrapper, array or
-            # work in flight (work keeps its buffers), so it starts with no accesses
-            old.accesses = []
-            old.users.clear()
-            old.bound = 16
-            return old
-        r = _Region(start, end, [], raw_view(start, end - start) if not be.cuda_memory else None)
-        _insert(table, r)  # (refused where a live region overlaps: then this one stands alone)
+        r = _revived(table, start, end, [])
+        if r is None:
+            r = _Region(start, end, [], raw_view(start, end - start) if not be.cuda_memory else None)
+            _insert(table, r)  # (refused where a live region overlaps: then this one stands alone)
+    return r
+
+
+def _revived(table: tuple[list[int], dict[int, _Region]], start: int, end: int, accesses: list[Any]) -> _Region | None:
+    """The region of allocation [start, end) if nothing uses it any more, made to serve anew with
+    ``accesses`` (call with ``_lock`` held); else None.
+
+    A caching allocator (PyTorch's, deviceop's own) hands the same block out again and again:
+    its region of before serves the next wrapper instead of a new one inserted in its place.
+    Nothing uses it: no wrapper, no array, no work in flight (work keeps its buffers), so none
+    of its accesses of before is still owed."""
+    r = table[1].get(start)
+    if r is None or r.end != end or r.alive():
+        return None
+    r.accesses = accesses
+    r.users.clear()
+    r.bound = 16
     return r
 
 
