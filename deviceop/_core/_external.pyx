@@ -159,26 +159,16 @@ cdef class _Reader:
     cdef object data_ptr  # the method descriptor, or None: call obj.data_ptr()
     cdef object nbytes    # the getset descriptor, or None: read obj.nbytes
 
-    @cython.cdivision(True)
     cdef int extent(self, obj, uintptr_t* ptr, Py_ssize_t* size) except -1:
         cdef DLTensor t
-        cdef int64_t lo = 0, hi = 0, it
-        cdef int32_t i
+        cdef int64_t lo, hi, it
         if self.dl != NULL:
-            if self.dl(<void*>obj, &t) != 0:
-                return -1  # (the producer set the exception)
-            it = (<int64_t>t.dtype.bits * t.dtype.lanes + 7) // 8
-            for i in range(t.ndim):
-                if t.shape[i] == 0:  # no bytes (and producers may give no address)
-                    ptr[0] = 0
-                    size[0] = 0
-                    return 0
-                if t.strides == NULL:  # compact, row-major
-                    hi = hi * t.shape[i] + t.shape[i] - 1
-                elif t.strides[i] < 0:
-                    lo += (t.shape[i] - 1) * t.strides[i]
-                else:
-                    hi += (t.shape[i] - 1) * t.strides[i]
+            _fill(self, obj, &t)
+            if not _reach(&t, &lo, &hi):  # no bytes (and producers may give no address)
+                ptr[0] = 0
+                size[0] = 0
+                return 0
+            it = _itemsize(&t)
             ptr[0] = <uintptr_t>t.data + <uintptr_t>t.byte_offset + <uintptr_t>(lo * it)
             size[0] = <Py_ssize_t>((hi - lo + 1) * it)
             return 0
@@ -240,13 +230,6 @@ def extent(obj):
     return ptr, size
 
 
-cdef int _fill(_Reader r, obj, DLTensor* t) except -1:
-    if r.dl(<void*>obj, t) != 0:
-        return -1  # (the producer set the exception)
-    return 0
-
-
-@cython.cdivision(True)
 def layout(obj):
     """``(address, shape, element strides, dtype key, device type, lo, hi)`` of a tensor, read
     in one C call through the DLPack C exchange API its own type publishes (rather than six
@@ -255,40 +238,57 @@ def layout(obj):
     | lanes``. None where its type publishes none (older PyTorch, subclasses)."""
     cdef _Reader r = _reader(type(obj))
     cdef DLTensor t
-    cdef int64_t lo = 0, hi = 0, it, acc = 1
+    cdef int64_t lo, hi, it, acc = 1
     cdef int32_t i
-    cdef bint empty = False
     if r.dl == NULL:
         return None
     _fill(r, obj, &t)
-    it = (<int64_t>t.dtype.bits * t.dtype.lanes + 7) // 8
-    shape = tuple([t.shape[i] for i in range(t.ndim)])
-    if t.strides == NULL:  # compact, row-major
+    if t.strides != NULL:
+        strides = tuple([t.strides[i] for i in range(t.ndim)])
+    else:  # compact, row-major
         st = [0] * t.ndim
         for i in range(t.ndim - 1, -1, -1):
             st[i] = acc
             acc *= t.shape[i] if t.shape[i] > 1 else 1
         strides = tuple(st)
-    else:
-        strides = tuple([t.strides[i] for i in range(t.ndim)])
-    for i in range(t.ndim):
-        if t.shape[i] == 0:
-            empty = True
-        elif t.strides != NULL and t.strides[i] < 0:
-            lo += (t.shape[i] - 1) * t.strides[i]
-        elif t.strides != NULL:
-            hi += (t.shape[i] - 1) * t.strides[i]
     cdef uintptr_t ptr = <uintptr_t>t.data + <uintptr_t>t.byte_offset
-    cdef Py_ssize_t n = 1
-    if t.strides == NULL:
-        for i in range(t.ndim):
-            n *= t.shape[i]
-        hi = n - 1
+    shape = tuple([t.shape[i] for i in range(t.ndim)])
     key = (<int>t.dtype.code << 16) | (<int>t.dtype.bits << 8) | <int>t.dtype.lanes
-    if empty:
+    if not _reach(&t, &lo, &hi):
         return ptr, shape, strides, key, t.device.device_type, ptr, ptr
+    it = _itemsize(&t)
     return (ptr, shape, strides, key, t.device.device_type,
             ptr + <uintptr_t>(lo * it), ptr + <uintptr_t>((hi + 1) * it))
+
+
+cdef int _fill(_Reader r, obj, DLTensor* t) except -1:
+    if r.dl(<void*>obj, t) != 0:
+        return -1  # (the producer set the exception)
+    return 0
+
+
+@cython.cdivision(True)
+cdef inline int64_t _itemsize(DLTensor* t) noexcept:
+    return (<int64_t>t.dtype.bits * t.dtype.lanes + 7) // 8
+
+
+cdef bint _reach(DLTensor* t, int64_t* lo, int64_t* hi) noexcept:
+    """The element offsets of ``t``'s lowest and highest elements from its first (by its shape
+    and strides; compact row-major where it gives none); False where it has no elements."""
+    cdef int64_t acc = 1, s
+    cdef int32_t i
+    lo[0] = 0
+    hi[0] = 0
+    for i in range(t.ndim - 1, -1, -1):
+        if t.shape[i] == 0:
+            return False
+        s = t.strides[i] if t.strides != NULL else acc
+        acc *= t.shape[i]
+        if s < 0:
+            lo[0] += (t.shape[i] - 1) * s
+        else:
+            hi[0] += (t.shape[i] - 1) * s
+    return True
 
 
 def uses_exchange(tp):
