@@ -97,6 +97,7 @@ cdef class TensorBase:
 cdef TensorBase new_contiguous(type cls, Buffer buf, tuple shape, dtype)
 cpdef TensorBase tensor_at(type cls, Buffer buf, tuple shape, dtype, tuple strides, Py_ssize_t offset)
 cpdef bint plain_shape(shape)
+cpdef tuple contiguous_strides(tuple shape)
 
 
 cdef class PartitionBase:

@@ -16,7 +16,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.weakref cimport PyWeakref_NewRef
 from libc.stdint cimport int32_t, int64_t, uintptr_t
 
-from ._base cimport _LOCK as LOCK, Buffer, PartitionBase, TensorBase, make_current
+from ._base cimport _LOCK as LOCK, Buffer, PartitionBase, TensorBase, contiguous_strides, make_current
 from ._dlpack cimport DLPackExchangeAPI, DLPackExchangeAPIHeader, DLTensor, DLTensorFromPyObjectNoSync
 from ._ledger cimport ExecutionContext, check_backend, order, order_tensor
 from ._op cimport DeviceOp
@@ -238,21 +238,17 @@ def layout(obj):
     | lanes``. None where its type publishes none (older PyTorch, subclasses)."""
     cdef _Reader r = _reader(type(obj))
     cdef DLTensor t
-    cdef int64_t lo, hi, it, acc = 1
+    cdef int64_t lo, hi, it
     cdef int32_t i
     if r.dl == NULL:
         return None
     _fill(r, obj, &t)
+    cdef uintptr_t ptr = <uintptr_t>t.data + <uintptr_t>t.byte_offset
+    shape = tuple([t.shape[i] for i in range(t.ndim)])
     if t.strides != NULL:
         strides = tuple([t.strides[i] for i in range(t.ndim)])
     else:  # compact, row-major
-        st = [0] * t.ndim
-        for i in range(t.ndim - 1, -1, -1):
-            st[i] = acc
-            acc *= t.shape[i] if t.shape[i] > 1 else 1
-        strides = tuple(st)
-    cdef uintptr_t ptr = <uintptr_t>t.data + <uintptr_t>t.byte_offset
-    shape = tuple([t.shape[i] for i in range(t.ndim)])
+        strides = contiguous_strides(shape)
     key = (<int>t.dtype.code << 16) | (<int>t.dtype.bits << 8) | <int>t.dtype.lanes
     if not _reach(&t, &lo, &hi):
         return ptr, shape, strides, key, t.device.device_type, ptr, ptr
