@@ -267,6 +267,34 @@ async def test_a_task_cancelled_between_slices_enqueues_no_later_step(backend, a
     assert await do.value(3).then(lambda x: do.value(x + 1)) == 4  # the device stays usable
 
 
+async def test_a_source_that_used_the_slice_gives_the_loop_a_turn_before_the_first_step(backend, anyio_backend) -> None:
+    """A chain's source alone holds the loop longer than the slice (an upload and a model's
+    first layers): the loop gets its turn before the first step, and a cancellation due by
+    then enqueues no step at all."""
+    from deviceop.executors._await import stats
+
+    order: list[str] = []
+
+    def long_source(stream: object) -> None:
+        time.sleep(0.003)
+        order.append("source")
+
+    def chain() -> do.DeviceOp[None]:
+        return do.external(long_source).then(lambda _: do.value(order.append("step")))
+
+    y0 = stats()["enqueue_yields"]
+    await chain()
+    assert order == ["source", "step"]
+    assert stats()["enqueue_yields"] - y0 == 1  # between the source and the step
+
+    order.clear()
+    with anyio.move_on_after(0) as scope:  # due at the first turn
+        await chain()
+    assert scope.cancelled_caught
+    assert order == ["source"]
+    assert await do.value(3).then(lambda x: do.value(x + 1)) == 4  # the device stays usable
+
+
 async def test_another_tasks_work_between_two_steps_is_ordered_by_the_ledger(backend, anyio_backend) -> None:
     """A task reads, during a turn of a chain's enqueue, what the chain's first step writes on
     the GPU (slowly): the ledger orders the read after that write."""

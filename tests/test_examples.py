@@ -135,6 +135,10 @@ def test_asr_stream(backend, tmp_path) -> None:
         assert s["interrupts"] == 2 * -(-doc["voiced_chunks"] // 3)
         assert s["published"] > 0 and s["chunk_latency_ms_p50"] > 0 and list(s["stage_ms_p50"]) == STAGES
     assert loops["deviceop"]["host_threads"] == loops["deviceop-graph"]["host_threads"] == 1
+    for name in ("deviceop", "deviceop-graph"):  # an interrupt's reaction, in its two parts
+        parts = loops[name]["reaction_stage_ms"]
+        assert list(parts) == ["notice", "cancel"] and all(0 <= p["p50"] <= p["p99"] for p in parts.values())
+        assert parts["notice"]["p50"] <= loops[name]["reaction_ms_p99"]
 
 
 def _replicas(backend: str, tmp_path, script: str, *extra: str) -> dict:

@@ -486,7 +486,7 @@ cdef class Slices:
     @cython.wraparound(False)
     cdef bint _until(self, double until) except -1:
         """Run the source (first) and the steps (Chain._run's loop) until the clock passes
-        ``until`` after one; True when none is left."""
+        ``until`` after one of them; True when none is left."""
         cdef list steps = self.steps
         cdef Py_ssize_t n = len(steps)
         self.slices += 1
@@ -495,6 +495,10 @@ cdef class Slices:
             if self.src is not None:
                 self.out = self.src._run(self.cx)
                 self.src = None
+                # a source that used the slice (an upload and a model's first layers) ends it:
+                # the loop's turn comes now, not one step later
+                if n and dvo_now() >= until:
+                    return False
             while self.i < n:
                 self.i += 2
                 self.out = _step(steps[self.i - 2], steps[self.i - 1], self.out, self.cx)
@@ -512,7 +516,8 @@ cpdef tuple start_sliced(DeviceOp op, object stream, str label, double seconds):
     ``(execution, output, None)`` when the whole op was enqueued within about ``seconds`` of
     host time, else ``(execution, None, rest)``, where ``rest.run(seconds)`` (a
     :class:`Slices`) enqueues the following steps. A chain's source and each of its steps
-    are enqueued whole; ops that are not chains are enqueued at once."""
+    are enqueued whole, and a slice ends after whichever of them passes its time; ops that
+    are not chains are enqueued at once."""
     cdef Slices sl
     if seconds <= 0 or type(op) is not Chain:
         cx, out = start(op, stream, label)

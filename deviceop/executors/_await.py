@@ -109,12 +109,12 @@ def set_enqueue_slice(seconds: float) -> None:
     Enqueuing is host work on the loop's thread: a chain whose steps call a library that
     enqueues many kernels (a PyTorch model through :func:`~deviceop.interop.torch`) can take
     milliseconds. ``await op`` enqueues a chain's source and steps in turn, and once this much
-    host time has passed since the loop last ran, gives the loop a turn before the next step,
-    so its other tasks, timers and I/O are not held up. A task cancelled during such a turn
-    enqueues no later step; what it enqueued completes, its buffers kept alive until then. A
-    step itself is never split: a long step holds the loop for as long as it takes (split the
-    work into steps). Synchronous terminals (``sync``, ``sync_on``), ``submit`` and ops that
-    are not chains enqueue at once.
+    host time has passed since the loop last ran, gives the loop a turn before the next step
+    (after the source too), so its other tasks, timers and I/O are not held up. A task
+    cancelled during such a turn enqueues no later step; what it enqueued completes, its
+    buffers kept alive until then. A step itself is never split: a long step holds the loop for
+    as long as it takes (split the work into steps). Synchronous terminals (``sync``,
+    ``sync_on``), ``submit`` and ops that are not chains enqueue at once.
 
     During such a turn another task's work may be enqueued between two steps of the chain; the
     ledger orders it by the memory it touches, as any two executions in flight, so a later

@@ -180,9 +180,16 @@ class Report:
     #: called), "enqueue" (the encoder's PyTorch calls, until its GPU work is queued) and
     #: "complete" (from then to the result on the host)
     stages: dict[str, list[float]] = field(default_factory=dict)
+    #: an interrupt's reaction in parts (seconds; the deviceop loops): "notice" (from the
+    #: interrupt's moment to the loop running its handler) and "cancel" (from then to the work
+    #: in flight cancelled and its tasks done)
+    reaction_stages: dict[str, list[float]] = field(default_factory=dict)
 
     def stage(self, name: str, seconds: float) -> None:
         self.stages.setdefault(name, []).append(seconds)
+
+    def reaction_stage(self, name: str, seconds: float) -> None:
+        self.reaction_stages.setdefault(name, []).append(seconds)
 
     def merge(self, other: Report) -> Report:
         """This loop's report over two runs (rounds) of the audio."""
@@ -192,6 +199,9 @@ class Report:
         out.cpu_s, out.audio_s = self.cpu_s + other.cpu_s, self.audio_s + other.audio_s
         for k in [*self.stages, *(k for k in other.stages if k not in self.stages)]:
             out.stages[k] = self.stages.get(k, []) + other.stages.get(k, [])
+        rs, ors = self.reaction_stages, other.reaction_stages
+        for k in [*rs, *(k for k in ors if k not in rs)]:
+            out.reaction_stages[k] = rs.get(k, []) + ors.get(k, [])
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -214,6 +224,9 @@ class Report:
             "reaction_ms_p99": pct(self.reactions, 0.99),
             "cpu_s_per_audio_s": self.cpu_s / self.audio_s if self.audio_s else None,
             "stage_ms_p50": {k: 1e3 * statistics.median(v) for k, v in self.stages.items()},
+            "reaction_stage_ms": {
+                k: {"p50": 1e3 * statistics.median(v), "p99": pct(v, 0.99)} for k, v in self.reaction_stages.items()
+            },
             "last_partial": self.partials[-1] if self.partials else "",
         }
 
@@ -345,10 +358,14 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = 
                 rep.cancelled += 1
 
         async def interrupt(due: float) -> None:
+            seen = time.perf_counter()
             for t in list(inflight):
                 t.cancel()
             await asyncio.gather(*inflight, return_exceptions=True)  # cancelled: the loop is free
-            rep.reactions.append(time.perf_counter() - due)
+            now = time.perf_counter()
+            rep.reactions.append(now - due)
+            rep.reaction_stage("notice", seen - due)
+            rep.reaction_stage("cancel", now - seen)
 
         async def interrupt_at(due: float) -> None:
             await until(due)
@@ -599,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--steps",
         type=int,
-        default=8,
+        default=4,
         help="deviceop loop: groups of layers the encoder is enqueued in, one op step each",
     )
     ap.add_argument(
@@ -665,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 {s['reaction_ms_p99'] or 0:6.2f} ms  CPU {s['cpu_s_per_audio_s']:.3f} s per audio s  "
             f"{s['host_threads']} thread(s)  published {s['published']}, cancelled {s['cancelled']}  "
             + "  ".join(f"{k} {v:.2f} ms" for k, v in s["stage_ms_p50"].items())
+            + "".join(f"  reaction {k} {v['p50']:.2f} ms" for k, v in s["reaction_stage_ms"].items())
         )
     if a.out:
         with open(a.out, "w") as f:
