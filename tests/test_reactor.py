@@ -144,6 +144,61 @@ def test_done_stays_true_once_the_slot_is_armed_again(backend) -> None:
     assert _reactor.retire(first)  # seen done: nothing left to retire, and no error
 
 
+def test_a_slot_armed_unwatched_wakes_no_parked_scanner_until_its_task_parks(backend) -> None:
+    """An await arms its slot unwatched and polls first: a parked scanner stays parked when the
+    task sees the flag itself (no thread wake-up per short await); once the task parks
+    (``watch``), or lets the slot go (``disown``), the scanner looks after the slot."""
+    from deviceop._core._base import Channel
+
+    s, ch = do.streams()[0], Channel()
+
+    def parked() -> int:
+        """The scanner's pass count once it is parked (nothing armed, the count standing still)."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            before = _reactor.stats()
+            time.sleep(0.05)
+            after = _reactor.stats()
+            if before["pending"] == after["pending"] == 0 and after["passes"] == before["passes"]:
+                return int(after["passes"])
+        raise AssertionError(f"the scanner did not park: {_reactor.stats()}")
+
+    def retired_by_the_scanner() -> None:
+        deadline = time.monotonic() + 10
+        while _reactor.stats()["pending"] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert _reactor.stats()["pending"] == 0, "the scanner did not retire the slot"
+
+    _reactor.arm(s, ch, 9)  # (the scanner thread starts with the first slot armed)
+    s.synchronize()
+    retired_by_the_scanner()
+    assert ch.drain() == [9]
+
+    p0 = parked()
+    h = _reactor.arm(s, ch, 1, False)
+    s.synchronize()
+    time.sleep(0.05)  # (a woken scanner would have looked by now)
+    assert _reactor.done(h) and _reactor.stats()["pending"] == 1
+    assert _reactor.stats()["passes"] == p0, "an unwatched slot woke the parked scanner"
+    assert _reactor.retire(h, True)  # the task saw its flag: the slot is free again
+    assert _reactor.stats()["pending"] == 0
+
+    p0 = parked()
+    h = _reactor.arm(s, ch, 2, False)
+    _reactor.watch(h)  # the task parks
+    s.synchronize()
+    retired_by_the_scanner()
+    assert _reactor.stats()["passes"] > p0
+    assert ch.drain() == [2]  # the parked task's wake-up
+
+    p0 = parked()
+    h = _reactor.arm(s, ch, 3, False)
+    _reactor.disown(h)  # cancelled while polling: the slot must still be retired once written
+    s.synchronize()
+    retired_by_the_scanner()
+    assert ch.drain() == []  # nobody waits for it
+
+
 def test_durations_are_learned_and_long_waits_sleep(backend) -> None:
     """Awaits of ~30 ms ops on one stream: the estimate converges, the scanner sleeps (it does
     not spin for the whole wait), and the process spends a small share of a core."""

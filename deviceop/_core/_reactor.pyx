@@ -18,7 +18,10 @@ the prediction, awake when the GPU finishes, and parks again if the work runs la
 predicted completion the scanner looks at intervals of an eighth of the time waited (at most
 1 ms, or 1/32 of the predicted duration); before it, at intervals of a quarter of the time
 waited (at most an eighth of the predicted duration), so work that ends well before its
-prediction is seen. With nothing armed the scanner parks. The CPU policy (:func:`set_policy`):
+prediction is seen. With nothing armed the scanner parks. A slot armed *unwatched* (by an await
+that looks for its completion itself first and retires the slot when it sees it) does not wake
+a parked scanner until the task parks (:func:`watch`): a short await costs no wake-up of it.
+The CPU policy (:func:`set_policy`):
 
 - ``"adaptive"`` (default): as above; awaiting a 200 ms op costs about 1.5 % of a core, all threads.
 - ``"spin"``: the scanner spins while anything is armed (lowest latency; a core while busy).
@@ -48,7 +51,7 @@ from ._base cimport (
 import os
 
 __all__ = [
-    "arm", "done", "expected", "prewoken", "overdue", "resumed", "retire", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
+    "arm", "watch", "done", "expected", "prewoken", "overdue", "resumed", "retire", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
     "Signal", "POLICIES",
 ]
 
@@ -176,6 +179,9 @@ cdef int N = 0
 # sequence number it was pushed for; outlives the slot's retirement, for :func:`resumed`
 cdef int64_t* PUSHED = NULL
 cdef uint32_t* PUSHED_SEQ = NULL
+# per slot: 1 while someone waits for the scanner's look at it (armed watched, or watched since,
+# or disowned); a host function or host stream completing an unwatched slot wakes nobody
+cdef unsigned char* WATCHED = NULL
 cdef pred_t PRED[NPRED]
 cdef pthread_mutex_t MU
 cdef bint READY = False
@@ -209,7 +215,7 @@ cdef int _slots_wanted() except -1:
 
 
 cdef int _init() except -1:
-    global FLAGS, SEQ, FREE, NFREE, NSLOTS, E, READY, PUSHED, PUSHED_SEQ
+    global FLAGS, SEQ, FREE, NFREE, NSLOTS, E, READY, PUSHED, PUSHED_SEQ, WATCHED
     cdef int n = _slots_wanted()
     cdef void* p = NULL
     cdef size_t nbytes = ((<size_t>n * 4 + 4095) // 4096) * 4096
@@ -222,7 +228,8 @@ cdef int _init() except -1:
     E = <entry_t*>calloc(n, sizeof(entry_t))
     PUSHED = <int64_t*>calloc(n, sizeof(int64_t))
     PUSHED_SEQ = <uint32_t*>calloc(n, 4)
-    if SEQ == NULL or FREE == NULL or E == NULL or PUSHED == NULL or PUSHED_SEQ == NULL:
+    WATCHED = <unsigned char*>calloc(n, 1)
+    if SEQ == NULL or FREE == NULL or E == NULL or PUSHED == NULL or PUSHED_SEQ == NULL or WATCHED == NULL:
         raise MemoryError("deviceop's completion table: out of memory")
     for i in range(n):
         FREE[i] = n - 1 - i
@@ -310,9 +317,9 @@ cdef chan_t* _ref(chan_t* c) noexcept nogil:
     return c
 
 
-cdef void _kick() noexcept nogil:
+cdef void _kick(uint32_t slot) noexcept nogil:
     pthread_mutex_lock(&MU)
-    if SLEEPING != 0:
+    if SLEEPING != 0 and WATCHED[slot]:
         dvo_cv_signal()
     pthread_mutex_unlock(&MU)
 
@@ -320,9 +327,10 @@ cdef void _kick() noexcept nogil:
 cdef void _hostfn_cb(void* ud) noexcept nogil:
     # on the driver's thread: no GIL, no CUDA call
     cdef hostfn_t* h = <hostfn_t*>ud
-    dvo_store32(&FLAGS[h.slot], h.seq)
+    cdef uint32_t slot = h.slot
+    dvo_store32(&FLAGS[slot], h.seq)
     free(h)
-    _kick()
+    _kick(slot)
 
 
 cdef void* _scan_main(void* arg) noexcept nogil:
@@ -449,7 +457,7 @@ cdef class Signal:
 
     def __call__(self):
         dvo_store32(&FLAGS[self.slot], self.seq)
-        _kick()
+        _kick(self.slot)
 
 
 cdef int _claim(uint32_t* slot, uint32_t* seq) except -1:
@@ -517,10 +525,15 @@ cdef int _write(Driver d, uintptr_t stream, uint32_t slot, uint32_t seq) except 
     return 0
 
 
-def arm(stream, Channel ch, uint64_t token):
+def arm(stream, Channel ch, uint64_t token, bint watch=True):
     """Arm a slot after the work enqueued on ``stream`` so far: once the stream passes this
     point, ``token`` is pushed to ``ch``. Returns the slot's handle, or -1 if every slot is
-    armed (use the stream's own notification then)."""
+    armed (use the stream's own notification then).
+
+    ``watch=False``: the caller looks for the completion itself first (a task polling in its
+    event loop, which then retires the slot): a scanner thread that is parked is not woken
+    for this slot until :func:`watch` (the task parks) or :func:`disown`. Most short awaits
+    then complete without waking it (a futex wake-up per await, and the scanner's pass)."""
     global N, C_ARMED, C_HOST, C_EXHAUSTED
     cdef uint32_t slot = 0, seq = 0
     cdef Signal sig
@@ -533,6 +546,7 @@ def arm(stream, Channel ch, uint64_t token):
     if not _claim(&slot, &seq):
         C_EXHAUSTED += 1
         return -1
+    WATCHED[slot] = watch  # (before the write: its host function may run at once)
     try:
         if drv is not None:
             _write(<Driver>drv, <uintptr_t>stream.handle_int, slot, seq)
@@ -579,10 +593,34 @@ def arm(stream, Channel ch, uint64_t token):
         p.tail = now
     p.pending += 1
     C_ARMED += 1
-    if SLEEPING == -1 or (SLEEPING > 0 and e.wake < SLEEPING):
-        dvo_cv_signal()
+    if watch:
+        _wake_for(e)
     pthread_mutex_unlock(&MU)
     return (<uint64_t>slot << 32) | seq
+
+
+cdef inline void _wake_for(entry_t* e) noexcept nogil:
+    """Wake the scanner if it would not look at ``e`` in time (parked, or asleep past its next
+    look or pre-wake). Call with ``MU`` held."""
+    cdef int64_t t = e.wake
+    if e.prewake and e.prewake < t:
+        t = e.prewake
+    if SLEEPING == -1 or (SLEEPING > 0 and t < SLEEPING):
+        dvo_cv_signal()
+
+
+def watch(uint64_t handle):
+    """The task that armed ``handle`` with ``watch=False`` now waits for the reactor (it parks):
+    the scanner looks after the slot from now on, woken if it would not look in time."""
+    cdef entry_t* e
+    if not READY:
+        return
+    pthread_mutex_lock(&MU)
+    e = _armed(handle)
+    if e != NULL:
+        WATCHED[e.slot] = 1
+        _wake_for(e)
+    pthread_mutex_unlock(&MU)
 
 
 cdef inline int64_t _window(int64_t est) noexcept nogil:
@@ -779,6 +817,8 @@ def disown(uint64_t handle):
     if e != NULL:
         c = e.chan
         e.chan = NULL
+        WATCHED[e.slot] = 1  # (armed unwatched: the scanner retires the slot once it is written)
+        _wake_for(e)
     pthread_mutex_unlock(&MU)
     if c != NULL:
         chan_unref(c)

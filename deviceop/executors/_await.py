@@ -255,6 +255,8 @@ async def _park(
     interval = _RECHECK[0]
     new_event = _waker_class(lib)
     _COUNTS["parks"] += 1
+    if h >= 0:
+        _reactor.watch(h)  # armed unwatched (the task looked itself until now): the scanner's turn
     while True:
         waker = new_event()
         d.waiters[tok] = waker
@@ -356,7 +358,9 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     ev = None
     polled = False  # the completion seen by this task while it looked every loop turn
     try:
-        h = _reactor.arm(stream, d.channel, tok)
+        # unwatched: most short awaits see their flag while polling, and a parked scanner
+        # thread is woken only if this one parks
+        h = _reactor.arm(stream, d.channel, tok, False)
         if h < 0:  # every slot is armed: the stream's host function wakes this loop
             ev = cx.seal()
             stream.notify(d.channel, tok)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The await path's host cost, A/B: the library at commit OLD against the working tree (NEW), both
+# built, each script run on one then the other, RUNS times (a drift of the host's speed falls on
+# both): experiments/queue_split.py (a work-queue item's parts and WorkQueue per item),
+# experiments/await_cost.py (await minus sync_on, short lengths) and, unless BIMODAL=0,
+# experiments/bimodal.py over $BIMODAL_STREAMS streams (default 4,8). JSON per run, packed into
+# $OUT/reactor_ab.tar.gz.
+#   OUT=/tmp/out bash experiments/reactor_ab.sh OLD [RUNS]
+set -u -o pipefail
+OLD=${1:?usage: reactor_ab.sh OLD_COMMIT [RUNS]}
+RUNS=${2:-2}
+BIMODAL=${BIMODAL:-1}
+BIMODAL_STREAMS=${BIMODAL_STREAMS:-4,8}
+OUT=${OUT:-/tmp/deviceop-out}
+mkdir -p "$OUT"
+export DEVICEOP_CACHE_DIR=/tmp/deviceop-cache PYTHONUNBUFFERED=1
+SITE=""
+if ls .whl/*.whl >/dev/null 2>&1; then  # wheels the GPU machines lack (see gpu_suite.sh)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  SITE=:/tmp/site
+fi
+NEW=$PWD
+rm -rf /tmp/old && mkdir -p /tmp/old && git archive "$OLD" | tar x -C /tmp/old
+cp experiments/queue_split.py /tmp/old/experiments/  # the same script on both
+(cd /tmp/old && python3 setup.py -q build_ext --inplace -j 8 >"$OUT/build_old.log" 2>&1) &
+python3 setup.py -q build_ext --inplace -j 8 >"$OUT/build_new.log" 2>&1 || { tail "$OUT/build_new.log"; exit 1; }
+wait $! || { tail "$OUT/build_old.log"; exit 1; }
+run() {  # run VERSION SCRIPT ARGS...: in that tree
+  local v=$1 d=$NEW
+  shift
+  [ "$v" = old ] && d=/tmp/old
+  (cd $d && PYTHONPATH=$d$SITE timeout 300 python3 "$@") || echo "$v: $* failed"
+}
+for r in $(seq 1 "$RUNS"); do
+  for v in old new; do
+    echo "== $v run $r: queue_split"
+    run $v experiments/queue_split.py --reps 3 --out "$OUT/queue_split_${v}_$r.json" | tail -6
+    echo "== $v run $r: await_cost"
+    run $v experiments/await_cost.py --reps 200 --lengths 1_kernel,20us,100us,2ms --loops uvloop,asyncio,trio \
+      --no-policies --out "$OUT/await_cost_${v}_$r.json" | tail -12
+    if [ "$BIMODAL" != 0 ]; then
+      echo "== $v run $r: bimodal"
+      run $v experiments/bimodal.py --streams "$BIMODAL_STREAMS" --no-torch --out "$OUT/bimodal_${v}_$r.json" 2>&1 | tail -6
+    fi
+  done
+done
+# the device tool brings back a few files a call: one archive
+tar czf /tmp/reactor_ab.tar.gz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/reactor_ab.tar.gz "$OUT/"
