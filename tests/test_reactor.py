@@ -172,7 +172,8 @@ def test_a_slot_armed_unwatched_wakes_no_parked_scanner_until_its_task_parks(bac
     _reactor.arm(s, ch, 9)  # (the scanner thread starts with the first slot armed)
     s.synchronize()
     retired_by_the_scanner()
-    assert ch.drain() == [9]
+    # (a stream whose durations are learned may get its token twice: a pre-wake, then the flag)
+    assert set(ch.drain()) == {9}
 
     p0 = parked()
     h = _reactor.arm(s, ch, 1, False)
@@ -189,7 +190,7 @@ def test_a_slot_armed_unwatched_wakes_no_parked_scanner_until_its_task_parks(bac
     s.synchronize()
     retired_by_the_scanner()
     assert _reactor.stats()["passes"] > p0
-    assert ch.drain() == [2]  # the parked task's wake-up
+    assert set(ch.drain()) == {2}  # the parked task's wake-up
 
     p0 = parked()
     h = _reactor.arm(s, ch, 3, False)
