@@ -17,10 +17,11 @@ each cancels the chunk work in flight.
 The same loop, five ways, one after the other over the same audio:
 
   deviceop        one thread, one event loop (uvloop where installed): the encoder is PyTorch
-                  code run on deviceop's stream through ``do.interop.torch``, in steps (features,
-                  ``--steps`` groups of layers, the head); each voiced chunk's op is awaited in a task
-                  while the next chunk is ingested, and its enqueue gives the loop a turn between
-                  steps (``do.set_enqueue_slice``); an interrupt cancels the awaiting tasks
+                  code run on deviceop's stream through ``do.interop.torch``, in steps (log-mel,
+                  projection, ``--steps`` groups of layers, the head); each voiced chunk's op is
+                  awaited in a task while the next chunk is ingested, and its enqueue gives the
+                  loop a turn between steps (``do.set_enqueue_slice``); an interrupt cancels the
+                  awaiting tasks
   deviceop-graph  the same, with the encoder recorded once into a CUDA graph (``do.graph.scope``
                   around the ``do.interop.torch`` op); a chunk's op uploads its audio into the
                   recording's input and replays it
@@ -125,9 +126,16 @@ class Encoder:
 
     def features(self, audio: Any) -> Any:
         """Log-mel features, normalised, projected to the encoder's width."""
+        return self.project(self.log_mel(audio))
+
+    def log_mel(self, audio: Any) -> Any:
+        """(frames, mels) log-mel energies of the audio."""
         torch = self.torch
         spec = torch.stft(audio, N_FFT, HOP, window=self.window, return_complex=True).abs() ** 2
-        feats = torch.log(self.mel @ spec + 1e-6).T.contiguous()
+        return torch.log(self.mel @ spec + 1e-6).T.contiguous()
+
+    def project(self, feats: Any) -> Any:
+        """Log-mel energies normalised and projected to the encoder's width."""
         feats = (feats - feats.mean()) / (feats.std() + 1e-5)
         return feats.to(self.dtype) @ self.w_in
 
@@ -288,12 +296,12 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = 
 
     began = [0.0]  # the start of the chunk's first encoder step
 
-    def features(x: Any) -> Any:
+    def log_mel(x: Any) -> Any:
         # the PyTorch encoder, run by do.interop.torch on the op's stream with the op's tensor
         # given as a PyTorch tensor (no copy); its output comes back as a deviceop tensor
         began[0] = time.perf_counter()
         rep.stage("start", began[0] - arrived[0])
-        return enc.features(x)
+        return enc.log_mel(x)
 
     def head(h: Any) -> Any:
         y = enc.head(h)
@@ -306,11 +314,13 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = 
 
     def eager_op(c: Chunk) -> do.DeviceOp[np.ndarray]:
         # the audio's upload is an argument of the first step: it runs first, on the same stream.
-        # The encoder is enqueued in steps (features, --steps groups of layers, the head): the
-        # await gives the loop a turn between them once the enqueue has held it for the
-        # enqueue slice (do.set_enqueue_slice), so an interrupt is seen, and the steps not yet
-        # enqueued are dropped, while PyTorch's enqueue of the chunk is still under way
-        op = do.interop.torch(features, do.from_numpy(c.context))
+        # The encoder is enqueued in steps (the log-mel energies, their projection, --steps
+        # groups of layers, the head): the await gives the loop a turn between them once the
+        # enqueue has held it for the enqueue slice (do.set_enqueue_slice), so an interrupt is
+        # seen, and the steps not yet enqueued are dropped, while PyTorch's enqueue of the chunk
+        # is still under way. A turn waits for the step under way: the longest step (the first,
+        # with the upload and the first PyTorch calls of a chunk, which run cold) bounds it
+        op = do.interop.torch(log_mel, do.from_numpy(c.context)).then(lambda f: do.interop.torch(enc.project, f))
         for lo in range(0, n, group):
             op = op.then(lambda h, lo=lo: do.interop.torch(enc.block, h, lo, min(n, lo + group)))
         return op.then(lambda h: do.interop.torch(head, h)).then(do.to_numpy)
