@@ -8,18 +8,7 @@ set -u -o pipefail
 OLD=${1:?usage: external_ab.sh OLD_COMMIT [RUNS]}
 RUNS=${2:-8}
 OUT=${OUT:-/tmp/deviceop-out}
-mkdir -p "$OUT"
-export DEVICEOP_CACHE_DIR=/tmp/deviceop-cache PYTHONUNBUFFERED=1
-SITE=""
-if ls .whl/*.whl >/dev/null 2>&1; then  # wheels the GPU machines lack (see gpu_suite.sh)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  SITE=:/tmp/site
-fi
-NEW=$PWD
-rm -rf /tmp/old && mkdir -p /tmp/old && git archive "$OLD" | tar x -C /tmp/old
-(cd /tmp/old && python3 setup.py -q build_ext --inplace -j 8 >"$OUT/build_old.log" 2>&1) &
-python3 setup.py -q build_ext --inplace -j 8 >"$OUT/build_new.log" 2>&1 || { tail "$OUT/build_new.log"; exit 1; }
-wait $! || { tail "$OUT/build_old.log"; exit 1; }
+. experiments/ab_trees.sh
 for r in $(seq 1 "$RUNS"); do
   for v in old new; do
     d=$NEW

@@ -12,19 +12,8 @@ RUNS=${2:-2}
 BIMODAL=${BIMODAL:-1}
 BIMODAL_STREAMS=${BIMODAL_STREAMS:-4,8}
 OUT=${OUT:-/tmp/deviceop-out}
-mkdir -p "$OUT"
-export DEVICEOP_CACHE_DIR=/tmp/deviceop-cache PYTHONUNBUFFERED=1
-SITE=""
-if ls .whl/*.whl >/dev/null 2>&1; then  # wheels the GPU machines lack (see gpu_suite.sh)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  SITE=:/tmp/site
-fi
-NEW=$PWD
-rm -rf /tmp/old && mkdir -p /tmp/old && git archive "$OLD" | tar x -C /tmp/old
-cp experiments/queue_split.py /tmp/old/experiments/  # the same script on both
-(cd /tmp/old && python3 setup.py -q build_ext --inplace -j 8 >"$OUT/build_old.log" 2>&1) &
-python3 setup.py -q build_ext --inplace -j 8 >"$OUT/build_new.log" 2>&1 || { tail "$OUT/build_new.log"; exit 1; }
-wait $! || { tail "$OUT/build_old.log"; exit 1; }
+AB_COPY=experiments/queue_split.py  # the same script on both
+. experiments/ab_trees.sh
 run() {  # run VERSION SCRIPT ARGS...: in that tree
   local v=$1 d=$NEW
   shift
