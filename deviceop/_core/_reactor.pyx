@@ -24,7 +24,8 @@ a parked scanner until the task parks (:func:`watch`): a short await costs no wa
 The CPU policy (:func:`set_policy`):
 
 - ``"adaptive"`` (default): as above; awaiting a 200 ms op costs about 1.5 % of a core, all threads.
-- ``"spin"``: the scanner spins while anything is armed (lowest latency; a core while busy).
+- ``"spin"``: the scanner spins while a slot it watches is armed (lowest latency; a core while
+  busy).
 - ``"block"``: no polling at all: the stream runs a host function that writes the flag and
   wakes the scanner (the driver's thread wakes on the GPU's interrupt; slower wake-ups).
 
