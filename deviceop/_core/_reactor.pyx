@@ -600,6 +600,13 @@ def arm(stream, Channel ch, uint64_t token, bint watch=True):
     return (<uint64_t>slot << 32) | seq
 
 
+cdef inline void _watch(entry_t* e) noexcept nogil:
+    """From now on the scanner looks after ``e`` (its host function's kick wakes it too), woken
+    now if it would not look in time. Call with ``MU`` held."""
+    WATCHED[e.slot] = 1
+    _wake_for(e)
+
+
 cdef inline void _wake_for(entry_t* e) noexcept nogil:
     """Wake the scanner if it would not look at ``e`` in time (parked, or asleep past its next
     look or pre-wake). Call with ``MU`` held."""
@@ -619,8 +626,7 @@ def watch(uint64_t handle):
     pthread_mutex_lock(&MU)
     e = _armed(handle)
     if e != NULL:
-        WATCHED[e.slot] = 1
-        _wake_for(e)
+        _watch(e)
     pthread_mutex_unlock(&MU)
 
 
@@ -818,8 +824,7 @@ def disown(uint64_t handle):
     if e != NULL:
         c = e.chan
         e.chan = NULL
-        WATCHED[e.slot] = 1  # (armed unwatched: the scanner retires the slot once it is written)
-        _wake_for(e)
+        _watch(e)  # (armed unwatched: the scanner retires the slot once it is written)
     pthread_mutex_unlock(&MU)
     if c != NULL:
         chan_unref(c)
