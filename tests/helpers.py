@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
 
+import anyio
 import numpy as np
 
 import deviceop as do
@@ -121,3 +123,53 @@ def pool_of(n: int) -> list:
         do.use_backend(do.backend_name(), streams=n)
         st = do.streams()
     return st
+
+
+def busy(seconds: float) -> None:
+    """Host work on the calling thread (a library enqueueing many kernels)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def long_chain(
+    t: do.Tensor, steps: int, ran: list[int], seconds: float = 0.001, op: do.DeviceOp | None = None
+) -> do.DeviceOp:
+    """``op`` (default: a value) then ``steps`` steps, each ``seconds`` of host work then a fill
+    of ``t`` with its index (noted in ``ran`` when it runs)."""
+
+    def step(i: int):
+        def f(_):
+            ran.append(i)
+            busy(seconds)
+            return K.fill(t.partition((128,)), float(i))
+
+        return f
+
+    if op is None:
+        op = do.value(None)
+    for i in range(steps):
+        op = op.then(step(i))
+    return op
+
+
+async def longest_gap(awaitable) -> tuple[float, object]:
+    """Await ``awaitable`` beside a task that takes every turn the loop gives it: the longest
+    time that task waited for a turn meanwhile, and the result."""
+    turns: list[float] = []
+    result: list[object] = []
+    async with anyio.create_task_group() as tg:
+
+        async def other() -> None:
+            while True:
+                turns.append(time.perf_counter())
+                await anyio.sleep(0)
+
+        tg.start_soon(other)
+        await anyio.sleep(0)
+        t0 = time.perf_counter()
+        result.append(await awaitable)
+        t1 = time.perf_counter()
+        tg.cancel_scope.cancel()
+    inside = [t0, *(x for x in turns if t0 <= x <= t1), t1]
+    return max(b - a for a, b in itertools.pairwise(inside)), result[0]

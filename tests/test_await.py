@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 import os
 import random
 import subprocess
@@ -21,7 +20,7 @@ import anyio
 import numpy as np
 import pytest
 from conftest import needs_gpu
-from helpers import slow_copy, slow_fill
+from helpers import long_chain, longest_gap, slow_copy, slow_fill
 
 import deviceop as do
 from deviceop.executors import _wake
@@ -176,56 +175,6 @@ async def test_cancel_keeps_buffers_alive(backend, anyio_backend) -> None:
 
 
 # -- long enqueues: the loop gets turns -----------------------------------------------------------
-def _busy(seconds: float) -> None:
-    """Host work on the calling thread (a library enqueueing many kernels)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-def _long_chain(
-    t: do.Tensor, steps: int, ran: list[int], seconds: float = 0.001, op: do.DeviceOp | None = None
-) -> do.DeviceOp:
-    """``op`` (default: a value) then ``steps`` steps, each ``seconds`` of host work then a fill
-    of ``t`` with its index (noted in ``ran`` when it runs)."""
-
-    def step(i: int):
-        def f(_):
-            ran.append(i)
-            _busy(seconds)
-            return K.fill(t.partition((128,)), float(i))
-
-        return f
-
-    if op is None:
-        op = do.value(None)
-    for i in range(steps):
-        op = op.then(step(i))
-    return op
-
-
-async def _longest_gap(awaitable) -> tuple[float, object]:
-    """Await ``awaitable`` beside a task that takes every turn the loop gives it: the longest
-    time that task waited for a turn meanwhile, and the result."""
-    turns: list[float] = []
-    result: list[object] = []
-    async with anyio.create_task_group() as tg:
-
-        async def other() -> None:
-            while True:
-                turns.append(time.perf_counter())
-                await anyio.sleep(0)
-
-        tg.start_soon(other)
-        await anyio.sleep(0)
-        t0 = time.perf_counter()
-        result.append(await awaitable)
-        t1 = time.perf_counter()
-        tg.cancel_scope.cancel()
-    inside = [t0, *(x for x in turns if t0 <= x <= t1), t1]
-    return max(b - a for a, b in itertools.pairwise(inside)), result[0]
-
-
 async def test_an_awaited_long_chain_gives_its_loop_turns(backend, anyio_backend) -> None:
     """20 steps of 1 ms of host work: the loop's other task runs between slices of the enqueue;
     with the slice set to 0 it waits for the whole enqueue."""
@@ -236,7 +185,7 @@ async def test_an_awaited_long_chain_gives_its_loop_turns(backend, anyio_backend
     await K.fill(t.partition((128,)), -1.0)  # the kernel built (a first build is one long step)
     ran: list[int] = []
     y0 = stats()["enqueue_yields"]
-    gap, out = await _longest_gap(_long_chain(t, 20, ran).then(lambda o: do.to_numpy(o[0].tensor)))
+    gap, out = await longest_gap(long_chain(t, 20, ran).then(lambda o: do.to_numpy(o[0].tensor)))
     assert (out == 19.0).all() and ran == list(range(20))
     assert stats()["enqueue_yields"] - y0 >= 10
     assert gap < 0.012, f"the loop waited {gap * 1e3:.1f} ms for a turn"
@@ -245,7 +194,7 @@ async def test_an_awaited_long_chain_gives_its_loop_turns(backend, anyio_backend
     try:
         ran.clear()
         y0 = stats()["enqueue_yields"]
-        gap, out = await _longest_gap(_long_chain(t, 20, ran).then(lambda o: do.to_numpy(o[0].tensor)))
+        gap, out = await longest_gap(long_chain(t, 20, ran).then(lambda o: do.to_numpy(o[0].tensor)))
         assert (out == 19.0).all() and ran == list(range(20))
         assert stats()["enqueue_yields"] == y0
         assert gap >= 0.02  # the whole enqueue held the loop
@@ -260,7 +209,7 @@ async def test_a_task_cancelled_between_slices_enqueues_no_later_step(backend, a
     await K.fill(t.partition((128,)), -1.0)  # the kernel built
     ran: list[int] = []
     with anyio.move_on_after(0.006) as scope:
-        await _long_chain(t, 50, ran)
+        await long_chain(t, 50, ran)
     assert scope.cancelled_caught
     assert 1 <= len(ran) < 50 and ran == list(range(len(ran)))
     assert (await do.to_numpy(t) == float(ran[-1])).all()
@@ -313,7 +262,7 @@ async def test_another_tasks_work_between_two_steps_is_ordered_by_the_ledger(bac
     async with anyio.create_task_group() as tg:
         tg.start_soon(reader)
         await anyio.sleep(0)
-        await _long_chain(u, 10, ran, op=first)
+        await long_chain(u, 10, ran, op=first)
     ((at, got),) = seen
     assert at < 11, "the read was enqueued after the whole chain"
     assert (got == 5.0).all()
@@ -328,7 +277,7 @@ async def test_a_step_failing_after_a_turn_raises_and_the_work_before_it_complet
         raise ValueError("step 8 failed")
 
     with pytest.raises(ValueError, match="step 8 failed"):
-        await _long_chain(t, 8, ran).map(boom).then(lambda _: do.value(0))
+        await long_chain(t, 8, ran).map(boom).then(lambda _: do.value(0))
     assert ran == list(range(8))
     assert (await do.to_numpy(t) == 7.0).all()
 

@@ -9,7 +9,7 @@ import anyio
 import numpy as np
 import pytest
 from conftest import needs_gpu
-from helpers import slow_fill
+from helpers import long_chain, longest_gap, slow_fill
 
 import deviceop as do
 from deviceop.executors import ItemResult, QueueCancelled, ThreadedQueue, WorkQueue
@@ -94,9 +94,9 @@ def test_work_queue_put_at_capacity_resumes_at_half_and_refills(backend):
 
 
 def test_work_queue_keeps_a_streams_next_batch_queued_behind_the_running_one(backend):
-    # two tasks per stream: while one awaits its item the other has queued the next behind it,
-    # so each item's latency includes the one ahead of it (with one task the stream would idle
-    # between items and the latencies would add up to the run); busy time counts overlap once
+    # two executions in flight per stream: while one runs the next is queued behind it, so
+    # each item's latency includes the one ahead of it (with one the stream would idle between
+    # items and the latencies would add up to the run); busy time counts overlap once
     bufs = _lane_buffers(1)
 
     async def main():
@@ -476,3 +476,148 @@ def test_threaded_queue_cancel_from_another_thread(backend):
     done = [r for r in res if r.error is None]
     assert done and any(isinstance(r.error, QueueCancelled) for r in res)
     assert all(r.error is None or isinstance(r.error, QueueCancelled) for r in res)
+
+
+@pytest.mark.parametrize("loop", LOOPS[:2])
+def test_work_queue_drives_every_stream_from_one_task(backend, loop):
+    # one driver task keeps two executions in flight per stream: however many streams, the
+    # queue adds one task to the loop (a task per stream would add a task switch per item)
+    import asyncio
+
+    streams = 6
+    bufs = _lane_buffers(streams)
+    seen: list[int] = []
+
+    async def main():
+        q = WorkQueue(streams=streams, batch=1)
+        before = len(asyncio.all_tasks())
+        async with q:
+            for i in range(30):
+                await q.put(lambda lane, i=i: slow_fill(bufs[lane], float(i), 0.002))
+                seen.append(len(asyncio.all_tasks()) - before)
+        return q
+
+    q = anyio.run(main, backend=loop[0], backend_options=loop[1])
+    assert all(r.ok for r in q.results())
+    assert set(seen) == {1}, seen
+    assert {r.lane for r in q.results()} == set(range(streams))
+
+
+def test_on_done_hooks_hold_their_streams_place_until_they_return(backend):
+    # a lane keeps two executions in flight, an item whose hook still runs counting as one:
+    # with every hook taking 50 ms, the third item on one stream starts only once a hook of the
+    # first two has returned; hooks of different items run at the same time
+    bufs = _lane_buffers(1)
+    running, most = [0], [0]
+
+    async def hook(r):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        await anyio.sleep(0.05)
+        running[0] -= 1
+
+    async def main():
+        return await WorkQueue(streams=1, batch=1, on_done=hook).run(_items(bufs, 4))
+
+    res = anyio.run(main)
+    assert all(r.ok for r in res), [r.error for r in res if not r.ok]
+    assert [r.value[0] for r in res] == [0, 1, 2, 3]
+    assert res[2].queued_s >= 0.045 and res[3].queued_s >= 0.045
+    assert most[0] == 2
+
+
+def test_a_long_chain_item_gives_the_loop_turns_while_it_is_enqueued(backend):
+    # an item that is a chain of 20 steps of 1 ms of host work: the queue enqueues it a slice
+    # at a time (do.set_enqueue_slice), and the loop's other tasks run in between
+    from deviceop.executors._await import stats
+
+    t = do.zeros(256, do.float32).sync()
+    K.fill(t.partition((128,)), -1.0).sync()  # the kernel built (a first build is one long step)
+    ran: list[int] = []
+
+    async def main():
+        q = WorkQueue(streams=1, batch=1)
+        y0 = stats()["enqueue_yields"]
+        gap, res = await longest_gap(q.run([lambda lane: long_chain(t, 20, ran)]))
+        return gap, res, stats()["enqueue_yields"] - y0
+
+    gap, res, yields = anyio.run(main)
+    assert res[0].ok and ran == list(range(20))
+    assert (t.numpy() == 19.0).all()
+    assert yields >= 10
+    assert gap < 0.012, f"the loop waited {gap * 1e3:.1f} ms for a turn"
+
+
+def test_a_cancelled_queue_enqueues_no_later_step_of_a_chain_under_way(backend):
+    t = do.zeros(256, do.float32).sync()
+    K.fill(t.partition((128,)), -1.0).sync()
+    ran: list[int] = []
+
+    async def main():
+        q = WorkQueue(streams=1, batch=1)
+        with anyio.move_on_after(0.006):
+            await q.run([lambda lane: long_chain(t, 50, ran)])
+        return q
+
+    q = anyio.run(main)
+    assert 1 <= len(ran) < 50 and ran == list(range(len(ran)))
+    assert isinstance(q.results()[0].error, QueueCancelled)
+    # what was enqueued completes (the ledger orders the read after it), the buffer lives
+    assert (do.to_numpy(t).sync() == float(ran[-1])).all()
+
+
+def test_a_device_fault_fails_its_items_and_the_queue_ends(host_backend):
+    # a kernel that faults on a parked queue (poll=0): its item, and the items enqueued after
+    # it on the failed context, get a CudaError; the queue does not hang
+    do.set_poll_budget(0)
+    try:
+        t = do.zeros(128, do.float32).sync()
+
+        def boom(out: np.ndarray, *rest: object) -> None:
+            raise FloatingPointError("planted fault")
+
+        bad = K.Kernel("unused", "boom", params=(K.Out(do.float32),), host=boom)
+        items = [
+            lambda lane: slow_fill(t, 1.0, 0.02),
+            lambda lane: bad(t.partition((128,))),
+            lambda lane: slow_fill(t, 2.0, 0.01),
+        ]
+
+        async def main():
+            return await WorkQueue(streams=1, batch=1, poll=0).run(items)
+
+        t0 = time.perf_counter()
+        res = anyio.run(main)
+        assert time.perf_counter() - t0 < 5
+        assert isinstance(res[1].error, do.CudaError)
+        assert isinstance(res[2].error, do.CudaError)
+        assert res[0].ok or isinstance(res[0].error, do.CudaError)  # may see the sticky error
+    finally:
+        do.set_poll_budget(1e-3)
+        do.use_backend("host")
+
+
+def test_a_busy_queue_gives_the_loop_turns(backend):
+    # items that complete as fast as they are issued keep the driver busy; it still yields
+    # after every pass, so a ticker task runs throughout
+    ticks: list[float] = []
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+
+            async def ticker():
+                while True:
+                    ticks.append(time.perf_counter())
+                    await anyio.sleep(0)
+
+            tg.start_soon(ticker)
+            t0 = time.perf_counter()
+            res = await WorkQueue(streams=4, batch=1).run(_values(2000))
+            t1 = time.perf_counter()
+            tg.cancel_scope.cancel()
+        return res, t0, t1
+
+    res, t0, t1 = anyio.run(main)
+    assert [r.value for r in res] == list(range(2000))
+    inside = [x for x in ticks if t0 <= x <= t1]
+    assert len(inside) >= 20

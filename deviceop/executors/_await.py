@@ -71,7 +71,8 @@ _COUNTS = {"awaits": 0, "parks": 0, "late": 0, "polls": 0, "enqueue_yields": 0}
 
 
 def stats() -> dict[str, int]:
-    """Counters, for diagnostics: ``awaits`` of ops, ``parks``, ``late``: parks that the
+    """Counters, for diagnostics: ``awaits`` of ops (and executions a WorkQueue awaited),
+    ``parks``, ``late``: parks that the
     re-check timer ended with the work complete and no wake-up delivered (for work much
     shorter than the 20 ms interval, a wake-up lost or late by about that much), and
     ``polls``: yields to the loop while polling (each lets every other ready task run; many
