@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--kinds", default="noop,gemm", help="comma-separated: noop, gemm")
+    ap.add_argument("--batches", default="1,8", help="comma-separated WorkQueue batch sizes")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     w = Workload(a.items, a.streams)
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         items = factories(w, kind)
         parts(items, streams)  # warm-up: plans, graphs of repeated GEMMs, pools
         doc["parts_us"][kind] = parts(items, streams)
-        for batch in (1, 8):
+        for batch in [int(b) for b in a.batches.split(",")]:
             queue(items, a.streams, batch)
             gc.freeze()
             rows = [queue(items, a.streams, batch) for _ in range(a.reps)]

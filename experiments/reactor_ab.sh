@@ -2,15 +2,18 @@
 # The await path's host cost, A/B: the library at commit OLD against the working tree (NEW), both
 # built, each script run on one then the other, RUNS times (a drift of the host's speed falls on
 # both): experiments/queue_split.py (a work-queue item's parts and WorkQueue per item),
-# experiments/await_cost.py (await minus sync_on, short lengths) and, unless BIMODAL=0,
-# experiments/bimodal.py over $BIMODAL_STREAMS streams (default 4,8). JSON per run, packed into
-# $OUT/reactor_ab.tar.gz.
+# unless AWAIT=0 experiments/await_cost.py (await minus sync_on, short lengths) and, unless
+# BIMODAL=0, experiments/bimodal.py over $BIMODAL_STREAMS streams (default 4,8; BIMODAL_ARGS:
+# more of its arguments, default --no-torch). JSON per run, packed into $OUT/reactor_ab.tar.gz.
+# OLD: a commit, or a tar file of the old tree.
 #   OUT=/tmp/out bash experiments/reactor_ab.sh OLD [RUNS]
 set -u -o pipefail
 OLD=${1:?usage: reactor_ab.sh OLD_COMMIT [RUNS]}
 RUNS=${2:-2}
 BIMODAL=${BIMODAL:-1}
 BIMODAL_STREAMS=${BIMODAL_STREAMS:-4,8}
+BIMODAL_ARGS=${BIMODAL_ARGS:---no-torch}
+AWAIT=${AWAIT:-1}
 OUT=${OUT:-/tmp/deviceop-out}
 AB_COPY=experiments/queue_split.py  # the same script on both
 . experiments/ab_trees.sh
@@ -24,12 +27,14 @@ for r in $(seq 1 "$RUNS"); do
   for v in old new; do
     echo "== $v run $r: queue_split"
     run $v experiments/queue_split.py --reps 3 --out "$OUT/queue_split_${v}_$r.json" | tail -6
-    echo "== $v run $r: await_cost"
-    run $v experiments/await_cost.py --reps 200 --lengths 1_kernel,20us,100us,2ms --loops uvloop,asyncio,trio \
-      --no-policies --out "$OUT/await_cost_${v}_$r.json" | tail -12
+    if [ "$AWAIT" != 0 ]; then
+      echo "== $v run $r: await_cost"
+      run $v experiments/await_cost.py --reps 200 --lengths 1_kernel,20us,100us,2ms --loops uvloop,asyncio,trio \
+        --no-policies --out "$OUT/await_cost_${v}_$r.json" | tail -12
+    fi
     if [ "$BIMODAL" != 0 ]; then
       echo "== $v run $r: bimodal"
-      run $v experiments/bimodal.py --streams "$BIMODAL_STREAMS" --no-torch --out "$OUT/bimodal_${v}_$r.json" 2>&1 | tail -6
+      run $v experiments/bimodal.py --streams "$BIMODAL_STREAMS" $BIMODAL_ARGS --out "$OUT/bimodal_${v}_$r.json" 2>&1 | tail -6
     fi
   done
 done
