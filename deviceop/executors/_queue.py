@@ -22,6 +22,7 @@ from typing import Any
 from .._core import _reactor
 from .._core._op import hand_over, start_sliced
 from .._errors import CudaError, UsageError
+from ..device import current
 from ._await import _COUNTS as COUNTS
 from ._await import _RECHECK as RECHECK
 from ._await import _SLICE as SLICE
@@ -257,6 +258,10 @@ class WorkQueue:
         def more() -> Any:
             return items.popleft() if items else None
 
+        batch = self.batch
+        # item factories run with their lane's device selected: where every lane is on the
+        # device selected already, nothing is selected around each execution
+        selected = all(s.backend is current() for s in self.streams)
         try:
             while True:
                 moved = False
@@ -280,8 +285,9 @@ class WorkQueue:
                             continue
                         slicing -= 1
                     while items and len(q) + held[lane] < _DEPTH and clock() < slice_end:
-                        run = _Run(lane, self.streams[lane], take_batch(items.popleft(), more, self.batch))
-                        inflight += run.start(d.channel, tok)
+                        first = items.popleft()
+                        run = _Run(lane, self.streams[lane], take_batch(first, more, batch) if batch > 1 else [first])
+                        inflight += run.start(d.channel, tok, selected)
                         slicing += run.rest is not None
                         if run.ops:
                             q.append(run)
@@ -402,9 +408,10 @@ class _Run:
         self.watched = False
         self.ops: list[Any] = []
 
-    def start(self, ch: Any, tok: int) -> int:
-        """Enqueue the batch (its first slice, for a long chain); 1 if it is now in flight."""
-        self.ops, op = start_batch(self.batch, self.lane, self.t0, "a WorkQueue", self.stream)
+    def start(self, ch: Any, tok: int, selected: bool) -> int:
+        """Enqueue the batch (its first slice, for a long chain); 1 if it is now in flight.
+        ``selected``: the lane's device is selected already."""
+        self.ops, op = start_batch(self.batch, self.lane, self.t0, "a WorkQueue", self.stream, selected)
         if op is None:
             return 0
         try:

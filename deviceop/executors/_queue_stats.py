@@ -221,14 +221,18 @@ def check_capacity(capacity: Any, lanes: int, batch: int = 1) -> int:
 
 
 def start_batch(
-    batch: list[tuple[Any, ItemResult]], lane: int, t0: float, who: str, stream: Any
+    batch: list[tuple[Any, ItemResult]], lane: int, t0: float, who: str, stream: Any, selected: bool = False
 ) -> tuple[list[Any], Any]:
     """Mark a batch's items started on ``lane``; return (their (result, op) pairs, the op to run).
 
     An item whose op cannot be made gets its error now and is left out; the op to run is the
     item's own op for a batch of one, an ``Each`` of them otherwise, None if nothing is left.
-    Factories ``f(lane)`` run with the lane's device selected (what they allocate lives there).
+    Factories ``f(lane)`` run with the lane's device selected (what they allocate lives there);
+    ``selected``: the caller selected it already (a queue whose lanes are all on one device
+    selects it once).
     """
+    if selected:
+        return _start(batch, lane, t0, who)
     tok = enter_device(stream.backend)
     try:
         return _start(batch, lane, t0, who)
