@@ -621,3 +621,18 @@ def test_a_busy_queue_gives_the_loop_turns(backend):
     assert [r.value for r in res] == list(range(2000))
     inside = [x for x in ticks if t0 <= x <= t1]
     assert len(inside) >= 20
+
+
+def test_a_tiny_enqueue_slice_still_issues_every_item(backend):
+    # each pass of the queue issues at least one execution, however short the enqueue slice
+    old = do.enqueue_slice()
+    do.set_enqueue_slice(1e-9)
+    try:
+
+        async def main():
+            with anyio.fail_after(20):
+                return await WorkQueue(streams=2, batch=1).run(_values(30))
+
+        assert [r.value for r in anyio.run(main)] == list(range(30))
+    finally:
+        do.set_enqueue_slice(old)

@@ -81,8 +81,8 @@ class WorkQueue:
     idles from the moment its batch completes until the queue notices, so it polls: one check
     covers every stream, and the loop's other tasks run between checks; work that runs longer
     parks and costs no CPU.
-    ``batch``: a task takes up to this many items that are already waiting (it never waits
-    for more) and runs them as one execution on its stream, awaiting them together. Results
+    ``batch``: a stream with room takes up to this many items that are already waiting (it
+    never waits for more) and runs them as one execution, awaited together. Results
     and errors stay per item; an item's latency then includes the rest of its batch. When
     items arrive faster than the GPU drains them this removes most of the per-item host work;
     when they trickle in, batches are of one. Default 8.
@@ -276,6 +276,7 @@ class WorkQueue:
                 # holds its place until the hook returns); a long chain is enqueued a slice per
                 # pass, so the loop's other tasks get their turns meanwhile
                 slice_end = clock() + (SLICE[0] or float("inf"))
+                issued = False  # a pass issues at least one execution, however short the slice
                 for lane in range(lanes) if items or slicing else ():
                     q = runs[lane]
                     if q and q[-1].rest is not None:
@@ -284,7 +285,8 @@ class WorkQueue:
                         if not q[-1].resume(SLICE[0] or float("inf"), d.channel, tok):
                             continue
                         slicing -= 1
-                    while items and len(q) + held[lane] < _DEPTH and clock() < slice_end:
+                    while items and len(q) + held[lane] < _DEPTH and (not issued or clock() < slice_end):
+                        issued = True
                         first = items.popleft()
                         run = _Run(lane, self.streams[lane], take_batch(first, more, batch) if batch > 1 else [first])
                         inflight += run.start(d.channel, tok, selected)
@@ -464,6 +466,8 @@ class _Run:
     def watch(self) -> bool:
         """Have the reactor wake the loop at this execution's completion; True if it is
         complete already."""
+        if self.cx is None:
+            return True
         if self.rest is not None:
             return False
         if not self.watched:

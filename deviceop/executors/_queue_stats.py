@@ -228,8 +228,8 @@ def start_batch(
     An item whose op cannot be made gets its error now and is left out; the op to run is the
     item's own op for a batch of one, an ``Each`` of them otherwise, None if nothing is left.
     Factories ``f(lane)`` run with the lane's device selected (what they allocate lives there);
-    ``selected``: the caller selected it already (a queue whose lanes are all on one device
-    selects it once).
+    ``selected``: it is selected already (a queue whose lanes are all on the device its
+    driver runs with).
     """
     if selected:
         return _start(batch, lane, t0, who)
