@@ -249,8 +249,7 @@ class WorkQueue:
         runs: list[deque[_Run]] = [deque() for _ in range(lanes)]
         held = self._held
         items = self._items
-        inflight = 0  # executions in the lanes' deques
-        slicing = 0  # of which chains still being enqueued a slice at a time
+        slicing = 0  # executions whose chain is still being enqueued a slice at a time
         last = clock()  # the last completion, issue or wake-up: polling counts from here
         interval = RECHECK[0]
         seen = True  # completions are seen while polling (not after a park): their moment is known
@@ -270,13 +269,13 @@ class WorkQueue:
                 for q in runs:
                     while q and (done(q[0].h) if q[0].h >= 0 else q[0].complete()):
                         self._finish(q.popleft(), clock(), seen)
-                        inflight -= 1
                         moved = True
                 # then new work, each lane up to two executions (and an on_done hook's item
                 # holds its place until the hook returns); a long chain is enqueued a slice per
                 # pass, so the loop's other tasks get their turns meanwhile
                 slice_end = clock() + (SLICE[0] or float("inf"))
                 issued = False  # a pass issues at least one execution, however short the slice
+                # (with nothing queued and no chain under way, no lane has anything to do)
                 for lane in range(lanes) if items or slicing else ():
                     q = runs[lane]
                     if q and q[-1].rest is not None:
@@ -289,7 +288,7 @@ class WorkQueue:
                         issued = True
                         first = items.popleft()
                         run = _Run(lane, self.streams[lane], take_batch(first, more, batch) if batch > 1 else [first])
-                        inflight += run.start(d.channel, tok, selected)
+                        run.start(d.channel, tok, selected)
                         slicing += run.rest is not None
                         if run.ops:
                             q.append(run)
@@ -302,7 +301,7 @@ class WorkQueue:
                     interval = RECHECK[0]
                     await y()  # the producer, and the loop's other tasks, get a turn
                     continue
-                if not inflight:  # nothing on the GPU: wait for an item, a hook, or the end
+                if not any(runs):  # nothing on the GPU: wait for an item, a hook, or the end
                     if self._closed and not items and not any(held):
                         return
                     w = new_waker()
@@ -338,7 +337,6 @@ class WorkQueue:
                 for q in runs:
                     for run in [r for r in q if not r.check()]:
                         q.remove(run)
-                        inflight -= 1
                         self._finish(run, clock(), False)
         except BaseException:
             # cancelled (or a BaseException from a factory): the GPU work keeps running, and the
@@ -410,22 +408,21 @@ class _Run:
         self.watched = False
         self.ops: list[Any] = []
 
-    def start(self, ch: Any, tok: int, selected: bool) -> int:
-        """Enqueue the batch (its first slice, for a long chain); 1 if it is now in flight.
-        ``selected``: the lane's device is selected already."""
+    def start(self, ch: Any, tok: int, selected: bool) -> None:
+        """Enqueue the batch (its first slice, for a long chain); ``ops`` is left empty if
+        nothing went in flight. ``selected``: the lane's device is selected already."""
         self.ops, op = start_batch(self.batch, self.lane, self.t0, "a WorkQueue", self.stream, selected)
         if op is None:
-            return 0
+            return
         try:
             self.cx, self.out, self.rest = start_sliced(op, self.stream, "WorkQueue", SLICE[0])
         except Exception as e:  # the execution failed as a whole (what it enqueued completed)
             self._fail(e)
             self.ops = []
-            return 0
+            return
         if self.rest is None:
             self._arm(ch, tok)
         COUNTS["awaits"] += 1
-        return 1
 
     def resume(self, seconds: float, ch: Any, tok: int) -> bool:
         """Enqueue the chain's next slice; True once all of it is enqueued (and armed)."""
