@@ -30,6 +30,7 @@ from exec_modes import machine_info
 
 import deviceop as do
 from deviceop._core import _reactor
+from deviceop.executors._await import stats as await_stats
 
 K = do.kernels
 # The spin kernel keeps the GPU busy for a span of the GPU's global nanosecond timer, not a count
@@ -73,6 +74,16 @@ def _setup() -> tuple:
 LENGTHS = [("1_kernel", 0.0), ("20us", 20e-6), ("100us", 100e-6), ("500us", 500e-6), ("2ms", 2e-3), ("20ms", 20e-3)]
 
 
+def _path_counts() -> dict[str, int]:
+    a, r = await_stats(), _reactor.stats()
+    return {
+        "polls": a["polls"],
+        "parks": a["parks"],
+        "late": a["late"],
+        **{k: r[k] for k in ("prewakes", "rearmed", "late_resumes", "passes", "sleeps")},
+    }
+
+
 def lengths(lib: str, reps: int, warmup: int, names: list[str], pairs: bool = False) -> list[dict]:
     s, x, yp = _setup()
     out_t = do.zeros(1024, do.float32).sync_on(s)
@@ -90,34 +101,68 @@ def lengths(lib: str, reps: int, warmup: int, names: list[str], pairs: bool = Fa
                 make = lambda ns=ns: spin_k(out_t, ns, grid=(1,), block=(32,))  # noqa: E731
             else:
                 make = lambda: K.scale(yp, x, 0.5)  # noqa: E731
+            if STAGES.get("on"):
+                built = make
+
+                def make(built=built):  # type: ignore[no-untyped-def]
+                    op = built()
+                    STAGES["built"] = clock()
+                    return op
+
             n = reps if secs < 1e-3 else max(40, reps // 2)
-            sy, aw, diff, acpu, first = [], [], [], [], []
+            sy, aw, diff, acpu, first, path = [], [], [], [], [], []
             st0 = _reactor.stats()
             for r in range(warmup + n):
                 # the order alternates: what runs first in a pair follows the other kind's wait
                 # (a thread that slept in its loop, or one that waited in the driver), and the
                 # host work before a launch runs slower on a core that was idle
                 if r % 2:
+                    w0 = _path_counts() if pairs else None
+                    STAGES.pop("waited", None)
                     c0 = cpu()
                     t2 = clock()
-                    await make().wait(stream=s)
+                    op = make()
+                    STAGES["built_a"] = STAGES.get("built", 0)
+                    await op.wait(stream=s)
                     t3 = clock()
                     c1 = cpu()
+                    w1 = _path_counts() if pairs else None
                 t0 = clock()
-                make().sync_on(s)
+                op = make()
+                STAGES["built_s"] = STAGES.get("built", 0)
+                op.sync_on(s)
                 t1 = clock()
                 if not r % 2:
+                    w0 = _path_counts() if pairs else None
+                    STAGES.pop("waited", None)
                     c0 = cpu()
                     t2 = clock()
-                    await make().wait(stream=s)
+                    op = make()
+                    STAGES["built_a"] = STAGES.get("built", 0)
+                    await op.wait(stream=s)
                     t3 = clock()
                     c1 = cpu()
+                    w1 = _path_counts() if pairs else None
                 if r >= warmup:
                     sy.append((t1 - t0) / 1e3)
                     aw.append((t3 - t2) / 1e3)
                     diff.append(((t3 - t2) - (t1 - t0)) / 1e3)
                     acpu.append((c1 - c0) / 1e3)
                     first.append("await" if r % 2 else "sync_on")
+                    if pairs:
+                        path.append({k: w1[k] - w0[k] for k in w1})
+                        if STAGES.get("on"):
+                            b, dsp, e = STAGES["built_a"], STAGES["dispatched"], STAGES["enqueued"]
+                            w = STAGES.get("waited", t3)
+                            path[-1].update(
+                                pre_us=(e - t2) / 1e3,
+                                build_us=(b - t2) / 1e3,
+                                dispatch_us=(dsp - b) / 1e3,
+                                enqueue_us=(e - dsp) / 1e3,
+                                wait_us=(w - e) / 1e3,
+                                post_us=(t3 - w) / 1e3,
+                                sync_build_us=(STAGES["built_s"] - t0) / 1e3,
+                            )
             st1 = _reactor.stats()
             res.append(
                 {
@@ -133,6 +178,8 @@ def lengths(lib: str, reps: int, warmup: int, names: list[str], pairs: bool = Fa
                     "await_cpu_us": float(np.median(acpu)),
                     # every pair (for the spread: which ran first, sync_on µs, await µs)
                     "pairs": [[f, a, b] for f, a, b in zip(first, sy, aw)] if pairs else None,
+                    # per pair with --pairs: what the await's path did (its polls, parks, pre-wakes...)
+                    "paths": path if pairs else None,
                     "reactor": {
                         k: st1[k] - st0[k]
                         for k in (
@@ -218,6 +265,65 @@ def _print(rows: list[dict]) -> None:
         )
 
 
+def _spin_poll() -> None:
+    """Replace the await's poll with one that never yields: what the await costs when the loop's
+    turns between its looks cost nothing (a diagnostic; it blocks the loop while it looks)."""
+    from deviceop.executors import _await
+
+    async def poll(lib, done, budget, deadline):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < budget:
+            if done():
+                return True
+        return done()
+
+    _await._poll = poll
+
+
+#: with --stages, per await: when its enqueue ended and when its wait ended (perf_counter_ns)
+STAGES: dict = {}
+
+
+def _trace_stages() -> None:
+    """Time stamps inside the await (a diagnostic): the end of its enqueue, and the end of its
+    wait for the flag (a poll, a spin or a park returning), so that an await's time splits into
+    the host work before the launch, the wait, and the return after the flag was seen."""
+    from deviceop.executors import _await
+
+    clock = time.perf_counter_ns
+    start_sliced, poll, spin, park = _await.start_sliced, _await._poll, _await._spin, _await._park
+    dispatcher = _await.loop_dispatcher
+    STAGES["on"] = True
+
+    def traced_dispatcher():  # type: ignore[no-untyped-def]
+        r = dispatcher()
+        STAGES["dispatched"] = clock()
+        return r
+
+    def traced_start(*a):  # type: ignore[no-untyped-def]
+        r = start_sliced(*a)
+        STAGES["enqueued"] = clock()
+        return r
+
+    async def traced_poll(*a):  # type: ignore[no-untyped-def]
+        r = await poll(*a)
+        STAGES["waited"] = clock()
+        return r
+
+    def traced_spin(*a):  # type: ignore[no-untyped-def]
+        r = spin(*a)
+        STAGES["waited"] = clock()
+        return r
+
+    async def traced_park(*a):  # type: ignore[no-untyped-def]
+        r = await park(*a)
+        STAGES["waited"] = clock()
+        return r
+
+    _await.start_sliced, _await._poll, _await._spin, _await._park = traced_start, traced_poll, traced_spin, traced_park
+    _await.loop_dispatcher = traced_dispatcher
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=200)
@@ -232,8 +338,22 @@ def main(argv: list[str] | None = None) -> int:
         "--no-policies", action="store_true", help="leave out the spin and block policies and the CPU figures"
     )
     ap.add_argument("--pairs", action="store_true", help="keep every pair's times in the JSON, not only the medians")
+    ap.add_argument(
+        "--spin-poll",
+        action="store_true",
+        help="diagnostic: an await's poll looks without yielding to its loop (the floor of seeing the flag)",
+    )
+    ap.add_argument(
+        "--stages",
+        action="store_true",
+        help="diagnostic, with --pairs: split each await into its enqueue, its wait and its return",
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if a.spin_poll:
+        _spin_poll()
+    if a.stages:
+        _trace_stages()
     loops = [v for v in a.loops.split(",") if v]
     doc: dict = {
         "experiment": "await_cost",
