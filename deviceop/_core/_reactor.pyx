@@ -24,8 +24,10 @@ a parked scanner until the task parks (:func:`watch`): a short await costs no wa
 The CPU policy (:func:`set_policy`):
 
 - ``"adaptive"`` (default): as above; awaiting a 200 ms op costs about 1.5 % of a core, all threads.
-- ``"spin"``: the scanner spins while a slot it watches is armed (lowest latency; a core while
-  busy).
+- ``"spin"``: the scanner spins while a slot it watches is armed (a core while busy), and
+  pre-wakes waiting loops as ``"adaptive"`` does: a loop parked on a long await is woken only
+  by the scanner's token, and waking a thread that slept takes tens to hundreds of µs however
+  soon the flag is seen.
 - ``"block"``: no polling at all: the stream runs a host function that writes the flag and
   wakes the scanner (the driver's thread wakes on the GPU's interrupt; slower wake-ups).
 
@@ -376,9 +378,7 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                 N -= 1
                 E[i] = E[N]
                 continue
-            if POLICY == SPIN:
-                hot = True
-            elif POLICY == ADAPTIVE:
+            if POLICY != BLOCK:
                 if e.prewake and e.chan == NULL:  # nobody waits any more: nobody to pre-wake
                     e.prewake = 0
                 if e.prewake and now >= e.prewake:
@@ -392,6 +392,8 @@ cdef void* _scan_main(void* arg) noexcept nogil:
                     PUSHED[e.slot] = now
                     PUSHED_SEQ[e.slot] = e.seq
                     C_PREWAKES += 1
+                elif POLICY == SPIN:
+                    hot = True
                 elif now >= e.wake:
                     if now < e.hot_until:
                         hot = True
@@ -580,7 +582,7 @@ def arm(stream, Channel ch, uint64_t token, bint watch=True):
     e.prewake = 0
     if est > 0:
         e.due = start + est
-        if POLICY == ADAPTIVE and e.due - _window(est) > now:
+        if POLICY != BLOCK and e.due - _window(est) > now:
             e.prewake = e.due - _window(est)
         # besides the pre-wake, the scanner looks on its backing-off schedule from the start:
         # work that ends well before its prediction (the stream's work changed) is seen too
@@ -687,7 +689,7 @@ def prewoken(uint64_t handle):
             # the slot was armed: a pre-woken task polls from then
             if e.due - now > _window(est) + (LAT_MAX if pre else 0):
                 # woken well before the completion (by the timer, or that pre-wake): park again
-                if pre and POLICY == ADAPTIVE:
+                if pre and POLICY != BLOCK:
                     # far earlier than planned: without a pre-wake still to come, only a
                     # backing-off look would end the park
                     e.prewake = e.due - _window(est)

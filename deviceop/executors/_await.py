@@ -140,8 +140,9 @@ def set_wait_policy(policy: str) -> None:
     ``"adaptive"`` (default): it learns each stream's execution times and how late sleeping
     threads wake, sleeps, and pre-wakes the awaiting task shortly before the predicted
     completion so that the task polls around it (about 1.5 % of a core while a 200 ms op runs,
-    measured on an H100 host). ``"spin"``: it spins while anything is awaited (lowest latency, one core
-    busy meanwhile). ``"block"``: it never polls; each awaited execution ends with a host
+    measured on an H100 host). ``"spin"``: it spins while anything is awaited (one core busy
+    meanwhile) and pre-wakes awaiting tasks as ``"adaptive"`` does (a parked loop's own
+    wake-up is what a long await would otherwise wait for). ``"block"``: it never polls; each awaited execution ends with a host
     function that wakes it (slowest wake-ups, no polling CPU). ``DEVICEOP_WAIT_POLICY`` sets it
     at import. Anything else raises :class:`~deviceop.SettingError`.
     """
