@@ -250,19 +250,16 @@ def test_the_spin_policy_pre_wakes_a_long_await_too(backend, policy) -> None:
         pytest.skip("needs two cores: the spinning scanner and the loop")
     s = pool_of(4)[1]
     t = asyncio.run(_learned(s))
-    do.set_wait_policy("spin")
-    try:
-        pre = _reactor.stats()["prewakes"]
+    do.set_wait_policy("spin")  # (the policy fixture restores the default)
+    pre = _reactor.stats()["prewakes"]
 
-        async def main() -> None:
-            for _ in range(2):
-                await slow_fill(t, 3.0, 0.1).wait(stream=s)
+    async def main() -> None:
+        for _ in range(2):
+            await slow_fill(t, 3.0, 0.1).wait(stream=s)
 
-        asyncio.run(main())
-        assert _reactor.stats()["prewakes"] - pre >= 1
-        assert float(t.numpy()[0]) == 3.0
-    finally:
-        do.set_wait_policy("adaptive")
+    asyncio.run(main())
+    assert _reactor.stats()["prewakes"] - pre >= 1
+    assert float(t.numpy()[0]) == 3.0
 
 
 def test_awaits_from_several_loops_in_threads(backend) -> None:

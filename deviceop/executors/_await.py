@@ -142,9 +142,9 @@ def set_wait_policy(policy: str) -> None:
     completion so that the task polls around it (about 1.5 % of a core while a 200 ms op runs,
     measured on an H100 host). ``"spin"``: it spins while anything is awaited (one core busy
     meanwhile) and pre-wakes awaiting tasks as ``"adaptive"`` does (a parked loop's own
-    wake-up is what a long await would otherwise wait for). ``"block"``: it never polls; each awaited execution ends with a host
-    function that wakes it (slowest wake-ups, no polling CPU). ``DEVICEOP_WAIT_POLICY`` sets it
-    at import. Anything else raises :class:`~deviceop.SettingError`.
+    wake-up is what a long await would otherwise wait for). ``"block"``: it never polls; each
+    awaited execution ends with a host function that wakes it (slowest wake-ups, no polling
+    CPU). ``DEVICEOP_WAIT_POLICY`` sets it at import. Anything else raises :class:`~deviceop.SettingError`.
     """
     if not isinstance(policy, str):
         raise SettingError(f"wait policy must be one of {_reactor.POLICIES}, got {policy!r}")
