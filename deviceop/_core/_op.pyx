@@ -14,6 +14,8 @@ cimport cython
 from ._base cimport Driver, StreamBase, make_current, n_recording
 from ._ledger cimport ExecutionContext, new_context
 
+import numbers
+
 from ._base import STREAM_TYPES
 
 from .._errors import CaptureError, CudaError, UsageError
@@ -22,7 +24,7 @@ from ..device._select import next_stream, stream_of
 
 __all__ = [
     "DeviceOp", "Value", "Chain", "HOOKS", "SHAREABLE", "value", "chain", "start", "run_sync", "as_stream",
-    "refuse_in_capture", "is_op", "hand_over",
+    "refuse_in_capture", "is_op", "hand_over", "check_timeout",
 ]
 
 class _Hooks(dict):
@@ -66,6 +68,18 @@ cpdef int refuse_in_capture(str what) except -1:
             "or after the scope, and record only the ops themselves"
         )
     return 0
+
+
+cpdef object check_timeout(object timeout):
+    """``timeout`` as a float of seconds (or None); UsageError for anything else or a negative one."""
+    if timeout is None:
+        return None
+    if type(timeout) is not float and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)):
+        raise UsageError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+    t = float(timeout)
+    if not t >= 0:
+        raise UsageError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+    return t
 
 
 cpdef object as_stream(object stream):
@@ -278,7 +292,13 @@ cdef class DeviceOp:
         """
         if n_recording:  # (the message only when it is raised: this runs on every await)
             refuse_in_capture(f"await {self!r}")
-        return HOOKS["await"](self, timeout, stream)
+        # checked and consumed here, the coroutine made at once: every call on this path runs
+        # cold after a long wait (the host's caches held other work meanwhile)
+        if timeout is not None:
+            timeout = check_timeout(timeout)
+        s = as_stream(stream)
+        self.take("await")
+        return HOOKS["await"](self, s, "await", timeout)
 
     def graph(self, stream=None):
         """Record this op into a :class:`~deviceop.graph.CudaGraph` (nothing runs now).

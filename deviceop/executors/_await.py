@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._core import _reactor
-from .._core._op import HOOKS, as_stream, hand_over, start_sliced
-from .._errors import CudaError, SettingError, UsageError
+from .._core._op import HOOKS, check_timeout, hand_over, start_sliced
+from .._errors import CudaError, SettingError
 from . import _future
 from ._future import DeviceFuture
 from ._wake import event_class, loop_dispatcher
@@ -165,17 +165,6 @@ def _yielder(lib: str) -> Callable[[], Awaitable[None]]:
     import asyncio
 
     return lambda: asyncio.sleep(0)
-
-
-def _check_timeout(timeout: float | None) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise UsageError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
-    t = float(timeout)
-    if not t >= 0:
-        raise UsageError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
-    return t
 
 
 def _timed_out(what: str, timeout: float) -> TimeoutError:
@@ -345,7 +334,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     budget; see :func:`set_poll_budget`).
     """
     if timeout is not None:
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
     lib, d = loop_dispatcher()  # before any work: outside an event loop this raises, whatever the op
     cx, out, rest = start_sliced(op, stream, label, _SLICE[0])
     if rest is not None:  # a long chain: the loop gets a turn between slices of its enqueue
@@ -413,7 +402,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
 
 async def await_future(fut: DeviceFuture[Any], timeout: float | None = None) -> Any:
     """Resume when the submitted work behind ``fut`` is complete; return its output."""
-    timeout = _check_timeout(timeout)
+    timeout = check_timeout(timeout)
     lib, d = loop_dispatcher()
     deadline = None if timeout is None else time.perf_counter() + timeout
     if not fut.done() and not await _poll(lib, fut.done, _POLL[0], deadline):
@@ -427,14 +416,7 @@ async def await_future(fut: DeviceFuture[Any], timeout: float | None = None) -> 
     return fut.result(0)
 
 
-def wait(op: Any, timeout: float | None = None, stream: Any = None) -> Any:
-    """``op.wait(timeout=, stream=)``: the coroutine of ``await op`` (checks first, then consumes;
-    ``DeviceOp.wait`` has refused a wait inside a graph recording)."""
-    _check_timeout(timeout)
-    s = as_stream(stream)
-    op._take("await")
-    return await_op(op, s, "await", timeout)
-
-
-HOOKS["await"] = wait
+# ``op.wait()`` and ``await op`` (DeviceOp.wait has checked the timeout, taken the stream and
+# consumed the op, and refused a wait inside a graph recording)
+HOOKS["await"] = await_op
 _future.HOOKS["await_future"] = await_future
