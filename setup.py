@@ -43,7 +43,19 @@ _FLAGS = ["-O2", "-Wno-unused-function", "-Wno-unreachable-code"]
 
 extensions = [
     Extension(f"deviceop._core.{m}", [f"deviceop/_core/{m}.pyx"], extra_compile_args=_FLAGS, libraries=["pthread"])
-    for m in ("_base", "_ledger", "_op", "_alloc", "_launch", "_gemm", "_reactor", "_dlpack", "_external", "_transfer")
+    for m in (
+        "_base",
+        "_ledger",
+        "_op",
+        "_alloc",
+        "_launch",
+        "_gemm",
+        "_reactor",
+        "_dlpack",
+        "_external",
+        "_transfer",
+        "_replay",
+    )
 ] + [
     Extension(
         "deviceop.device._cuda_driver",

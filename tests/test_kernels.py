@@ -217,6 +217,110 @@ def test_user_kernel_inout(backend):
     np.testing.assert_array_equal(t.numpy(), 2 * np.arange(128, dtype=np.float32))
 
 
+def test_user_kernel_known_layout_is_planned_once_and_hit_after(backend):
+    # a fresh tensor of a known shape takes the compiled call: the same plan, counted as a hit
+    k = _axpb()
+    n = 512
+    x = do.from_numpy(np.arange(n, dtype=np.float32)).sync()
+    k(do.full(n, np.nan, do.float32).sync().partition((128,)), x, n).sync()
+    misses, hits = k.plans.misses, k.plans.hits
+    for i in range(3):
+        y = do.full(n, np.nan, do.float32).sync()
+        out = k(y.partition((128,)), x, n - i).sync()
+        assert out[2] == n - i
+        np.testing.assert_array_equal(y.numpy()[: n - i], 2 * np.arange(n - i, dtype=np.float32) + (n - i))
+        assert np.isnan(y.numpy()[n - i :]).all()
+    assert (k.plans.misses, k.plans.hits) == (misses, hits + 3)
+    # an explicit grid and block of a known layout too, given as tuples or as ints
+    y = do.full(n, np.nan, do.float32).sync()
+    k(y, x, n, grid=(2,), block=(256,)).sync()
+    k(y, x, n, grid=2, block=256).sync()
+    k(y, x, n, grid=(2, 1, 1), block=(256, 1, 1)).sync()
+    assert k.plans.misses == misses + 1
+    np.testing.assert_array_equal(y.numpy(), 2 * np.arange(n, dtype=np.float32) + n)
+
+
+def test_user_kernel_scalar_kinds_after_a_plan(backend):
+    # scalars the compiled call does not take as they are (numpy scalars, a float that is an
+    # integer for an int parameter, an int for a float parameter, a 16-bit float) still launch
+    # with the value given
+    src = r"""
+    extern "C" __global__ void mix(float* y, float a, int b, __half c) {
+      long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+      y[i] = a + (float)b + __half2float(c);
+    }
+    """
+
+    def host(y, a, b, c):
+        y[:] = np.float32(a) + np.float32(b) + np.float32(c)
+
+    k = K.Kernel(
+        "#include <cuda_fp16.h>\n" + src, "mix", params=(K.Out(do.float32), do.float32, do.int32, do.float16), host=host
+    )
+    y = do.full(64, np.nan, do.float32).sync()
+    yp = y.partition((64,))
+    for a, b, c, expect in [
+        (1.5, 2, 0.25, 3.75),
+        (np.float32(1.5), np.int64(2), np.float16(0.5), 4.0),
+        (3, 4.0, 1, 8.0),
+        (-2.0, -3, -0.5, -5.5),
+    ]:
+        k(yp, a, b, c).sync()
+        np.testing.assert_array_equal(y.numpy(), np.full(64, expect, np.float32))
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda k, yp, x: k(yp, x, True), "int32 scalar"),
+        (lambda k, yp, x: k(yp, x, 2.5), "integer"),
+        (lambda k, yp, x: k(yp, x, 2**31), "out of range"),
+        (lambda k, yp, x: k(yp, x, -(2**31) - 1), "out of range"),
+        (lambda k, yp, x: k(yp, x, "3"), "int32 scalar"),
+        (lambda k, yp, x: k(yp, x), "takes 3 arguments"),
+        (lambda k, yp, x: k(yp, x, 3, 4), "takes 3 arguments"),
+        (lambda k, yp, x: k(yp, x, 3, grid=(True,)), "grid"),
+        (lambda k, yp, x: k(yp, x, 3, grid=(-1,)), "grid"),
+        (lambda k, yp, x: k(yp, x, 3, grid=(1, 2**16)), "grid"),
+        (lambda k, yp, x: k(yp, x, 3, grid=(1, 1, 1, 1)), "grid"),
+        (lambda k, yp, x: k(yp, x, 3, block=(2048,)), "block"),
+        (lambda k, yp, x: k(yp, x, 3, block=(64, 64)), "block"),
+        (lambda k, yp, x: k(yp, x, 3, block=0), "block"),
+        (lambda k, yp, x: k(yp, x, 3, block=(1.0,)), "block"),
+        (lambda k, yp, x: k(yp, x, 3, shared_mem=-1), "shared_mem"),
+        (lambda k, yp, x: k(yp, x, 3, shared_mem=True), "shared_mem"),
+        (lambda k, yp, x: k(yp, x, 3, grid=2**63), "grid"),
+    ],
+)
+def test_user_kernel_bad_calls_after_a_plan_raise(backend, call, match):
+    # the layout has a plan (the compiled call would take a good call): a bad one is still refused
+    k = _axpb()
+    x = do.from_numpy(np.zeros(256, np.float32)).sync()
+    yp = do.zeros(256, do.float32).sync().partition((128,))
+    k(yp, x, 3).sync()
+    with pytest.raises(do.DeviceOpError, match=match):
+        call(k, yp, x)
+
+
+def test_user_kernel_float_scalar_beyond_float32_refused_after_a_plan(backend):
+    src = r"""
+    extern "C" __global__ void put(float* y, float v) { y[blockIdx.x * blockDim.x + threadIdx.x] = v; }
+    """
+
+    def host(y, v):
+        y[:] = v
+
+    k = K.Kernel(src, "put", params=(K.Out(do.float32), do.float32), host=host)
+    y = do.zeros(128, do.float32).sync()
+    k(y.partition((128,)), 1.0).sync()
+    with pytest.raises(do.DTypeError, match="out of range"):
+        k(y.partition((128,)), 1e39)
+    k(y.partition((128,)), float("inf")).sync()  # not finite: passed on as it is
+    assert np.isinf(y.numpy()).all()
+    k(y.partition((128,)), 2**30).sync()  # an int for a float parameter, beyond float's exact ints
+    np.testing.assert_array_equal(y.numpy(), np.full(128, 2**30, np.float32))
+
+
 # -- NVRTC (no GPU needed) --------------------------------------------------------------------
 
 

@@ -1,9 +1,9 @@
-"""Type stub of the compiled module ``deviceop._core._launch``: launch plans, the built-ins' call and graph replays.
+"""Type stub of the compiled module ``deviceop._core._launch``: launch plans and kernel calls.
 
 Names not declared here are internal to the core and typed ``Any``.
 """
 
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from typing_extensions import Unpack
 
@@ -23,17 +23,34 @@ class BuiltinFront:
         """An op running the kernel; its output is its arguments (ops among them replaced by their
         outputs): the output Partition, then the input tensors and scalars."""
 
-class GraphBase:
-    """A recorded graph's replay state."""
+P_KINDS: dict[str, int]
 
-    backend: Any
-    launches: int
-    def _set_replay(self, ex: Any, regions: Any, output: Any) -> None: ...
-    def launch(self) -> DeviceOp[Any]:
-        """An op replaying the graph."""
+class UserPlan:
+    """A user kernel's launch for one argument layout."""
 
-class GraphLaunch(DeviceOp[T], Generic[T]):
-    """One replay of a recorded graph: an op whose output is the recorded op's output."""
+    be: Any
+    cuda: LaunchPlan | None
+    empty: bool
+    tensor_idx: tuple[int, ...]
+    scalar_idx: tuple[int, ...]
+    writes: tuple[bool, ...]
+    def __init__(
+        self,
+        be: Any,
+        cuda: LaunchPlan | None,
+        empty: bool,
+        tensor_idx: tuple[int, ...],
+        scalar_idx: tuple[int, ...],
+        writes: tuple[bool, ...],
+        scalar_kinds: tuple[int, ...],
+    ) -> None: ...
+
+class UserFront:
+    """The compiled call of a user Kernel for argument layouts that have a plan."""
+
+    def __init__(self, kernel: Any, plans: PlanCache, kinds: tuple[int, ...], block: tuple[int, int, int]) -> None: ...
+    def call(self, args: tuple[Any, ...], grid: Any, block: Any, shared_mem: Any) -> DeviceOp[Any] | None:
+        """The op of the call, or None where the kernel's Python call must check and plan it."""
 
 class LaunchPlan:
     """A kernel's launch for one argument layout: function, geometry and parameter layout."""

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Launch plans, the kernel launch path, built-in calls as ops, and graph replays.
+"""Launch plans, the kernel launch path, and kernel calls (built-in and user kernels) as ops.
 
 A :class:`LaunchPlan` holds what a launch needs once a kernel and its arguments' layout are
 known (function, grid, block, the parameter layout and fixed values) and nothing about their
@@ -9,21 +9,18 @@ returns, so concurrent launches of one plan never share it), orders the tensors'
 through the ledger and launches, under the ledger lock.
 """
 
-cimport cython
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.tuple cimport PyTuple_GET_ITEM
 from libc.float cimport FLT_MAX
 from libc.stdint cimport uint64_t, uint8_t, uint16_t, int32_t, int64_t, uintptr_t
 
-from ._base cimport _LOCK as LOCK, Buffer, Driver, PartitionBase, TensorBase
-from ._ledger cimport Access, ExecutionContext, check_backend, covering, epoch, order, order_tensor, register, retarget, scan
+from ._base cimport _LOCK as LOCK, Driver, PartitionBase, TensorBase
+from ._ledger cimport ExecutionContext, check_backend, register, scan
 from ._op cimport DeviceOp
 
-from .._errors import CaptureError, UsageError
+from .._errors import UsageError
 
 __all__ = [
-    "LaunchPlan", "KernelPlan", "PlanCache", "Planned", "BuiltinFront", "launch", "planned", "GraphBase",
-    "GraphLaunch", "MAX_PARAMS",
+    "LaunchPlan", "KernelPlan", "PlanCache", "Planned", "BuiltinFront", "UserFront", "UserPlan", "launch", "planned",
+    "MAX_PARAMS", "P_KINDS",
 ]
 
 DEF MAXP = 24
@@ -232,6 +229,182 @@ cdef class KernelPlan:
         self.empty = empty
 
 
+# what a user kernel's parameter takes, for its compiled call (UserFront): a tensor (or a
+# partition), a scalar of one of the C types the launch packs as given, or a scalar the Python
+# call converts (16-bit floats: their raw bits)
+DEF P_TENSOR = -1
+DEF P_OTHER = -2
+P_KINDS = {"tensor": P_TENSOR, "other": P_OTHER, "float32": CT_F32, "int32": CT_I32, "int64": CT_I64, "uint8": CT_U8}
+
+
+cdef class UserPlan:
+    """A user kernel's launch for one argument layout: its backend, its launch (cuda; None on the
+    host backend or for an empty grid), whether the grid is empty, which arguments are tensors
+    and which scalars (indices into the call's arguments), whether each tensor is written, and
+    the C type of each scalar (``P_OTHER``: converted by the kernel's Python ``enqueue``)."""
+
+    cdef readonly object be
+    cdef readonly LaunchPlan cuda
+    cdef readonly bint empty
+    cdef readonly tuple tensor_idx
+    cdef readonly tuple scalar_idx
+    cdef readonly tuple writes
+    cdef tuple scalar_kinds
+
+    def __init__(self, be, LaunchPlan cuda, bint empty, tuple tensor_idx, tuple scalar_idx, tuple writes,
+                 tuple scalar_kinds):
+        if len(scalar_kinds) != len(scalar_idx):
+            raise UsageError("a user kernel's plan needs one kind per scalar")
+        self.be = be
+        self.cuda = cuda
+        self.empty = empty
+        self.tensor_idx = tensor_idx
+        self.scalar_idx = scalar_idx
+        self.writes = writes
+        self.scalar_kinds = scalar_kinds
+
+    cdef bint run(self, ExecutionContext cx, tuple args) except -1:
+        """Launch on ``cx`` if it takes nothing of Python: True once launched (or nothing to
+        launch); False leaves it to the kernel's ``enqueue`` (another backend than planned, the
+        host backend, a scalar to convert)."""
+        cdef Py_ssize_t k, n
+        cdef int kind
+        if self.be is not cx.backend:
+            return False  # (enqueue raises the error, or runs it on a backend it was planned for)
+        if self.empty:
+            return True
+        if self.cuda is None:
+            return False
+        n = len(self.scalar_idx)
+        scalars = [None] * n
+        for k in range(n):
+            v = args[<Py_ssize_t>self.scalar_idx[k]]
+            kind = self.scalar_kinds[k]
+            if kind == CT_F32:
+                if type(v) is not float:
+                    if type(v) is not int:
+                        return False
+                    v = float(v)
+            elif kind == P_OTHER or type(v) is not int:
+                return False
+            scalars[k] = v
+        n = len(self.tensor_idx)
+        tensors = [None] * n
+        for k in range(n):
+            a = args[<Py_ssize_t>self.tensor_idx[k]]
+            if isinstance(a, PartitionBase):
+                a = (<PartitionBase>a).tensor
+            tensors[k] = a
+        launch(cx, self.cuda, tuple(tensors), tuple(scalars))
+        return True
+
+
+cdef object _dim3(object x, bint grid):
+    """``x`` (an int, or a tuple of 1 to 3 ints) as 3 ints within CUDA's limits, or None for
+    anything else (the kernel's Python call then says what is wrong)."""
+    cdef long long v[3]
+    cdef Py_ssize_t n, i
+    v[1] = v[2] = 1
+    try:
+        if type(x) is int:
+            v[0] = x
+            n = 1
+        elif type(x) is tuple:
+            n = len(<tuple>x)
+            if n < 1 or n > 3:
+                return None
+            for i in range(n):
+                if type((<tuple>x)[i]) is not int:
+                    return None
+                v[i] = (<tuple>x)[i]
+        else:
+            return None
+    except OverflowError:
+        return None
+    if grid:
+        if not (0 <= v[0] <= 2147483647 and 0 <= v[1] <= 65535 and 0 <= v[2] <= 65535):
+            return None
+    elif not (1 <= v[0] <= 1024 and 1 <= v[1] <= 1024 and 1 <= v[2] <= 64 and v[0] * v[1] * v[2] <= 1024):
+        return None
+    if n == 3:
+        return x
+    return (v[0], v[1], v[2])
+
+
+cdef class UserFront:
+    """The compiled call of a user :class:`~deviceop.kernels.Kernel`: arguments whose layout has
+    a plan (fresh tensors of a known shape included) are checked and turned into the op here;
+    :meth:`call` returns None for anything else (a first layout, ops or foreign objects as
+    arguments, scalars of other types, wrong arguments), which the kernel's Python call
+    validates and plans."""
+
+    cdef object kernel
+    cdef PlanCache plans
+    cdef tuple kinds
+    cdef tuple block
+
+    def __init__(self, kernel, PlanCache plans, tuple kinds, tuple block):
+        self.kernel = kernel
+        self.plans = plans
+        self.kinds = kinds
+        self.block = block
+
+    def call(self, tuple args, grid, block, shared_mem):
+        """The op of ``kernel(*args, grid=, block=, shared_mem=)``, or None (see the class)."""
+        cdef Py_ssize_t i, n = len(self.kinds)
+        cdef int kind
+        cdef double f
+        if len(args) != n or type(shared_mem) is not int or not 0 <= shared_mem < 2147483648:
+            return None
+        g = None
+        if grid is not None:
+            g = _dim3(grid, True)
+            if g is None:
+                return None
+        b = self.block
+        if block is not None:
+            b = _dim3(block, False)
+            if b is None:
+                return None
+        opts = (g, b, shared_mem)
+        key = [opts]
+        for i in range(n):
+            a = args[i]
+            kind = self.kinds[i]
+            if kind == P_TENSOR:
+                if isinstance(a, PartitionBase):
+                    key.append((<PartitionBase>a)._key)
+                elif isinstance(a, TensorBase):
+                    key.append((<TensorBase>a)._key)
+                else:
+                    return None
+            elif kind == CT_F32:
+                if type(a) is float:
+                    f = a
+                    if (f > FLT_MAX or f < -FLT_MAX) and f - f == 0.0:  # finite, beyond float32
+                        return None
+                elif type(a) is not int or not -16777216 <= a <= 16777216:
+                    return None
+            elif type(a) is not int:
+                return None
+            elif kind == CT_I32:
+                if not -2147483648 <= a <= 2147483647:
+                    return None
+            elif kind == CT_I64:
+                if not -9223372036854775808 <= a <= 9223372036854775807:
+                    return None
+            elif kind == CT_U8:
+                if not 0 <= a <= 255:
+                    return None
+            else:
+                return None
+        p = self.plans.d.get(tuple(key))
+        if p is None:
+            return None  # (the Python call plans it, and counts the miss)
+        self.plans.hits += 1
+        return planned(self.kernel, args, p, 0, opts)
+
+
 cdef class Planned(DeviceOp):
     """A kernel call whose arguments were validated and planned when it was made; its output is
     its arguments (same type in, same type out).
@@ -268,6 +441,8 @@ cdef class Planned(DeviceOp):
                     tensors = (t0,) + args[1:self.nt]
                 launch(cx, p.cuda, tensors, args[self.nt:])
                 return args
+        if type(self.plan) is UserPlan and (<UserPlan>self.plan).run(cx, args):
+            return args
         self.kernel.enqueue(cx, args, self.opts, self.plan)
         return args
 
@@ -326,169 +501,3 @@ cdef class BuiltinFront:
         if self.check_scalars:
             self._check_scalars(args)
         return planned(self, args, p, nt)
-
-
-cdef struct Span:
-    Py_ssize_t lo, hi
-    bint write
-
-
-cdef class GraphBase:
-    """The compiled part of a CudaGraph: what its replays read, set together under the ledger
-    lock (``_set_replay``), and its launch count."""
-
-    cdef public object backend
-    cdef public Py_ssize_t launches
-    cdef object exec_obj       # the executable graph, None when the recording was empty
-    cdef uintptr_t exec_handle  # its handle where the backend launches graphs through the core
-    cdef tuple bufs            # the Buffer of every region its work touches...
-    cdef Span* spans           # ...and its bytes [lo, hi) and whether it is written (a C array:
-    cdef Py_ssize_t n_regions  # a replay reads them without Python objects)
-    cdef object out
-    # the last replay's ledger entries, which a replay on its stream reuses while the ledger's
-    # epoch is the one after its registration (0: none; see _ledger.covering)
-    cdef uint64_t reg_epoch
-    cdef object reg_stream
-    cdef tuple reg_entries
-
-    def __dealloc__(self):
-        PyMem_Free(self.spans)
-
-    def _set_replay(self, ex, regions, output):
-        """Point replays at executable graph ``ex`` (call with the ledger lock held).
-
-        ``regions``: ``(Buffer, lo, hi, write)`` for every region the graph's work touches."""
-        cdef tuple r
-        cdef Py_ssize_t i, n
-        cdef Span* sp
-        regions = tuple(regions)
-        for r in regions:
-            if len(r) != 4 or not isinstance(r[0], Buffer):
-                raise TypeError("a graph region is (Buffer, lo, hi, write)")
-        n = len(regions)
-        sp = <Span*>PyMem_Malloc(max(n, 1) * sizeof(Span))
-        if sp == NULL:
-            raise MemoryError()
-        for i in range(n):
-            r = regions[i]
-            sp[i].lo = r[1]
-            sp[i].hi = r[2]
-            sp[i].write = bool(r[3])
-        PyMem_Free(self.spans)
-        self.spans = sp
-        self.n_regions = n
-        self.reg_epoch = 0
-        self.reg_stream = None
-        self.reg_entries = None
-        self.bufs = tuple([r[0] for r in regions])
-        self.exec_obj = ex
-        self.exec_handle = getattr(ex, "handle_int", 0) if ex is not None else 0
-        self.out = output
-
-    @cython.always_allow_keywords(False)  # (no arguments: the cheapest call)
-    def launch(self):
-        """An op that replays the graph once, on the stream of the terminal that drives it."""
-        cdef GraphLaunch op = GraphLaunch.__new__(GraphLaunch)
-        op.source = self
-        return op
-
-
-cdef class GraphLaunch(DeviceOp):
-    """One replay of a :class:`~deviceop.graph.CudaGraph`; its output is the graph's output.
-
-    A replay registers every region the graph touches with the access ledger, like any op,
-    and launches the executable graph on the execution's stream.
-    """
-
-    cdef readonly GraphBase source  # the CudaGraph this op replays
-
-    def __init__(self, GraphBase g):
-        self.source = g
-
-    def __repr__(self):
-        return f"<launch of {self.source!r}>"
-
-    cpdef object _run(self, ExecutionContext cx):
-        cdef Driver d = cx.drv
-        cdef GraphBase g = self.source
-        cdef void* sh = <void*>cx.sh
-        cdef Span* sp
-        cdef Buffer b
-        cdef Py_ssize_t i, n
-        cdef uint64_t covered = 0  # regions scan found nothing to register for (the first 64)
-        if cx.capturing:
-            raise CaptureError(
-                f"{self!r} inside a graph recording: graphs do not nest. Record the ops of both "
-                "into one scope instead"
-            )
-        if g.backend is not cx.backend:
-            raise UsageError(
-                f"{g!r} was recorded on the {g.backend.name} backend, not {cx.backend.name}; record it again there"
-            )
-        LOCK.take()
-        try:
-            # (the regions as _set_replay left them: it runs under this lock too)
-            sp = g.spans
-            n = g.n_regions
-            if g.reg_epoch and g.reg_epoch == epoch() and cx.stream is g.reg_stream and cx.captured is None:
-                # nothing registered since this graph's last replay, on this stream: its entries
-                # still cover every region, and what they waited for, this replay follows
-                _replay(g, d, cx, sh)
-                retarget(cx, g.reg_entries, g.bufs)
-                g.launches += 1
-                return g.out
-            for i in range(n):
-                b = <Buffer>PyTuple_GET_ITEM(g.bufs, i)
-                if scan(cx, b, sp[i].lo, sp[i].hi, sp[i].write, self) == 0 and i < 64:
-                    covered |= (<uint64_t>1) << i
-            _replay(g, d, cx, sh)
-            for i in range(n):  # registered while the graph runs (still under the lock)
-                if i >= 64 or not (covered >> i) & 1:
-                    b = <Buffer>PyTuple_GET_ITEM(g.bufs, i)
-                    register(cx, b, sp[i].lo, sp[i].hi, sp[i].write)
-            _remember(g, cx)
-            g.launches += 1
-            return g.out
-        finally:
-            LOCK.drop()
-
-
-cdef int _replay(GraphBase g, Driver d, ExecutionContext cx, void* sh) except -1:
-    """Launch ``g``'s executable graph on ``cx``'s stream (its ledger work is the caller's)."""
-    cdef uintptr_t ex
-    cdef int err = 0
-    if g.exec_obj is None:
-        return 0
-    ex = g.exec_handle
-    if d is not None and d.graph_launch != NULL and ex:
-        with nogil:
-            err = d.graph_launch(<void*>ex, sh)
-        if err:
-            raise d.error(err, "cuGraphLaunch")
-    else:
-        g.backend.graphs.launch(g.exec_obj, cx.stream)
-    return 0
-
-
-cdef int _remember(GraphBase g, ExecutionContext cx) except -1:
-    """Keep the entries that cover ``g``'s regions after ``cx`` registered them, with the epoch
-    (none where one is missing, which registration leaves only under another policy)."""
-    cdef list found = []
-    cdef Access e
-    cdef Span* sp = g.spans
-    cdef Py_ssize_t i
-    g.reg_epoch = 0
-    g.reg_entries = None
-    g.reg_stream = None
-    if not epoch() or cx.captured is not None:
-        return 0
-    for i in range(g.n_regions):
-        e = covering(cx, <Buffer>PyTuple_GET_ITEM(g.bufs, i), sp[i].lo, sp[i].hi, sp[i].write)
-        if e is None:
-            return 0
-        if e not in found:
-            found.append(e)
-    g.reg_entries = tuple(found)
-    g.reg_stream = cx.stream
-    g.reg_epoch = epoch()
-    return 0

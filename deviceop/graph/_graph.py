@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._core._base import LOCK
-from .._core._launch import GraphBase, GraphLaunch
 from .._core._op import DeviceOp
+from .._core._replay import GraphBase, GraphLaunch
 
 __all__ = ["HOOKS", "CudaGraph", "GraphLaunch", "Recording"]
 

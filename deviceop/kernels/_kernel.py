@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .._core._launch import planned
+from .._core._launch import P_KINDS, UserFront, UserPlan, planned
 from .._core._ledger import check_backend
 from .._core._op import DeviceOp
 from .._dtypes import DType, as_dtype
@@ -105,28 +105,6 @@ def check_tensor(x: Any, dtype: DType, what: str, contiguous: bool = True) -> Te
 _SCALAR_CT = {"float32": T_F32, "int32": T_I32, "int64": T_I64, "uint8": T_U8, "float16": T_U16, "bfloat16": T_U16}
 
 
-class _UserPlan:
-    """A user kernel's launch for one argument layout (cuda: a LaunchPlan; host: None)."""
-
-    __slots__ = ("be", "cuda", "empty", "scalar_idx", "tensor_idx", "writes")
-
-    def __init__(
-        self,
-        be: Any,
-        cuda: Any,
-        empty: bool,
-        tensor_idx: tuple[int, ...],
-        scalar_idx: tuple[int, ...],
-        writes: tuple[bool, ...],
-    ) -> None:
-        self.be: Any = be
-        self.cuda: Any = cuda
-        self.empty: bool = empty
-        self.tensor_idx: tuple[int, ...] = tensor_idx
-        self.scalar_idx: tuple[int, ...] = scalar_idx
-        self.writes: tuple[bool, ...] = writes
-
-
 class Kernel:
     """A CUDA C++ kernel with typed parameters.
 
@@ -158,6 +136,12 @@ class Kernel:
         self.block: tuple[int, int, int] = _dim3(block, "block")
         self.functions: CompiledFunctions = CompiledFunctions(source, name, options)
         self.plans: PlanCache = PlanCache()
+        other = P_KINDS["other"]
+        kinds = tuple(
+            P_KINDS["tensor"] if isinstance(p, TensorParam) else P_KINDS.get(p.name, other) for p in self.params
+        )
+        # the call of a known argument layout, checked and planned in the compiled core
+        self._front = UserFront(self, self.plans, kinds, self.block)
 
     @property
     def source(self) -> str:
@@ -171,6 +155,9 @@ class Kernel:
         self, *args: Any, grid: Any = None, block: Any = None, shared_mem: int = 0
     ) -> DeviceOp[tuple[Any, ...]]:
         """Build the launch: an op whose output is ``args`` (ops among them replaced by their outputs)."""
+        op = self._front.call(args, grid, block, shared_mem)
+        if op is not None:
+            return op
         if len(args) != len(self.params):
             raise UsageError(f"{self.name}() takes {len(self.params)} arguments ({list(self.params)}), got {len(args)}")
         if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)) or not 0 <= shared_mem < 2**31:
@@ -189,7 +176,7 @@ class Kernel:
         return compile_cubin(self.source, self.name, arch, self.functions.options)
 
     # -- the launcher interface used by KernelCall -------------------------------------------
-    def plan(self, args: tuple[Any, ...], opts: Any) -> _UserPlan:
+    def plan(self, args: tuple[Any, ...], opts: Any) -> UserPlan:
         """Validate ``args`` and return their launch plan (made once per argument layout)."""
         key: list[Any] = [opts]
         for p, a in zip(self.params, args):
@@ -245,11 +232,12 @@ class Kernel:
                 "pass host=fn to Kernel(...) or run on a CUDA device"
             )
 
-    def _make_plan(self, args: tuple[Any, ...], opts: Any) -> _UserPlan:
+    def _make_plan(self, args: tuple[Any, ...], opts: Any) -> UserPlan:
         grid, block, shmem = opts
         layout: list[tuple[int, int, int, int]] = []
         tensor_idx: list[int] = []
         scalar_idx: list[int] = []
+        scalar_kinds: list[int] = []
         writes: list[bool] = []
         pgrid = None
         be = None
@@ -265,6 +253,7 @@ class Kernel:
             else:
                 layout.append((SRC_SCALAR, len(scalar_idx), _SCALAR_CT[p.name], 0))
                 scalar_idx.append(i)
+                scalar_kinds.append(P_KINDS.get(p.name, P_KINDS["other"]))
         if be is None:
             from ..device._select import current
 
@@ -279,9 +268,9 @@ class Kernel:
         if be.driver is not None and not empty:
             fn = self.functions.get(be, self.name)
             cuda = LaunchPlan(be.driver, int(fn), g, block, shmem, tuple(layout), tuple(writes), self)
-        return _UserPlan(be, cuda, empty, tuple(tensor_idx), tuple(scalar_idx), tuple(writes))
+        return UserPlan(be, cuda, empty, tuple(tensor_idx), tuple(scalar_idx), tuple(writes), tuple(scalar_kinds))
 
-    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, plan: _UserPlan) -> None:
+    def enqueue(self, cx: Any, args: tuple[Any, ...], opts: Any, plan: UserPlan) -> None:
         if plan.empty:
             return  # an empty grid: nothing to launch
         check_backend(cx, plan.be, f"{self.name}()")
