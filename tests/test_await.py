@@ -542,6 +542,41 @@ def test_loop_dispatcher_follows_loops_and_threads(backend) -> None:
     assert trio.run(get)[0] == "trio"
 
 
+def test_loop_dispatcher_follows_trio_runs_and_threads(backend) -> None:
+    """Under trio the shortcut gives each run its own dispatcher, the one dispatcher() gives,
+    in this thread and in another running at the same time, and an await works in each."""
+    import trio
+
+    t = do.zeros(256, do.float32).sync()
+
+    async def get():
+        first = _wake.loop_dispatcher()
+        await do.kernels.fill(t.partition((128,)), 1.0)
+        again = _wake.loop_dispatcher()
+        assert again == first and first == ("trio", _wake.dispatcher("trio"))
+        return first[1]
+
+    a, b = trio.run(get), trio.run(get)
+    assert a is not b
+    box: list = []
+    gate = threading.Barrier(2)
+
+    async def side():
+        gate.wait()  # the two runs overlap
+        box.append(await get())
+
+    th = threading.Thread(target=trio.run, args=(side,))
+    th.start()
+
+    async def here():
+        gate.wait()
+        return await get()
+
+    c = trio.run(here)
+    th.join()
+    assert box and box[0] is not c and c is not b
+
+
 def test_an_await_records_no_event_a_thread_would_block_on(backend, monkeypatch) -> None:
     """The reactor's flag says when awaited work is done: no completion event is recorded for
     it (on cuda, an event a thread blocks on makes the GPU interrupt the host), while a

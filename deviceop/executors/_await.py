@@ -393,7 +393,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
         hand_over(cx, stream, ev)
         raise
     finally:
-        d.unregister(tok)
+        d.waiters.pop(tok, None)  # (unregister's work, without its call: the return path runs cold)
         if h >= 0 and not _reactor.retire(h, polled):
             _reactor.disown(h)
     cx.finish()

@@ -108,6 +108,8 @@ def dispatcher(lib: str | None = None) -> Dispatcher:
     if lib == "trio":
         import trio
 
+        if not _trio_token:
+            _trio_token.append(trio.lowlevel.current_trio_token)
         token = trio.lowlevel.current_trio_token()
         d = _trio.get(token)
         if d is None:
@@ -122,6 +124,10 @@ def dispatcher(lib: str | None = None) -> Dispatcher:
 
 _sniffed = sniffio.thread_local
 _sniffed_cvar = sniffio.current_async_library_cvar
+
+
+#: trio.lowlevel.current_trio_token, once trio has run an await (deviceop does not import trio)
+_trio_token: list[Any] = []
 
 
 class _Last(threading.local):
@@ -139,13 +145,21 @@ def loop_dispatcher() -> tuple[str, Dispatcher]:
     sniffio reads it; else a running asyncio loop in this thread is asyncio's, and the loop the
     thread last awaited on keeps its dispatcher at hand.
     """
-    if _sniffed.name is None and _sniffed_cvar.get() is None:
+    d: Dispatcher | None
+    name = _sniffed.name
+    if name == "trio" and _trio_token:
+        # (trio names itself in sniffio's thread-local while it runs) this run's dispatcher, once
+        # installed, without sniffio's and dispatcher()'s calls: each runs cold after a long wait
+        d = _trio.get(_trio_token[0]())
+        if d is not None:
+            return "trio", d
+    elif name is None and _sniffed_cvar.get() is None:
         aio = sys.modules.get("asyncio")
         loop = aio._get_running_loop() if aio is not None else None
         if loop is not None:
             p = _last.pair
             if p is not None and p[0]() is loop:
-                d: Dispatcher | None = p[1]()
+                d = p[1]()
                 if d is not None:
                     return "asyncio", d
             d = dispatcher("asyncio")
