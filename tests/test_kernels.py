@@ -217,6 +217,15 @@ def test_user_kernel_inout(backend):
     np.testing.assert_array_equal(t.numpy(), 2 * np.arange(128, dtype=np.float32))
 
 
+def test_user_kernel_default_block_is_read_only(backend):
+    # the compiled call front holds the default block too: reassigning it would split the paths
+    k = K.Kernel('extern "C" __global__ void f(float* y) {}', "f", params=(K.Out(do.float32),), block=(64,))
+    assert k.block == (64, 1, 1)
+    with pytest.raises(AttributeError):
+        k.block = (256, 1, 1)  # type: ignore[misc]
+    assert k.block == (64, 1, 1)
+
+
 def test_user_kernel_known_layout_is_planned_once_and_hit_after(backend):
     # a fresh tensor of a known shape takes the compiled call: the same plan, counted as a hit
     k = _axpb()

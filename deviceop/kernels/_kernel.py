@@ -133,15 +133,22 @@ class Kernel:
             p if isinstance(p, TensorParam) else as_dtype(p, f"parameter of {name}") for p in params
         )
         self.host = host
-        self.block: tuple[int, int, int] = _dim3(block, "block")
+        self._block: tuple[int, int, int] = _dim3(block, "block")
         self.functions: CompiledFunctions = CompiledFunctions(source, name, options)
         self.plans: PlanCache = PlanCache()
         other = P_KINDS["other"]
-        kinds = tuple(
+        # each parameter's kind as the compiled core checks it; the slow path's plans reuse it
+        self._kinds: tuple[int, ...] = tuple(
             P_KINDS["tensor"] if isinstance(p, TensorParam) else P_KINDS.get(p.name, other) for p in self.params
         )
         # the call of a known argument layout, checked and planned in the compiled core
-        self._front = UserFront(self, self.plans, kinds, self.block)
+        self._front = UserFront(self, self.plans, self._kinds, self._block)
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        """The default block of every launch (read-only: the compiled call front holds it too;
+        pass ``block=`` to a call to launch with another)."""
+        return self._block
 
     @property
     def source(self) -> str:
@@ -164,7 +171,7 @@ class Kernel:
             raise UsageError(f"shared_mem of {self.name}() must be an int of bytes >= 0, got {shared_mem!r}")
         opts = (
             None if grid is None else _dim3(grid, "grid"),
-            self.block if block is None else _dim3(block, "block"),
+            self._block if block is None else _dim3(block, "block"),
             int(shared_mem),
         )
         if has_op(args):
@@ -253,7 +260,7 @@ class Kernel:
             else:
                 layout.append((SRC_SCALAR, len(scalar_idx), _SCALAR_CT[p.name], 0))
                 scalar_idx.append(i)
-                scalar_kinds.append(P_KINDS.get(p.name, P_KINDS["other"]))
+                scalar_kinds.append(self._kinds[i])
         if be is None:
             from ..device._select import current
 
