@@ -55,6 +55,7 @@ extensions = [
         "_external",
         "_transfer",
         "_replay",
+        "_lanes",
     )
 ] + [
     Extension(

@@ -6,7 +6,8 @@
 # default the short ones up to 2 ms) and, unless
 # BIMODAL=0, experiments/bimodal.py over $BIMODAL_STREAMS streams (default 4,8; BIMODAL_ARGS:
 # more of its arguments, default --no-torch). JSON per run, packed into $OUT/reactor_ab.tar.gz.
-# OLD: a commit, or a tar file of the old tree.
+# OLD: a commit, or a tar file of the old tree. PIN: a CPU list (taskset -c) every run is kept on
+# (virtual machines have CPUs that run the same thread up to 2x slower: experiments/cpu_speed.py).
 #   OUT=/tmp/out bash experiments/reactor_ab.sh OLD [RUNS]
 set -u -o pipefail
 OLD=${1:?usage: reactor_ab.sh OLD_COMMIT [RUNS]}
@@ -24,7 +25,7 @@ run() {  # run VERSION SCRIPT ARGS...: in that tree
   local v=$1 d=$NEW
   shift
   [ "$v" = old ] && d=/tmp/old
-  (cd $d && PYTHONPATH=$d$SITE timeout 300 python3 "$@") || echo "$v: $* failed"
+  (cd $d && PYTHONPATH=$d$SITE timeout 300 ${PIN:+taskset -c "$PIN"} python3 "$@") || echo "$v: $* failed"
 }
 for r in $(seq 1 "$RUNS"); do
   for v in old new; do

@@ -15,8 +15,8 @@ rec() { "$PYSPY" record --native -r "$RATE" -f raw -o "$OUT/$1.raw" -- "${@:2}" 
 sum() { python3 experiments/stacks.py "$OUT/$1.raw" --top 40 "${@:3}" --out "$OUT/$2_stacks.json" >"$OUT/$2_stacks.txt" 2>&1; cat "$OUT/$2_stacks.txt"; }
 F=(--frame epoll --frame await_op --frame _worker --frame start_sliced --frame arm --frame _poll
    --frame "libcuda" --frame cuLaunch --frame cuGraphLaunch --frame cuStreamWriteValue --frame cuEventRecord
-   --frame "finish" --frame retire --frame "task_step" --frame _drive --frame "_Run." --frame start_batch
-   --frame "sleep (asyncio" --frame "WorkQueue._add" --frame "WorkQueue.run" --frame "Recorder.add")
+   --frame "finish" --frame retire --frame "task_step" --frame _drive --frame "Lanes." --frame "Run." --frame start_batch
+   --frame "sleep (asyncio" --frame "WorkQueue._add" --frame "WorkQueue.run" --frame "Lanes.add")
 for kind in $([ "$WHAT" = asr ] || echo noop gemm); do
   rec "queue_b1_$kind" python3 experiments/queue_split.py --kinds "$kind" --batches 1 --items 20000 --reps 3 \
     --out "$OUT/queue_b1_${kind}_sampled.json"

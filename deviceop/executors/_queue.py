@@ -19,9 +19,8 @@ from collections import deque
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any
 
-from .._core import _reactor
-from .._core._op import hand_over, start_sliced
-from .._errors import CudaError, UsageError
+from .._core._lanes import Lanes, resolve
+from .._errors import UsageError
 from ..device import current
 from ._await import _COUNTS as COUNTS
 from ._await import _RECHECK as RECHECK
@@ -36,18 +35,10 @@ from ._queue_stats import (
     check_batch,
     check_capacity,
     lanes_of,
-    resolve,
-    settle,
-    start_batch,
-    take_batch,
 )
 from ._wake import current_lib, event_class, loop_dispatcher
 
 __all__ = ["WorkQueue"]
-
-#: executions in flight per stream: while one runs, the next is queued behind it (with one, the
-#: stream idles from each completion until the driver has noticed it and issued more)
-_DEPTH = 2
 
 
 def _cancelling() -> bool:
@@ -111,7 +102,6 @@ class WorkQueue:
         if poll is not None and (isinstance(poll, bool) or not isinstance(poll, (int, float)) or not 0 <= poll <= 1):
             raise UsageError(f"poll must be None (learned) or 0 to 1 seconds, got {poll!r}")
         self.poll = None if poll is None else float(poll)
-        self._lat = 0.0  # moving average of a batch's start-to-completion time (seconds)
         if on_done is not None and not callable(on_done):
             raise UsageError(f"on_done must be an async callable f(result), got {type(on_done).__name__}")
         self.on_done = on_done
@@ -126,7 +116,21 @@ class WorkQueue:
         self._items: deque[tuple[Any, ItemResult]] = deque()
         self._idle: list[Any] = []
         self._space: list[Any] = []
-        self._pending = 0
+        # the lanes' executions, and what finishing one updates, in the compiled core: a small
+        # item's host time is the queue's bound
+        self._lanes = Lanes(
+            self.streams,
+            self._items,
+            self._rec.results,
+            ItemResult,
+            self._rec.busy,
+            self._space,
+            self._refill,
+            self.batch,
+            COUNTS,
+            None if on_done is None else self._start_hooks,
+            QueueCancelled,
+        )
         self._closed = False
         self._state = "new"
 
@@ -144,8 +148,6 @@ class WorkQueue:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._rec.begin()
-        self._until = [0.0] * len(self.streams)  # per lane: the end of the busy time counted
-        self._held = [0] * len(self.streams)  # per lane: executions whose on_done hooks run
         self._tg.start_soon(self._drive)
         return self
 
@@ -190,15 +192,14 @@ class WorkQueue:
             raise UsageError(f"put() on a WorkQueue that is {self._state}; use it inside 'async with'")
         if not callable(item) and not hasattr(item, "_run"):
             resolve(item, 0)  # raises the usage error now, not in a worker
-        while self._pending >= self.capacity:
+        while self._lanes.pending >= self.capacity:
             ev = self._event()
             self._space.append(ev)
             await ev.wait()
         self._add(item)
 
     def _add(self, item: Any) -> None:
-        self._pending += 1
-        self._items.append((item, self._rec.add()))
+        self._lanes.add(item)
         if self._idle:
             self._wake(self._idle)
 
@@ -217,7 +218,7 @@ class WorkQueue:
                 for it in items:
                     # with room, an op or a factory is queued without a put() coroutine (which
                     # would not wait then either): a small item's host time is the queue's bound
-                    if self._pending < self.capacity and (callable(it) or hasattr(it, "_run")):
+                    if self._lanes.pending < self.capacity and (callable(it) or hasattr(it, "_run")):
                         if self._tg.cancel_scope.cancel_called:
                             await self.put(it)  # raises QueueCancelled
                         self._add(it)
@@ -237,90 +238,52 @@ class WorkQueue:
         """The queue's one driver task: keeps up to two executions in flight per lane (one
         running, the next queued behind it), notices their completions by the reactor's flags,
         and waits only when nothing can move: polling (yielding to the loop) while completions
-        are due soon, parked on the reactor's wake-up or a new item otherwise."""
+        are due soon, parked on the reactor's wake-up or a new item otherwise. The passes
+        themselves (finishing what completed, issuing what fits) are the compiled lanes'."""
         lib, d = loop_dispatcher()
         tok = d.register(None)
         clock = time.perf_counter
         y = _yielder(lib)
         new_waker = _waker_class(lib)
-        counts = COUNTS
-        done = _reactor.done
-        lanes = len(self.streams)
-        runs: list[deque[_Run]] = [deque() for _ in range(lanes)]
-        held = self._held
+        lanes = self._lanes
         items = self._items
-        slicing = 0  # executions whose chain is still being enqueued a slice at a time
         last = clock()  # the last completion, issue or wake-up: polling counts from here
         interval = RECHECK[0]
         seen = True  # completions are seen while polling (not after a park): their moment is known
-
-        def more() -> Any:
-            return items.popleft() if items else None
-
-        batch = self.batch
         # item factories run with their lane's device selected: where every lane is on the
         # device selected already, nothing is selected around each execution
-        selected = all(s.backend is current() for s in self.streams)
+        lanes.bind(d.channel, tok, all(s.backend is current() for s in self.streams))
         try:
             while True:
-                moved = False
-                # completions: a lane's executions complete in their order, so its first decides
-                # (an armed slot's flag read directly: this runs for every lane at every pass)
-                for q in runs:
-                    while q and (done(q[0].h) if q[0].h >= 0 else q[0].complete()):
-                        self._finish(q.popleft(), clock(), seen)
-                        moved = True
-                # then new work, each lane up to two executions (and an on_done hook's item
-                # holds its place until the hook returns); a long chain is enqueued a slice per
-                # pass, so the loop's other tasks get their turns meanwhile
-                slice_end = clock() + (SLICE[0] or float("inf"))
-                issued = False  # a pass issues at least one execution, however short the slice
-                # (with nothing queued and no chain under way, no lane has anything to do)
-                for lane in range(lanes) if items or slicing else ():
-                    q = runs[lane]
-                    if q and q[-1].rest is not None:
-                        moved = True
-                        counts["enqueue_yields"] += 1  # the loop had its turn since the last slice
-                        if not q[-1].resume(SLICE[0] or float("inf"), d.channel, tok):
-                            continue
-                        slicing -= 1
-                    while items and len(q) + held[lane] < _DEPTH and (not issued or clock() < slice_end):
-                        issued = True
-                        first = items.popleft()
-                        run = _Run(lane, self.streams[lane], take_batch(first, more, batch) if batch > 1 else [first])
-                        run.start(d.channel, tok, selected)
-                        slicing += run.rest is not None
-                        if run.ops:
-                            q.append(run)
-                        else:
-                            self._finish(run, clock(), False)  # every item failed to make its op
-                        moved = True
+                moved = lanes.collect(seen)
+                if lanes.issue(SLICE[0]):
+                    moved = True
                 seen = True
                 if moved:
                     last = clock()
                     interval = RECHECK[0]
                     await y()  # the producer, and the loop's other tasks, get a turn
                     continue
-                if not any(runs):  # nothing on the GPU: wait for an item, a hook, or the end
-                    if self._closed and not items and not any(held):
+                if not lanes.in_flight:  # nothing on the GPU: wait for an item, a hook, or the end
+                    if self._closed and not items and not lanes.any_held():
                         return
                     w = new_waker()
                     self._idle.append(w)
                     await (w.wait() if lib == "trio" else w)
                     last = clock()
                     continue
-                budget = self.poll if self.poll is not None else min(max(2e-3, 3.0 * self._lat), 20e-3)
+                budget = self.poll if self.poll is not None else min(max(2e-3, 3.0 * lanes.lat), 20e-3)
                 if clock() - last < budget:
-                    counts["polls"] += 1
+                    COUNTS["polls"] += 1
                     await y()
                     continue
                 # park: the reactor wakes the loop once a watched flag is written; a new item or
                 # a returned on_done hook wakes it too
-                counts["parks"] += 1
+                COUNTS["parks"] += 1
                 w = new_waker()
                 d.waiters[tok] = w
                 self._idle.append(w)
-                if any(r.watch() for q in runs for r in q):
+                if lanes.watch_all():
                     last = clock()  # completed meanwhile
                     continue
                 timed_out = await sleep_or_wake(lib, w, interval)
@@ -334,42 +297,18 @@ class WorkQueue:
                     last = clock()
                 # a faulted context never writes its flags (the reactor wakes its waiters, or
                 # the timer ends the park): its stream's query raises then
-                for q in runs:
-                    for run in [r for r in q if not r.check()]:
-                        q.remove(run)
-                        self._finish(run, clock(), False)
+                lanes.check_all()
         except BaseException:
             # cancelled (or a BaseException from a factory): the GPU work keeps running, and the
             # streams' watchers keep its buffers alive until it completes
-            for q in runs:
-                for run in q:
-                    run.abandon()
+            lanes.abandon_all()
             raise
         finally:
             d.unregister(tok)
 
-    def _finish(self, run: _Run, t1: float, seen: bool) -> None:
-        """An execution completed (or failed): its items get their outputs and latencies, the
-        lane its busy time, a put() waiting for room its turn, on_done its items."""
-        run.settle(seen)
-        lane, t0 = run.lane, run.t0
-        self._lat += 0.1 * (t1 - t0 - self._lat)
-        for _, r in run.batch:
-            r.latency_s = t1 - t0
-        # a lane's two executions overlap: count the time it had something in flight once
-        until = self._until
-        if t1 > until[lane]:
-            self._rec.busy[lane] += t1 - max(t0, until[lane])
-            until[lane] = t1
-        self._pending -= len(run.batch)
-        # a put() waiting at capacity resumes once half the capacity is free, and then puts
-        # items until it is full again: woken at every completion, it would put one item per
-        # wake-up, and each wake-up costs more than a small GPU item
-        if self._space and self._pending <= self._refill:
-            self._wake(self._space, all_=True)
-        if self.on_done is not None:
-            self._held[lane] += 1
-            self._tg.start_soon(self._after, lane, [r for _, r in run.batch])
+    def _start_hooks(self, lane: int, results: list[ItemResult]) -> None:
+        """An execution completed: its items' on_done hooks run in a task of their own."""
+        self._tg.start_soon(self._after, lane, results)
 
     async def _after(self, lane: int, results: list[ItemResult]) -> None:
         """The on_done hook for each item of an execution, in a task of its own; the lane's
@@ -387,132 +326,5 @@ class WorkQueue:
                     # an error of this item, not the end of the queue
                     r.error = r.error or e
         finally:
-            self._held[lane] -= 1
+            self._lanes.release(lane)
             self._wake(self._idle, all_=True)
-
-
-class _Run:
-    """One execution of a lane: a batch's items, enqueued as one op, awaited by its completion
-    slot (or, where every slot is armed, its event)."""
-
-    __slots__ = ("batch", "cx", "ev", "h", "lane", "ops", "out", "rest", "stream", "t0", "watched")
-
-    def __init__(self, lane: int, stream: Any, batch: list[tuple[Any, ItemResult]]) -> None:
-        self.lane, self.stream, self.batch = lane, stream, batch
-        self.t0 = time.perf_counter()
-        self.cx: Any = None
-        self.out: Any = None
-        self.rest: Any = None
-        self.ev: Any = None
-        self.h = -1
-        self.watched = False
-        self.ops: list[Any] = []
-
-    def start(self, ch: Any, tok: int, selected: bool) -> None:
-        """Enqueue the batch (its first slice, for a long chain); ``ops`` is left empty if
-        nothing went in flight. ``selected``: the lane's device is selected already."""
-        self.ops, op = start_batch(self.batch, self.lane, self.t0, "a WorkQueue", self.stream, selected)
-        if op is None:
-            return
-        try:
-            self.cx, self.out, self.rest = start_sliced(op, self.stream, "WorkQueue", SLICE[0])
-        except Exception as e:  # the execution failed as a whole (what it enqueued completed)
-            self._fail(e)
-            self.ops = []
-            return
-        if self.rest is None:
-            self._arm(ch, tok)
-        COUNTS["awaits"] += 1
-
-    def resume(self, seconds: float, ch: Any, tok: int) -> bool:
-        """Enqueue the chain's next slice; True once all of it is enqueued (and armed)."""
-        try:
-            if not self.rest.run(seconds):
-                return False
-        except Exception as e:  # a step failed: what was enqueued completed (Slices.run)
-            self._fail(e)
-            self.rest = self.cx = None
-            return True
-        self.out, self.rest = self.rest.output, None
-        self._arm(ch, tok)
-        return True
-
-    def _arm(self, ch: Any, tok: int) -> None:
-        # unwatched: the driver looks itself while it polls; it watches the slot when it parks
-        try:
-            self.h = _reactor.arm(self.stream, ch, tok, False)
-        except CudaError as e:
-            _reactor.fail_context(self.stream.backend)
-            self._release()
-            self._fail(e)
-            return
-        if self.h < 0:  # every slot is armed: the stream's host function wakes the loop
-            self.ev = self.cx.seal()
-            self.stream.notify(ch, tok)
-            self.watched = True
-
-    def complete(self) -> bool:
-        """True once the work is done (or failed to enqueue: nothing to wait for); False while
-        a chain is still being enqueued."""
-        if self.cx is None:
-            return True
-        if self.rest is not None:
-            return False
-        return bool(_reactor.done(self.h)) if self.h >= 0 else bool(self.ev.query())
-
-    def watch(self) -> bool:
-        """Have the reactor wake the loop at this execution's completion; True if it is
-        complete already."""
-        if self.cx is None:
-            return True
-        if self.rest is not None:
-            return False
-        if not self.watched:
-            self.watched = True
-            _reactor.watch(self.h)
-        return self.complete()
-
-    def check(self) -> bool:
-        """The parked re-check: False if the stream's context failed (the items get its
-        error, every await on the device is woken to see it)."""
-        if self.rest is not None or self.cx is None:
-            return True
-        try:
-            self.stream.query() if self.h >= 0 else self.ev.query()
-        except CudaError as e:
-            _reactor.fail_context(self.stream.backend)  # every await on that device sees it too
-            self._release()
-            self._fail(e)
-            return False
-        return True
-
-    def settle(self, seen: bool) -> None:
-        """The work completed: retire its slot, finish the execution, hand out the outputs."""
-        if self.cx is None:
-            return
-        if self.h >= 0 and not _reactor.retire(self.h, seen):
-            _reactor.disown(self.h)
-        self.cx.finish()
-        settle(self.ops, self.out)
-
-    def abandon(self) -> None:
-        """Nobody waits any more (the queue is cancelled): the stream's watcher finishes the
-        execution, its items are reported cancelled."""
-        if self.cx is None:
-            return
-        for r, _ in self.ops:
-            r.error = r.error or QueueCancelled(f"item {r.index} was cancelled while it ran on stream {self.lane}")
-        self._release()
-
-    def _release(self) -> None:
-        """Hand the execution to the stream's watcher (it keeps the buffers alive until the work
-        completes) and let its slot go."""
-        hand_over(self.cx, self.stream, self.ev)
-        if self.h >= 0 and not _reactor.retire(self.h, False):
-            _reactor.disown(self.h)
-        self.cx = None
-        self.h = -1
-
-    def _fail(self, e: BaseException) -> None:
-        for r, _ in self.ops:
-            r.error = r.error or e

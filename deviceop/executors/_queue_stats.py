@@ -5,20 +5,20 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .._core._op import Each, as_stream
+from .._core._lanes import new_result
+from .._core._op import as_stream
 from .._errors import DeviceOpError, UsageError
 from .._process import renew_at_fork
-from ..device._select import device_backend, enter_device, leave_device
+from ..device._select import device_backend
 from ..device._select import devices as all_devices
-from ..ops._base import DeviceOp  # the queues load on first use, after deviceop.ops
 
-__all__ = ["ItemResult", "QueueCancelled", "QueueStats", "Recorder", "resolve"]
+__all__ = ["ItemResult", "QueueCancelled", "QueueStats", "Recorder"]
 
 
 class QueueCancelled(DeviceOpError):
@@ -110,10 +110,8 @@ class Recorder:
         self.cpu1 = time.process_time()
 
     def add(self) -> ItemResult:
-        r = ItemResult(len(self.results))
-        r.queued_s = time.perf_counter()  # the put time until the item starts
-        self.results.append(r)
-        return r
+        """A new item's result (its put time in ``queued_s`` until it starts)."""
+        return new_result(self.results, ItemResult)  # type: ignore[no-any-return]
 
     def cancel_unfinished(self) -> None:
         for r in self.results:
@@ -144,18 +142,6 @@ class Recorder:
             lane_devices=self.devices,
             lane_items=tuple(sum(1 for r in done if r.lane == i) for i in range(len(self.busy))),
         )
-
-
-def resolve(item: Any, lane: int) -> Any:
-    """An item is an op, or a callable ``f(lane) -> op`` (to use per-stream buffers)."""
-    if isinstance(item, DeviceOp):
-        return item
-    if callable(item):
-        op = item(lane)
-        if not isinstance(op, DeviceOp):
-            raise UsageError(f"a work-queue item factory returned {type(op).__name__}, not a DeviceOp")
-        return op
-    raise UsageError(f"work-queue items are DeviceOps or callables f(lane) -> DeviceOp, got {type(item).__name__}")
 
 
 def lanes_of(streams: int | Sequence[Any] | None, devices: Any = None) -> list[Any]:
@@ -218,69 +204,6 @@ def check_capacity(capacity: Any, lanes: int, batch: int = 1) -> int:
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise UsageError(f"capacity (the bound on queued plus in-flight items) must be an int >= 1, got {capacity!r}")
     return capacity
-
-
-def start_batch(
-    batch: list[tuple[Any, ItemResult]], lane: int, t0: float, who: str, stream: Any, selected: bool = False
-) -> tuple[list[Any], Any]:
-    """Mark a batch's items started on ``lane``; return (their (result, op) pairs, the op to run).
-
-    An item whose op cannot be made gets its error now and is left out; the op to run is the
-    item's own op for a batch of one, an ``Each`` of them otherwise, None if nothing is left.
-    Factories ``f(lane)`` run with the lane's device selected (what they allocate lives there);
-    ``selected``: it is selected already (a queue whose lanes are all on the device its
-    driver runs with).
-    """
-    if selected:
-        return _start(batch, lane, t0, who)
-    tok = enter_device(stream.backend)
-    try:
-        return _start(batch, lane, t0, who)
-    finally:
-        leave_device(tok)
-
-
-def _start(batch: list[tuple[Any, ItemResult]], lane: int, t0: float, who: str) -> tuple[list[Any], Any]:
-    ops = []
-    for item, r in batch:
-        r.queued_s = t0 - r.queued_s
-        r.lane = lane
-        try:
-            op = resolve(item, lane)
-            if op._used is None:
-                op._used = who
-            else:
-                op._take(who)  # raises: already consumed
-            ops.append((r, op))
-        except Exception as e:  # kept per item; the queue goes on
-            r.error = e
-    if not ops:
-        return ops, None
-    # one op's items in one execution: one completion event, one wait (Each keeps their outcomes)
-    return ops, ops[0][1] if len(ops) == 1 else Each([op for _, op in ops])
-
-
-def settle(ops: list[Any], out: Any) -> None:
-    """Give each item its output (or its own error) from what the batch's op returned."""
-    if len(ops) == 1:
-        ops[0][0].value = out
-        return
-    for (r, _), (ok, v) in zip(ops, out):
-        if ok:
-            r.value = v
-        else:
-            r.error = v
-
-
-def take_batch(first: Any, more: Callable[[], Any], limit: int) -> list[Any]:
-    """``first`` plus up to ``limit - 1`` more from ``more()`` (which returns None when empty)."""
-    batch = [first]
-    while len(batch) < limit:
-        nxt = more()
-        if nxt is None:
-            break
-        batch.append(nxt)
-    return batch
 
 
 def check_batch(batch: Any) -> int:

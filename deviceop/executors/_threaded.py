@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable, Sequence, Sized
 from typing import Any
 
+from .._core._lanes import resolve, settle, start_batch, take_batch
 from .._core._op import run_sync
 from .._errors import UsageError
 from ._queue_stats import (
@@ -19,10 +20,6 @@ from ._queue_stats import (
     check_batch,
     check_capacity,
     lanes_of,
-    resolve,
-    settle,
-    start_batch,
-    take_batch,
 )
 
 __all__ = ["ThreadedQueue"]
