@@ -159,6 +159,39 @@ def test_work_queue_keeps_errors_per_item_and_goes_on(backend):
     assert q.stats().errors == 2
 
 
+@pytest.mark.parametrize("batch", [1, 4])
+def test_an_execution_counts_one_await_and_a_batch_that_failed_whole_none(backend, batch):
+    # the compiled lanes count an await per execution that went in flight; a batch whose every
+    # item failed to make its op (an op consumed already, a factory that raised) goes nowhere
+    from deviceop.executors._await import stats
+
+    bufs = _lane_buffers(1)
+    used = K.fill(bufs[0].partition((128,)), 1.0)
+    used.sync()
+
+    def boom(lane):
+        raise ValueError("no op")
+
+    async def main():
+        q = WorkQueue(streams=1, batch=batch)
+        a0 = stats()["awaits"]
+        async with q:
+            await q.put(used)  # consumed already: its error, no execution
+            await q.put(boom)
+        mid = stats()["awaits"] - a0
+        q2 = WorkQueue(streams=1, batch=batch)
+        res = await q2.run(_items(bufs, 8))
+        return q.results(), mid, res, stats()["awaits"] - a0 - mid
+
+    failed, mid, res, n = anyio.run(main)
+    assert "already consumed" in str(failed[0].error) and isinstance(failed[1].error, ValueError)
+    assert [r.lane for r in failed] == [0, 0]
+    assert mid == 0
+    assert 8 // batch <= n <= 8 and all(r.ok for r in res)
+    # the compiled pass fills in every result: its lane, its wait in the queue, its latency
+    assert all(r.lane == 0 and r.queued_s >= 0 and r.latency_s > 0 for r in res)
+
+
 def test_work_queue_cancel_stops_everything(backend):
     bufs = _lane_buffers(2)
 
