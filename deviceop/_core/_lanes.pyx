@@ -18,18 +18,18 @@ cimport cython
 
 from ._ledger cimport ExecutionContext
 from ._op cimport DeviceOp, hand_over
+from ._reactor cimport arm as r_arm
+from ._reactor cimport disown as r_disown
+from ._reactor cimport done as r_done
+from ._reactor cimport retire as r_retire
+from ._reactor cimport watch as r_watch
 
 from time import perf_counter
 
 from .._errors import CudaError, UsageError
 from ..device._select import enter_device, leave_device
 from ._op import Each, start_sliced
-from ._reactor import arm as r_arm
-from ._reactor import disown as r_disown
-from ._reactor import done as r_done
 from ._reactor import fail_context as r_fail_context
-from ._reactor import retire as r_retire
-from ._reactor import watch as r_watch
 
 __all__ = ["Lanes", "Run", "new_result", "resolve", "start_batch", "settle", "take_batch"]
 

@@ -528,7 +528,7 @@ cdef int _write(Driver d, uintptr_t stream, uint32_t slot, uint32_t seq) except 
     return 0
 
 
-def arm(stream, Channel ch, uint64_t token, bint watch=True):
+cpdef long long arm(object stream, Channel ch, uint64_t token, bint watch=True) except? -2:
     """Arm a slot after the work enqueued on ``stream`` so far: once the stream passes this
     point, ``token`` is pushed to ``ch``. Returns the slot's handle, or -1 if every slot is
     armed (use the stream's own notification then).
@@ -619,17 +619,18 @@ cdef inline void _wake_for(entry_t* e) noexcept nogil:
         dvo_cv_signal()
 
 
-def watch(uint64_t handle):
+cpdef int watch(uint64_t handle) except -1:
     """The task that armed ``handle`` with ``watch=False`` now waits for the reactor (it parks):
     the scanner looks after the slot from now on, woken if it would not look in time."""
     cdef entry_t* e
     if not READY:
-        return
+        return 0
     pthread_mutex_lock(&MU)
     e = _armed(handle)
     if e != NULL:
         _watch(e)
     pthread_mutex_unlock(&MU)
+    return 0
 
 
 cdef inline int64_t _window(int64_t est) noexcept nogil:
@@ -714,7 +715,7 @@ cdef inline bint _written(uint32_t slot, uint32_t seq) noexcept nogil:
     return <int32_t>(dvo_load32(&FLAGS[slot]) - seq) >= 0
 
 
-def done(uint64_t handle):
+cpdef bint done(uint64_t handle) except -1:
     """True once the slot's flag was written (the work before it completed)."""
     cdef uint32_t slot = <uint32_t>(handle >> 32)
     if slot >= <uint32_t>NSLOTS:
@@ -786,7 +787,7 @@ def resumed(uint64_t handle):
     pthread_mutex_unlock(&MU)
 
 
-def retire(uint64_t handle, bint polled=False):
+cpdef bint retire(uint64_t handle, bint polled=False) except -1:
     """The awaiting task saw the flag: retire the slot now (learning the duration from that
     moment) rather than at the scanner's next look. ``polled``: the task saw it while polling
     (looking every loop turn), so the moment is the completion's, give or take a loop turn.
@@ -814,13 +815,13 @@ def retire(uint64_t handle, bint polled=False):
     return True
 
 
-def disown(uint64_t handle):
+cpdef int disown(uint64_t handle) except -1:
     """Nobody waits for this slot any more (cancelled, timed out): its token is not pushed.
     The slot stays armed until the device writes it, so it is never reused early."""
     cdef chan_t* c = NULL
     cdef entry_t* e
     if not READY:
-        return
+        return 0
     pthread_mutex_lock(&MU)
     e = _armed(handle)
     if e != NULL:
@@ -830,6 +831,7 @@ def disown(uint64_t handle):
     pthread_mutex_unlock(&MU)
     if c != NULL:
         chan_unref(c)
+    return 0
 
 
 def fail_context(backend):
