@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -243,6 +244,64 @@ def test_done_callback(backend):
     fut.add_done_callback(lambda f: (got.append(f.result()), ev.set()))
     assert ev.wait(30)
     assert got == [3]
+
+
+def test_futures_complete_without_their_watcher_thread(backend, monkeypatch):
+    # whoever sees the work done completes it: result() waits in the driver itself, done() looks
+    # itself, and a later submit() on the stream completes the earlier ones; no watcher runs here
+    from deviceop.executors import _future
+
+    monkeypatch.setattr(_future._Watcher, "_run", lambda self: None)
+    monkeypatch.setattr(_future, "_watchers", {})
+    s = do.next_stream()
+    t = do.zeros(N, do.float32).sync()
+    first = slow_fill(t, 1.0, 0.05).submit(s)
+    assert first.result() is not None and first.done()  # no timeout: waited for in the driver
+    early = [do.value(i).submit(s) for i in range(20)]
+    time.sleep(0.05)
+    do.value(99).submit(s)  # completes what is done before it is watched
+    assert all(f.done() for f in early)
+    assert [f.result(timeout=0) for f in early] == list(range(20))
+    late = do.value(7).submit(s)
+    deadline = time.monotonic() + 30
+    while not late.done():  # done() looks for itself
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert late.result(timeout=0) == 7
+    np.testing.assert_array_equal(t.numpy(), np.full(N, 1.0, np.float32))
+
+
+def test_each_future_completes_once_whoever_looks(backend):
+    # the submitting thread, threads asking the futures and the watcher race to complete them
+    s = do.next_stream()
+    calls: dict[int, int] = {}
+    lock = threading.Lock()
+    futs: list = []
+    stop = threading.Event()
+
+    def count(f) -> None:
+        with lock:
+            calls[id(f)] = calls.get(id(f), 0) + 1
+
+    def ask() -> None:
+        while not stop.is_set():
+            for f in list(futs):
+                f.done()
+
+    askers = [threading.Thread(target=ask) for _ in range(3)]
+    for a in askers:
+        a.start()
+    try:
+        for i in range(300):
+            f = do.value(i).submit(s)
+            f.add_done_callback(count)
+            futs.append(f)
+        assert [f.result(timeout=30) for f in futs] == list(range(300))
+    finally:
+        stop.set()
+        for a in askers:
+            a.join()
+    assert len(calls) == 300 and set(calls.values()) == {1}
 
 
 def test_step_loop_runs_then_map_inspect(backend):
