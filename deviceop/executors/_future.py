@@ -82,8 +82,8 @@ class DeviceFuture(Generic[T]):
         if timeout is None and w is not None and ev is not None:
             try:
                 ev.synchronize()  # (the local reference keeps the event's handle from reuse)
-            except CudaError:
-                pass  # reap() completes the future with the context's error
+            except Exception:
+                pass  # reap() completes the future with the error
             w.reap()
         return self._event.wait(timeout)
 
@@ -158,10 +158,9 @@ class _Watcher:
     or this watcher's thread. While work keeps being given, the watcher looks now and then
     (:data:`_LOOK` to :data:`_LOOK_MAX` seconds apart) rather than waking at each completion:
     each wake-up takes the interpreter's lock, which the giving thread then waits for at its
-    next driver call. When
-    no more work comes, it sleeps in the driver until the oldest entry's event completes (the
-    events are BLOCKING_SYNC on cuda: no CPU while it waits), and when nothing is pending it
-    waits to be given work.
+    next driver call. When no more work comes, it sleeps in the driver until the oldest
+    entry's event completes (the events are BLOCKING_SYNC on cuda: no CPU while it waits), and
+    when nothing is pending it waits to be given work.
     """
 
     def __init__(self, stream: Any) -> None:
@@ -199,6 +198,8 @@ class _Watcher:
                             break
                     except CudaError as e:
                         err = e
+                    except Exception as e:  # (a closed device, say): never leave a future hanging
+                        err = CudaError(f"waiting for work on {self.stream!r} failed: {e!r}")
                     done.append((self.pending.popleft(), err))
         finally:  # (what was taken is completed, whatever interrupted the look)
             for entry, err in done:
@@ -242,8 +243,8 @@ class _Watcher:
                     look = _LOOK
                     try:
                         head[0].synchronize()  # nothing more given since the last look
-                    except CudaError:
-                        pass  # reap() completes the entry with the context's error
+                    except Exception:
+                        pass  # reap() completes the entry with the error
                 self.reap()
             except BaseException:  # pragma: no cover - defensive: never leave a future hanging
                 time.sleep(_LOOK)
