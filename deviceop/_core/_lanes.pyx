@@ -33,9 +33,12 @@ from ._reactor import fail_context as r_fail_context
 
 __all__ = ["Lanes", "Run", "new_result", "resolve", "start_batch", "settle", "take_batch"]
 
-#: executions in flight per lane: while one runs, the next is queued behind it (with one, the
-#: stream idles from each completion until the driver has noticed it and issued more)
-DEPTH = 2
+# executions in flight per lane: while one runs, the next is queued behind it (with one, the
+# stream idles from each completion until the driver has noticed it and issued more)
+cdef enum:
+    _DEPTH = 2
+
+DEPTH = _DEPTH
 
 cdef double _INF = float("inf")
 
@@ -382,7 +385,7 @@ cdef class Lanes:
                 if not (<Run>q[-1]).resume(seconds, self.ch, self.tok):
                     continue
                 self.slicing -= 1
-            while items and len(q) + <Py_ssize_t>self.held[lane] < DEPTH and (not issued or perf_counter() < slice_end):
+            while items and len(q) + <Py_ssize_t>self.held[lane] < _DEPTH and (not issued or perf_counter() < slice_end):
                 issued = True
                 moved = True
                 run = Run(lane, self.streams[lane], self._take())
