@@ -356,7 +356,7 @@ cdef class Lanes:
         for q in self.runs:
             while q:
                 r = <Run>q[0]
-                if not (r_done(r.h) if r.h >= 0 else r.complete()):
+                if not r.complete():
                     break
                 del q[0]
                 self._finish(r, perf_counter(), seen)
