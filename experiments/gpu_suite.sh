@@ -74,6 +74,9 @@ if [ "$MODE" = reactor ]; then  # the await path: its cost at every length, over
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   timeout 200 python3 experiments/async_overlap.py --reps 10 --out "$OUT/async_overlap.json" --png "$OUT/async_overlap.png" 2>&1 | tee "$OUT/async_overlap.log" | tail -n 14
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  # the same pipeline recorded and replayed: the overlap without the launches' cost
+  timeout 120 python3 experiments/async_overlap.py --graph --reps 10 --factors 0,1 --out "$OUT/async_overlap_graph.json" 2>&1 | tee "$OUT/async_overlap_graph.log" | tail -n 4
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
   bimodal; plots
   echo "gpu_suite status: $status"; exit $status
 fi
@@ -164,6 +167,8 @@ fi
 python3 experiments/await_cost.py --reps $REPS --out "$OUT/await_cost.json" 2>&1 | tee "$OUT/await_cost.log" | tail -n 20
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 python3 experiments/async_overlap.py --reps 10 --out "$OUT/async_overlap.json" --png "$OUT/async_overlap.png" 2>&1 | tee "$OUT/async_overlap.log" | tail -n 14
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+python3 experiments/async_overlap.py --graph --reps 10 --factors 0,1 --out "$OUT/async_overlap_graph.json" 2>&1 | tee "$OUT/async_overlap_graph.log" | tail -n 4
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 python3 experiments/ledger.py --reps 20 --out "$OUT/ledger.json" 2>&1 | tail -n 20
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
