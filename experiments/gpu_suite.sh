@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole GPU suite in one call (for the lent H100): tests on cuda and host, the demo, and the
+# The whole GPU suite in one call (for a lent H100 or H200): tests on cuda and host, the demo, and the
 # benchmarks; JSON, logs and PNG figures go to $OUT.
-# Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|replay|work|queue|reactor|interop|examples|devices]
+# Usage: [SKIP_TESTS=1] bash experiments/gpu_suite.sh [quick|full|core|replay|work|queue|reactor|interop|examples|devices|figures]
 # (core: build, tests, exec_modes, the user-program pipeline, plan reuse, start-up and kernels;
 # replay: build, tests, the paired graph replays in a fixed and in a shuffled order, the
 # bimodal queues and the kernels (GEMM included);
@@ -9,7 +9,8 @@
 # bimodal queues and where a queue item's time goes (await_queue_cost.py, queue_profile.py,
 # gemm_host_cost.py); reactor: build, tests, the await cost, overlap and the bimodal queues; interop: build, tests and
 # the external-step cost with a PyTorch MLP served; examples: build, tests and the users' programs
-# of examples/; devices: build, tests and the several-GPU figures (the queue over every GPU, copies
+# of examples/; figures (with SKIP_TESTS=1: one call): the await at every length and its CPU, the queue in two
+# processes, the overlap chained and replayed, the speech loop and the service; devices: build, tests and the several-GPU figures (the queue over every GPU, copies
 # between GPUs beside PyTorch's, replicas on Ray or one process per GPU); full and quick: everything, quick with fewer repeats; SKIP_TESTS=1 leaves the
 # tests out, for a second call of one session)
 set -u -o pipefail
@@ -78,6 +79,25 @@ if [ "$MODE" = reactor ]; then  # the await path: its cost at every length, over
   timeout 120 python3 experiments/async_overlap.py --graph --reps 10 --factors 0,1 --out "$OUT/async_overlap_graph.json" 2>&1 | tee "$OUT/async_overlap_graph.log" | tail -n 4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   bimodal; plots
+  echo "gpu_suite status: $status"; exit $status
+fi
+if [ "$MODE" = figures ]; then  # what the open issues measure, in one call of under ten minutes with SKIP_TESTS=1
+  timeout 120 python3 experiments/await_cost.py --reps 300 --no-policies --out "$OUT/await_cost.json" 2>&1 | tee "$OUT/await_cost.log" | grep "await-sync"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  timeout 40 python3 experiments/await_cost.py --lengths 1_kernel --reps 40 --out "$OUT/await_cpu.json" 2>&1 | grep "CPU while"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  for i in 1 2; do  # the queue in two processes (a process stays on the vCPUs it started on)
+    timeout 90 python3 experiments/bimodal.py --streams 8 --out "$OUT/bimodal_s8_$i.json" 2>&1 | grep -E "ceiling|best"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+  for g in "" --graph; do
+    timeout 60 python3 experiments/async_overlap.py $g --reps 5 --factors 0,1 --out "$OUT/async_overlap${g:+_graph}.json" 2>&1 | tail -n 2
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+  timeout 150 python3 examples/asr_stream/run.py --loops deviceop,torch-blocking,torch-threaded --out "$OUT/asr_stream.json" 2>&1 | tee "$OUT/asr_stream.log" | tail -n 4
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  timeout 200 python3 examples/service/loadtest.py --seconds 5 --warmup 2 --rounds 2 --out "$OUT/service.json" >"$OUT/service.log" 2>&1 || status=1
+  grep "^round\|^at" "$OUT/service.log" | tail -n 20
   echo "gpu_suite status: $status"; exit $status
 fi
 if [ "$MODE" = interop ]; then  # another library's work in pipelines: its step cost, a PyTorch MLP served
