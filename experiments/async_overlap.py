@@ -8,9 +8,10 @@ W sweeps 0..3 G; the figure is async/sync throughput at W close to G (target >= 
 
 The host enqueues the pipeline before its host work can start: with G timed from the submit to
 the completion (the enqueue E included), sync takes G + W and async at least E + W, so at W = G
-async/sync is at most 2G / (E + G): the launches' own cost bounds it, whatever the await does. ``--graph`` runs the same pipeline recorded once (``op.graph()``) and replayed each
-iteration, sync and async alike (one launch to enqueue): what a program that repeats a fixed
-pipeline would run, and the overlap with the launch cost taken out.
+async/sync is at most 2G / (E + G): the launches' own cost bounds it, whatever the await does.
+``--graph`` runs the same pipeline recorded once (``op.graph()``) and replayed each iteration,
+sync and async alike (one launch to enqueue): what a program that repeats a fixed pipeline would
+run, and the overlap with the launch cost taken out.
 
     python experiments/async_overlap.py --reps 10 --out async_overlap.json [--png async_overlap.png]
     python experiments/async_overlap.py --graph --reps 10 --factors 0,1 --out async_overlap_graph.json

@@ -86,7 +86,7 @@ if [ "$MODE" = figures ]; then  # what the open issues measure, in one call of u
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   timeout 40 python3 experiments/await_cost.py --lengths 1_kernel --reps 40 --out "$OUT/await_cpu.json" 2>&1 | grep "CPU while"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  for i in 1 2; do  # the queue in two processes (a process stays on the vCPUs it started on)
+  for i in 1 2; do  # the queue in two processes: the vCPUs a process's thread runs on differ in speed
     timeout 90 python3 experiments/bimodal.py --streams 8 --out "$OUT/bimodal_s8_$i.json" 2>&1 | grep -E "ceiling|best"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   done
