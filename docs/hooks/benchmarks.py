@@ -222,6 +222,7 @@ RENDER = {
     "await_cost": ("Await", _await_cost),
     "async_overlap": ("Overlap", _overlap),
     "async_overlap_graph": ("Overlap, the pipeline recorded and replayed", _overlap),
+    "async_overlap_chain": ("Overlap, the pipeline built and enqueued each iteration", _overlap),
     "bimodal": ("One-thread GEMM queue", _bimodal),
     "kernels": ("Kernels and GEMM", _kernels),
     "external_cost": ("Other libraries' work", _external),
