@@ -11,12 +11,22 @@ allocation from PyTorch's caching allocator), medians over --reps after a warm-u
                   default enqueue slice and with 0 (the whole chain enqueued at once): what the
                   loop's turns between steps add
   same            K steps through the adapter on the same three deviceop tensors
-                  (``torch.add(x, y, out=z)``): the adapter's fixed cost, no new tensor
+                  (``torch.add(x, y, out=z)``, --calls of them): the adapter's fixed cost, no new
+                  tensor
 
 and by part (µs per call): a PyTorch tensor made for a deviceop tensor that never reached PyTorch
-(``new_view``), for one that did (``cached_view``), and ``t.detach()`` alone.
+(``new_view``), for one that did (``cached_view``), and ``t.detach()`` alone; and the wall time a
+step of ``chain`` spends in each of the adapter's pieces (``pieces_us``: its output made a
+deviceop tensor, ``_outputs``, of which the memory's region, ``buffer_for``; its input made a
+PyTorch tensor, ``_view``; PyTorch's current stream set and restored, ``_enter`` and ``_leave``;
+each timed by a wrapper, which adds its own cost).
+
+A real program's boundaries run cold: ``--idle S`` sleeps S seconds before every repetition (a
+streaming loop waiting for its next chunk), and ``--calls N`` makes each step N PyTorch calls (a
+model's layers between two boundaries, whose host code evicts the adapter's from the caches).
 
     python experiments/adapter_cost.py --out adapter_cost.json
+    python experiments/adapter_cost.py --calls 24 --idle 0.1 --reps 40 --out adapter_cost_cold.json
 """
 
 from __future__ import annotations
@@ -38,8 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--calls", type=int, default=1, help="PyTorch calls (h + 1) per step")
+    ap.add_argument("--idle", type=float, default=0.0, help="seconds slept before every repetition")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if a.steps < 1 or a.reps < 1 or a.calls < 1 or a.idle < 0:
+        ap.error("need --steps >= 1, --reps >= 1, --calls >= 1 and --idle >= 0")
 
     import torch
 
@@ -52,8 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     dx = do.from_dlpack(x)
     da, db, dc = (do.from_dlpack(torch.ones(4096, device="cuda")) for _ in range(3))
     torch.cuda.synchronize()
-    f = lambda h: h + 1  # noqa: E731
-    add = lambda p, q, r: torch.add(p, q, out=r)  # noqa: E731
+    C = a.calls
+
+    def f(h: torch.Tensor) -> torch.Tensor:
+        for _ in range(C):
+            h = h + 1
+        return h
+
+    def add(p: torch.Tensor, q: torch.Tensor, r: torch.Tensor) -> None:
+        for _ in range(C):
+            torch.add(p, q, out=r)
 
     def direct() -> None:
         with torch.cuda.stream(ts):
@@ -84,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(a.reps):  # interleaved: drift of the host's speed hits every variant alike
         for k, fn in fns.items():
+            if a.idle:
+                time.sleep(a.idle)
             t0 = time.process_time_ns()
             fn()
             times[k].append((time.process_time_ns() - t0) / 1e3 / K)
@@ -92,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         do.set_enqueue_slice(slice_s)
         out = []
         for i in range(a.reps + 10):
+            if a.idle and i >= 10:
+                await asyncio.sleep(a.idle)
             t0 = time.process_time_ns()
             await chain_op().wait(stream=s)
             if i >= 10:
@@ -126,7 +152,39 @@ def main(argv: list[str] | None = None) -> int:
             parts["cached_view"].append((t2 - t1) / 1e3)
             parts["detach"].append((t3 - t2) / 1e3)
 
-    doc: dict = {"experiment": "adapter_cost", "steps": K, "reps": a.reps, "per_step_us": {}, "part_us": {}}
+    # the adapter's pieces in a step of the chain, each timed by a wrapper
+    spent: dict[str, float] = dict.fromkeys(("_outputs", "buffer_for", "_view", "_enter", "_leave"), 0.0)
+
+    def timed(name: str) -> None:
+        real = getattr(adapter, name)
+
+        def wrapped(*args: object) -> object:
+            t0 = time.perf_counter()
+            try:
+                return real(*args)
+            finally:
+                spent[name] += time.perf_counter() - t0
+
+        setattr(adapter, name, wrapped)
+
+    for name in spent:
+        timed(name)
+    n = max(a.reps // 2, 1)
+    for _ in range(n):
+        if a.idle:
+            time.sleep(a.idle)
+        chain()
+
+    doc: dict = {
+        "experiment": "adapter_cost",
+        "steps": K,
+        "calls_per_step": C,
+        "idle_s": a.idle,
+        "reps": a.reps,
+        "per_step_us": {},
+        "part_us": {},
+        "pieces_us": {k: 1e6 * v / (n * K) for k, v in spent.items()},
+    }
     for k, v in times.items():
         doc["per_step_us"][k] = statistics.median(v)
     for k, v in parts.items():
@@ -140,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} +{v:.2f}" for k, v in doc["over_direct_us"].items())
         + "\nparts: "
         + ", ".join(f"{k} {v:.2f}" for k, v in doc["part_us"].items())
+        + "\npieces of a chain's step (wall µs): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in doc["pieces_us"].items())
     )
     if a.out:
         with open(a.out, "w") as fh:
