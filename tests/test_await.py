@@ -393,6 +393,21 @@ def test_await_outside_an_event_loop_says_what_to_use(backend) -> None:
     coro.close()
 
 
+def test_await_outside_an_event_loop_lets_its_enqueued_work_finish(backend) -> None:
+    """The loop is looked up once the work is enqueued: refused there, the work completes and
+    its buffers are given back, as for a cancelled await."""
+    base = do.used_bytes()
+    coro = do.to_numpy(do.full((1 << 16,), 2.0, do.float32)).wait()
+    with pytest.raises(do.UsageError, match="running event loop"):
+        coro.send(None)
+    coro.close()
+    deadline = time.monotonic() + 10
+    while do.used_bytes() > base and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert do.used_bytes() == base
+    assert do.to_numpy(do.full((4,), 3.0, do.float32)).sync().tolist() == [3.0] * 4
+
+
 async def test_host_fault_fails_parked_await(host_backend, anyio_backend) -> None:
     """Host functions never run after a context error; a parked await still fails, promptly."""
     do.set_poll_budget(0)

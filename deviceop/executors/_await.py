@@ -335,8 +335,15 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     """
     if timeout is not None:
         timeout = check_timeout(timeout)
-    lib, d = loop_dispatcher()  # before any work: outside an event loop this raises, whatever the op
     cx, out, rest = start_sliced(op, stream, label, _SLICE[0])
+    # The loop's dispatcher is looked up once the work is enqueued: the lookup runs cold after a
+    # long wait (microseconds), and the GPU runs meanwhile. Outside a running loop it raises; the
+    # work enqueued completes first (its buffers held until then), as for a cancelled await
+    try:
+        lib, d = loop_dispatcher()
+    except BaseException:
+        hand_over(cx, stream)
+        raise
     if rest is not None:  # a long chain: the loop gets a turn between slices of its enqueue
         out = await _enqueue_rest(lib, cx, stream, rest)
     _COUNTS["awaits"] += 1
