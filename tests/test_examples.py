@@ -127,18 +127,52 @@ def test_asr_stream(backend, tmp_path) -> None:
     doc = json.loads(out.read_text())
     assert doc["backend"] == backend and doc["chunks"] == 50 and 0 < doc["voiced_chunks"] < 50
     loops = {s["loop"]: s for s in doc["loops"]}
-    expected = {"deviceop", "deviceop-graph", "torch-blocking", "torch-threaded"}
+    ours = ("deviceop", "deviceop-torch", "deviceop-graph")
+    expected = {*ours, "torch-blocking", "torch-threaded"}
     assert set(loops) == (expected | {"torch-graph"} if backend == "cuda" else expected)
     for s in loops.values():  # two rounds over the audio each
         assert s["voiced_chunks"] == 2 * doc["voiced_chunks"]
         assert s["published"] + s["cancelled"] == s["voiced_chunks"]  # each chunk published or cancelled
         assert s["interrupts"] == 2 * -(-doc["voiced_chunks"] // 3)
         assert s["published"] > 0 and s["chunk_latency_ms_p50"] > 0 and list(s["stage_ms_p50"]) == STAGES
-    assert loops["deviceop"]["host_threads"] == loops["deviceop-graph"]["host_threads"] == 1
-    for name in ("deviceop", "deviceop-graph"):  # an interrupt's reaction, in its two parts
+    assert {loops[n]["host_threads"] for n in ours} == {1}
+    for name in ours:  # an interrupt's reaction, in its two parts
         parts = loops[name]["reaction_stage_ms"]
         assert list(parts) == ["notice", "cancel"] and all(0 <= p["p50"] <= p["p99"] for p in parts.values())
         assert parts["notice"]["p50"] <= loops[name]["reaction_ms_p99"]
+
+
+def _asr_module():
+    spec = importlib.util.spec_from_file_location("asr_stream_run", os.path.join(EXAMPLES, "asr_stream", "run.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # (its dataclasses look their module up)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_asr_kernel_encoder_computes_what_pytorch_does(backend) -> None:
+    """The speech loop's deviceop encoder (layers and head as deviceop kernels) gives PyTorch's
+    encoder's logits on the same weights and audio, for every chunk of a stream of them."""
+    torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
+    needs_gpu(backend, "PyTorch on deviceop's stream, cuBLAS GEMMs")
+    asr = _asr_module()
+    dev = "cuda" if backend == "cuda" else "cpu"
+    enc = asr.Encoder(dev, 64, 3, seed=1)
+    rep = asr.Report("check", 1)
+    stream = do.next_stream()
+    chunk_op = asr._kernel_encoder(enc, rep, [0.0], [0.0], stream)
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        x = (0.1 * rng.standard_normal(4000)).astype(np.float32)
+        got = chunk_op(asr.Chunk(i, 0.0, np.zeros(0, np.int16), x)).sync_on(stream).astype(np.float32)
+        want = enc(torch.from_numpy(x).to(dev)).cpu().numpy()
+        assert got.shape == want.shape == (enc.frames(len(x)), len(asr.SYMBOLS))
+        # float32 on the host; on cuda both round every op to float16, in different kernels
+        tol = 1e-3 if dev == "cpu" else 3e-2
+        assert np.allclose(got, want, rtol=tol, atol=tol * float(np.abs(want).max())), float(np.abs(got - want).max())
+    assert len(rep.stages["start"]) == len(rep.stages["enqueue"]) == 3
 
 
 def _replicas(backend: str, tmp_path, script: str, *extra: str) -> dict:

@@ -14,16 +14,22 @@ An interrupt (the user speaking over the system) arrives ``--interrupt-after`` s
 every ``--interrupt-every``-th voiced chunk has arrived, so while that chunk's GPU work runs;
 each cancels the chunk work in flight.
 
-The same loop, five ways, one after the other over the same audio:
+The same loop, six ways, one after the other over the same audio:
 
-  deviceop        one thread, one event loop (uvloop where installed): the encoder is PyTorch
-                  code run on deviceop's stream through ``do.interop.torch``, in steps (log-mel,
-                  projection, ``--steps`` groups of layers, the head); each voiced chunk's op is
-                  awaited in a task while the next chunk is ingested, and its enqueue gives the
-                  loop a turn between steps (``do.set_enqueue_slice``); an interrupt cancels the
-                  awaiting tasks
-  deviceop-graph  the same, with the encoder recorded once into a CUDA graph (``do.graph.scope``
-                  around the ``do.interop.torch`` op); a chunk's op uploads its audio into the
+  deviceop        one thread, one event loop (uvloop where installed): the encoder in deviceop
+                  kernels over the PyTorch encoder's weights (the log-mel features with the DFT
+                  as a GEMM, the layers and the head: ``do.kernels.gemm`` and a few kernels of
+                  its own, ``KERNELS``); each voiced chunk's op is awaited in a task while the
+                  next chunk is ingested, and its enqueue gives the loop a turn between kernels
+                  once it has held the loop for the enqueue slice (``do.set_enqueue_slice``); an
+                  interrupt cancels the awaiting tasks, and the kernels not yet enqueued are
+                  dropped
+  deviceop-torch  the same with the PyTorch encoder run through ``do.interop.torch``, in
+                  steps (log-mel, projection, ``--steps`` groups of layers, the head): the loop
+                  gets a turn between steps only, and each step boundary converts PyTorch's
+                  output into a deviceop tensor
+  deviceop-graph  the PyTorch encoder recorded once into a CUDA graph (``do.graph.scope`` around
+                  the ``do.interop.torch`` op); a chunk's op uploads its audio into the
                   recording's input and replays it
   torch-blocking  one thread: PyTorch called in the loop, blocking until each chunk's result is
                   on the host; an interrupt is seen when the call returns
@@ -285,10 +291,226 @@ def vad_again(vad: Any, c: Chunk) -> None:
 
 
 # -- deviceop: one thread, one event loop -------------------------------------------------------
-def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = False) -> Report:
+#: The encoder in CUDA C++ where deviceop has no built-in: the short-time Fourier transform's
+#: framing (reflect padding and the Hann window, as ``torch.stft``'s defaults), the power of its
+#: bins, the log-mel energies' mean and standard deviation, their normalisation, and each
+#: layer's GELU with its residual add (rounded as PyTorch's separate calls round). The DFT, the
+#: mel filterbank and the projections are ``do.kernels.gemm``.
+KERNELS = r"""
+#include <cuda_fp16.h>
+#define N_FFT 400
+#define HOP 160
+#define BINS 201
+__device__ __forceinline__ float gelu_tanh(float x) {
+  return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+extern "C" __global__ void frames(float* out, const float* x, const float* w, int n) {
+  const long long f = blockIdx.x;  // one block per frame: out is (frames, N_FFT)
+  for (int j = threadIdx.x; j < N_FFT; j += blockDim.x) {
+    int i = (int)f * HOP + j - N_FFT / 2;
+    i = i < 0 ? -i : (i >= n ? 2 * (n - 1) - i : i);
+    out[f * N_FFT + j] = x[i] * w[j];
+  }
+}
+extern "C" __global__ void power(float* p, const float* z) {
+  const long long f = blockIdx.x;  // p: (frames, BINS) from z: (frames, 2 * BINS), real parts first
+  for (int k = threadIdx.x; k < BINS; k += blockDim.x) {
+    const float re = z[f * 2 * BINS + k], im = z[f * 2 * BINS + BINS + k];
+    p[f * BINS + k] = re * re + im * im;
+  }
+}
+__device__ float block_sum(float v, float* red) {  // blockDim.x a power of two
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+    if (threadIdx.x < k) red[threadIdx.x] += red[threadIdx.x + k];
+    __syncthreads();
+  }
+  const float s = red[0];
+  __syncthreads();
+  return s;
+}
+extern "C" __global__ void log_stats(float* stats, const float* m, int n) {
+  // one block: (mean, unbiased standard deviation) of log(m + 1e-6) over its n elements
+  __shared__ float red[1024];
+  float s = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += logf(m[i] + 1e-6f);
+  const float mean = block_sum(s, red) / n;
+  float q = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float d = logf(m[i] + 1e-6f) - mean;
+    q += d * d;
+  }
+  const float var = block_sum(q, red) / (n - 1);
+  if (threadIdx.x == 0) { stats[0] = mean; stats[1] = sqrtf(var); }
+}
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <typename T> __device__ void normalize(T* out, const float* m, const float* stats, int d) {
+  const long long row = (long long)blockIdx.x * d;  // one block per frame
+  const float mean = stats[0], inv = 1.f / (stats[1] + 1e-5f);
+  for (int j = threadIdx.x; j < d; j += blockDim.x) out[row + j] = from_float<T>((logf(m[row + j] + 1e-6f) - mean) * inv);
+}
+extern "C" __global__ void normalize_f16(__half* o, const float* m, const float* s, int d) { normalize(o, m, s, d); }
+extern "C" __global__ void normalize_f32(float* o, const float* m, const float* s, int d) { normalize(o, m, s, d); }
+template <typename T> __device__ void residual_gelu(T* h, const T* t, int d) {
+  const long long row = (long long)blockIdx.x * d;  // h += gelu(t), one block per row
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    const float g = to_float(from_float<T>(gelu_tanh(to_float(t[row + j]))));
+    h[row + j] = from_float<T>(to_float(h[row + j]) + g);
+  }
+}
+extern "C" __global__ void residual_gelu_f16(__half* h, const __half* t, int d) { residual_gelu(h, t, d); }
+extern "C" __global__ void residual_gelu_f32(float* h, const float* t, int d) { residual_gelu(h, t, d); }
+"""
+
+
+# the same computations in numpy, for the host backend
+def _frames_host(out: np.ndarray, x: np.ndarray, w: np.ndarray, n: int) -> None:
+    i = np.arange(out.shape[0])[:, None] * HOP + np.arange(N_FFT)[None, :] - N_FFT // 2
+    i = np.abs(i)
+    i = np.where(i >= n, 2 * (n - 1) - i, i)
+    out[:] = x[i] * w
+
+
+def _power_host(p: np.ndarray, z: np.ndarray) -> None:
+    b = p.shape[1]
+    p[:] = z[:, :b] ** 2 + z[:, b:] ** 2
+
+
+def _log_stats_host(stats: np.ndarray, m: np.ndarray, n: int) -> None:
+    v = np.log(m.astype(np.float64) + 1e-6)
+    stats[:] = (v.mean(), v.std(ddof=1))
+
+
+def _normalize_host(out: np.ndarray, m: np.ndarray, stats: np.ndarray, d: int) -> None:
+    out[:] = ((np.log(m + np.float32(1e-6)) - stats[0]) / (stats[1] + np.float32(1e-5))).astype(out.dtype)
+
+
+def _residual_gelu_host(h: np.ndarray, t: np.ndarray, d: int) -> None:
+    x = t.astype(np.float32)
+    g = (0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))).astype(h.dtype)
+    np.add(h, g, out=h)
+
+
+def _kernel_encoder(
+    enc: Encoder, rep: Report, arrived: list[float], enqueued: list[float], stream: Any
+) -> Callable[[Chunk], do.DeviceOp[np.ndarray]]:
+    """The chunk's op with the whole encoder in deviceop kernels over the PyTorch encoder's
+    weights, window and filterbank (uploaded once): the log-mel features as ``torch.stft`` and
+    the filterbank compute them (the DFT as a GEMM against its basis), then per layer ``h +=
+    gelu(h @ w)`` as a ``gemm`` and one kernel of :data:`KERNELS` for the GELU and the residual
+    add (PyTorch's eager calls make two kernels of them), in PyTorch's precision (float16 on
+    cuda). The chain is flat, one step per kernel, so the await gives the loop a turn between
+    kernels once the enqueue has held it for the enqueue slice (a step's own chain would be
+    enqueued whole)."""
+    K = do.kernels
+    f32, dt = do.float32, (do.float16 if enc.device == "cuda" else do.float32)
+    sfx = "f16" if dt is do.float16 else "f32"
+    f = K.Out(f32)
+
+    def kernel(name: str, params: tuple[Any, ...], host: Callable[..., None], block: int = 256) -> K.Kernel:
+        return K.Kernel(KERNELS, name, params=params, host=host, block=(block,))
+
+    framing = kernel("frames", (f, K.In(f32), K.In(f32), do.int32), _frames_host, 128)
+    power = kernel("power", (f, K.In(f32)), _power_host, 128)
+    log_stats = kernel("log_stats", (f, K.In(f32), do.int32), _log_stats_host, 1024)
+    normalize = kernel(f"normalize_{sfx}", (K.Out(dt), K.In(f32), K.In(f32), do.int32), _normalize_host, 128)
+    residual_gelu = kernel(f"residual_gelu_{sfx}", (K.InOut(dt), K.In(dt), do.int32), _residual_gelu_host)
+    k = np.arange(N_FFT // 2 + 1)
+    angle = 2 * np.pi * np.outer(np.arange(N_FFT), k) / N_FFT
+    bins = len(k)
+
+    def upload(x: Any) -> do.Tensor:
+        return do.from_numpy(np.ascontiguousarray(x)).sync_on(stream)
+
+    basis = upload(np.concatenate([np.cos(angle), -np.sin(angle)], axis=1).astype(np.float32))  # (N_FFT, 2 * bins)
+    window, mel_t = upload(enc.window.cpu().numpy()), upload(enc.mel.cpu().numpy().T)  # mel_t: (bins, N_MELS)
+    w_in, w_out = upload(enc.w_in.cpu().numpy()), upload(enc.w_out.cpu().numpy())
+    ws = [upload(w.cpu().numpy()) for w in enc.layers]
+    width = w_in.shape[1]
+
+    class Run:
+        """One chunk's tensors, for its chain's steps (each step one kernel)."""
+
+        def __init__(self, n: int) -> None:
+            self.n, self.rows = n, enc.frames(n)
+
+        def alloc(self, x: do.Tensor) -> do.DeviceOp[Any]:
+            began[0] = time.perf_counter()
+            rep.stage("start", began[0] - arrived[0])
+            r = self.rows
+            self.x = x
+            shapes = ((r, N_FFT), (r, 2 * bins), (r, bins), (r, N_MELS), (2,))
+            return do.zip(
+                *(do.empty(s, f32) for s in shapes),
+                do.empty((r, N_MELS), dt),
+                *(do.empty((r, width), dt) for _ in range(2)),
+                do.empty((r, len(SYMBOLS)), dt),
+            ).inspect(self.keep)
+
+        def keep(self, ts: tuple[do.Tensor, ...]) -> None:
+            self.fr, self.z, self.p, self.m, self.st, self.feats, self.h, self.t, self.y = ts
+            self.hp = self.h.partition((1, width))
+
+        def framing(self, _: Any) -> Any:
+            return framing(self.fr.partition((1, N_FFT)), self.x, window, self.n)
+
+        def dft(self, _: Any) -> Any:
+            return K.gemm(self.z, self.fr, basis)
+
+        def power(self, _: Any) -> Any:
+            return power(self.p.partition((1, bins)), self.z)
+
+        def mel(self, _: Any) -> Any:
+            return K.gemm(self.m, self.p, mel_t)
+
+        def stats(self, _: Any) -> Any:
+            return log_stats(self.st.partition((2,)), self.m, self.rows * N_MELS)
+
+        def normalize(self, _: Any) -> Any:
+            return normalize(self.feats.partition((1, N_MELS)), self.m, self.st, N_MELS)
+
+        def project(self, _: Any) -> Any:
+            return K.gemm(self.h, self.feats, w_in)
+
+        def gemm(self, w: do.Tensor, _: Any) -> Any:
+            return K.gemm(self.t, self.h, w)
+
+        def residual(self, _: Any) -> Any:
+            return residual_gelu(self.hp, self.t, width)
+
+        def head(self, _: Any) -> Any:
+            return K.gemm(self.y, self.h, w_out)
+
+        def fetch(self, _: Any) -> do.DeviceOp[np.ndarray]:
+            enqueued[0] = time.perf_counter()  # the encoder's work is queued
+            rep.stage("enqueue", enqueued[0] - began[0])
+            return do.to_numpy(self.y)
+
+    began = [0.0]
+
+    def chunk_op(c: Chunk) -> do.DeviceOp[np.ndarray]:
+        run = Run(len(c.context))
+        op = do.from_numpy(c.context).then(run.alloc)
+        for step in (run.framing, run.dft, run.power, run.mel, run.stats, run.normalize, run.project):
+            op = op.then(step)
+        for w in ws:
+            op = op.then(functools.partial(run.gemm, w)).then(run.residual)
+        return op.then(run.head).then(run.fetch)
+
+    return chunk_op
+
+
+def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, mode: str = "kernels") -> Report:
     import webrtcvad
 
-    rep = Report("deviceop-graph" if graph else "deviceop", threads=1)
+    graph = mode == "graph"
+    rep = Report({"kernels": "deviceop", "torch": "deviceop-torch", "graph": "deviceop-graph"}[mode], threads=1)
     vad = webrtcvad.Vad(a.vad_mode)
 
     enqueued = [0.0]
@@ -328,7 +550,13 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = 
     # the chunks follow each other on one stream (PyTorch's caching allocator keeps blocks per
     # stream: one stream, one warm pool)
     stream = do.next_stream()
-    chunk_op = _recorded(enc, st, rep, arrived, enqueued, stream) if graph else eager_op
+    chunk_op = (
+        _recorded(enc, st, rep, arrived, enqueued, stream)
+        if graph
+        else _kernel_encoder(enc, rep, arrived, enqueued, stream)
+        if mode == "kernels"
+        else eager_op
+    )
 
     async def until(t: float) -> None:
         # the simulated audio source delivers a chunk (or an interrupt) at its moment, as an audio
@@ -355,7 +583,7 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = 
 
         async def process(c: Chunk, ready: float) -> None:
             arrived[0] = ready
-            logits = await chunk_op(c).wait(stream=stream)
+            logits = await chunk_op(c).wait(stream=stream)  # (float16 from the kernel encoder)
             rep.stage("complete", time.perf_counter() - enqueued[0])
             rep.partials.append(ctc_greedy(logits))
             rep.latencies.append(time.perf_counter() - ready)
@@ -596,7 +824,8 @@ def run_torch_threaded(st: Stream, enc: Encoder, a: argparse.Namespace) -> Repor
 
 LOOPS: dict[str, Callable[[Stream, Encoder, argparse.Namespace], Report]] = {
     "deviceop": run_deviceop,
-    "deviceop-graph": lambda st, enc, a: run_deviceop(st, enc, a, graph=True),
+    "deviceop-torch": lambda st, enc, a: run_deviceop(st, enc, a, mode="torch"),
+    "deviceop-graph": lambda st, enc, a: run_deviceop(st, enc, a, mode="graph"),
     "torch-blocking": run_torch_blocking,
     "torch-graph": lambda st, enc, a: run_torch_blocking(st, enc, a, graph=True),
     "torch-threaded": run_torch_threaded,
@@ -627,7 +856,7 @@ def main(argv: list[str] | None = None) -> int:
         "--steps",
         type=int,
         default=4,
-        help="deviceop loop: groups of layers the encoder is enqueued in, one op step each",
+        help="deviceop-torch loop: groups of layers the encoder is enqueued in, one op step each",
     )
     ap.add_argument(
         "--enqueue-slice",
