@@ -1,6 +1,6 @@
 """Where the speech loop's encoder enqueue takes longer under deviceop than in blocking PyTorch.
 
-The speech example's deviceop loop spends longer from its encoder's first line to its last
+The speech example's deviceop-torch loop spends longer from its encoder's first line to its last
 (the "enqueue" stage) than the blocking loop does. With the example's encoder (``--width``,
 ``--layers``; 2 s of audio), each variant in turn, ``--reps`` times after a warm-up, every run
 after a device sync; host time from the encoder's first line to its last (µs, median and p90):

@@ -1,6 +1,6 @@
 """Where the speech loop's chunk spends its time before the encoder starts (deviceop, eager).
 
-The speech example's deviceop loop (``examples/asr_stream/run.py``) reaches its encoder later
+The speech example's deviceop-torch loop (``examples/asr_stream/run.py``) reaches its encoder later
 after a chunk's arrival than the blocking PyTorch loop does. This takes that stretch apart, with
 the example's own encoder and audio, in one uvloop loop, a chunk every ``--every`` seconds:
 
@@ -78,7 +78,7 @@ def main() -> None:
     def head(h):
         return enc.head(h)
 
-    def eager_op(c):  # as the example's deviceop loop builds it
+    def eager_op(c):  # as the example's deviceop-torch loop builds it
         op = do.interop.torch(features, do.from_numpy(c.context))
         for lo in range(0, n, group):
             op = op.then(lambda h, lo=lo: do.interop.torch(enc.block, h, lo, min(n, lo + group)))

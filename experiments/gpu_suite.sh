@@ -110,7 +110,7 @@ fi
 if [ "$MODE" = examples ]; then  # the users' programs (examples/): queue, speech loop, service
   timeout 150 python3 examples/gemm_queue/run.py --out "$OUT/gemm_queue.json" 2>&1 | tee "$OUT/gemm_queue.log" | tail -n 4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  timeout 240 python3 examples/asr_stream/run.py --out "$OUT/asr_stream.json" 2>&1 | tee "$OUT/asr_stream.log" | tail -n 4
+  timeout 300 python3 examples/asr_stream/run.py --out "$OUT/asr_stream.json" 2>&1 | tee "$OUT/asr_stream.log" | tail -n 4
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
   timeout 420 python3 examples/service/loadtest.py --seconds 8 --warmup 3 --rounds 3 --out "$OUT/service.json" >"$OUT/service.log" 2>&1 || status=1
   grep -v '^ \|^{\|^}' "$OUT/service.log" | tail -n 32

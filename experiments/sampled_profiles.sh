@@ -24,7 +24,7 @@ for kind in $([ "$WHAT" = asr ] || echo noop gemm); do
   sum "queue_b1_$kind" "queue_b1_$kind" --within "queue (queue_split.py" --without importlib "${F[@]}"
 done
 [ "$WHAT" = queue ] && exit 0
-rec asr python3 examples/asr_stream/run.py --loops deviceop,torch-blocking --rounds 1 --out "$OUT/asr_sampled.json"
+rec asr python3 examples/asr_stream/run.py --loops deviceop-torch,torch-blocking --rounds 1 --out "$OUT/asr_sampled.json"
 A=(--frame "Encoder." --frame "interop" --frame "_torch.py" --frame await_op --frame start_sliced --frame epoll
    --frame cuLaunch --frame "libtorch" --frame "eager_op" --frame "arm" --frame "finish" --frame "to_numpy"
    --frame "from_numpy" --frame "_enqueue_rest")

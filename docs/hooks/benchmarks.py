@@ -67,6 +67,11 @@ def _f(v: Any, nd: int = 2) -> str:
     return "–" if v is None else f"{v:,.{nd}f}"
 
 
+def _signed(v: Any) -> str:
+    """µs beside the reference, signed (an await may end before ``sync_on`` of the same op)."""
+    return "–" if v is None else f"{v:+,.1f} µs"
+
+
 def _pipeline(d: dict) -> str:
     rows = ["| steps | one at a time: deviceop / PyTorch host CPU | 64 in flight |", "| --- | --- | --- |"]
     for r in d["results"]:
@@ -99,7 +104,7 @@ def _await_cost(d: dict) -> str:
     rows = ["| loop | " + " | ".join(ops) + " |", "| --- |" + " --- |" * len(ops)]
     for loop in dict.fromkeys(r["loop"] for r in d["lengths"]):
         cells = {r["op"]: r["await_minus_sync_us"] for r in d["lengths"] if r["loop"] == loop}
-        rows.append(f"| {loop} | " + " | ".join(f"+{_f(cells.get(o), 1)} µs" for o in ops) + " |")
+        rows.append(f"| {loop} | " + " | ".join(_signed(cells.get(o)) for o in ops) + " |")
     return "`await` minus `sync_on` of the same op, paired medians, by the op's GPU time.\n\n" + "\n".join(rows)
 
 
