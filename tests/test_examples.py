@@ -152,11 +152,12 @@ def _asr_module():
 
 
 def test_asr_kernel_encoder_computes_what_pytorch_does(backend) -> None:
-    """The speech loop's deviceop encoder (layers and head as deviceop kernels) gives PyTorch's
-    encoder's logits on the same weights and audio, for every chunk of a stream of them."""
+    """The speech loop's deviceop encoder (the whole encoder in deviceop kernels: the log-mel
+    features, the layers, the head) gives the PyTorch encoder's logits on the same weights and
+    audio, for every chunk of a stream of them."""
     torch = pytest.importorskip("torch")
     np = pytest.importorskip("numpy")
-    needs_gpu(backend, "PyTorch on deviceop's stream, cuBLAS GEMMs")
+    needs_gpu(backend, "cuBLAS GEMMs and NVRTC-compiled kernels")
     asr = _asr_module()
     dev = "cuda" if backend == "cuda" else "cpu"
     enc = asr.Encoder(dev, 64, 3, seed=1)
