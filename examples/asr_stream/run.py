@@ -509,8 +509,7 @@ def _kernel_encoder(
 def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, mode: str = "kernels") -> Report:
     import webrtcvad
 
-    graph = mode == "graph"
-    rep = Report({"kernels": "deviceop", "torch": "deviceop-torch", "graph": "deviceop-graph"}[mode], threads=1)
+    rep = Report("deviceop" if mode == "kernels" else f"deviceop-{mode}", threads=1)
     vad = webrtcvad.Vad(a.vad_mode)
 
     enqueued = [0.0]
@@ -550,13 +549,11 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, mode: str = "k
     # the chunks follow each other on one stream (PyTorch's caching allocator keeps blocks per
     # stream: one stream, one warm pool)
     stream = do.next_stream()
-    chunk_op = (
-        _recorded(enc, st, rep, arrived, enqueued, stream)
-        if graph
-        else _kernel_encoder(enc, rep, arrived, enqueued, stream)
-        if mode == "kernels"
-        else eager_op
-    )
+    chunk_op = eager_op
+    if mode == "kernels":
+        chunk_op = _kernel_encoder(enc, rep, arrived, enqueued, stream)
+    elif mode == "graph":
+        chunk_op = _recorded(enc, st, rep, arrived, enqueued, stream)
 
     async def until(t: float) -> None:
         # the simulated audio source delivers a chunk (or an interrupt) at its moment, as an audio
