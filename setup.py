@@ -56,6 +56,7 @@ extensions = [
         "_transfer",
         "_replay",
         "_lanes",
+        "_watch",
     )
 ] + [
     Extension(

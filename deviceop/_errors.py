@@ -25,6 +25,7 @@ __all__ = [
     "CudaError",
     "DTypeError",
     "DeviceOpError",
+    "DeviceOpWarning",
     "SettingError",
     "ShapeError",
     "TensorIndexError",
@@ -34,6 +35,10 @@ __all__ = [
 
 class DeviceOpError(Exception):
     """Root of every error deviceop raises."""
+
+
+class DeviceOpWarning(UserWarning):
+    """Warnings from deviceop (e.g. falling back to the host backend)."""
 
 
 class BackendError(DeviceOpError):

@@ -47,17 +47,21 @@ def queue(n_items: int, small: int, large: int, reps: int) -> dict:
         with do.device(lab):
             ins[lab] = {n: (do.from_numpy(a).sync(), do.from_numpy(b).sync()) for n, (a, b) in host.items()}
     sizes = [large if i % 5 == 4 else small for i in range(n_items)]
-    outs: dict[tuple[str, int], dict[int, do.Tensor]] = {}  # per (device, lane): its outputs
+    # per (device, lane): its outputs, made before the queue's loop runs (a factory runs on the
+    # loop's thread, where blocking calls are refused); lanes are interleaved over the devices
+    lanes = len(do.streams()) * len(labels)
+    outs: dict[tuple[str, int], dict[int, do.Tensor]] = {}
+    for lab in labels:
+        with do.device(lab):
+            for lane in range(lanes):
+                outs[lab, lane] = {m: do.empty((m, m), do.float16).sync() for m in (small, large)}
 
     def items() -> list:
         def make(n: int):
             def f(lane: int) -> do.DeviceOp:
                 lab = current().device_label  # the queue selects the lane's device here
-                bufs = outs.get((lab, lane))
-                if bufs is None:
-                    bufs = outs[lab, lane] = {m: do.empty((m, m), do.float16).sync() for m in (small, large)}
                 a, b = ins[lab][n]
-                return K.gemm(bufs[n], a, b)
+                return K.gemm(outs[lab, lane][n], a, b)
 
             return f
 

@@ -36,9 +36,12 @@ def _scale_rows(sizes: list[int]):
     def fn(items: list[np.ndarray]) -> do.DeviceOp[list[np.ndarray]]:
         sizes.append(len(items))
         x = np.stack(items)
-        out = do.empty(x.shape, do.float32).sync()
-        op = do.from_numpy(x).then(lambda t: K.scale(out.partition((1, x.shape[1])), t, 2.0))
-        return op.then(lambda _: do.to_numpy(out)).map(list)
+
+        def scale(out: do.Tensor) -> do.DeviceOp:  # out: allocated as part of the op
+            op = do.from_numpy(x).then(lambda t: K.scale(out.partition((1, x.shape[1])), t, 2.0))
+            return op.then(lambda _: do.to_numpy(out))
+
+        return do.empty(x.shape, do.float32).then(scale).map(list)
 
     return fn
 

@@ -251,9 +251,12 @@ def test_use_backend_host_with_a_default_device(host_backend, monkeypatch) -> No
 
 def _item(i: int):
     def make(lane: int) -> do.DeviceOp:
-        t = do.full(256, float(i)).sync()  # made by the factory: on the lane's device
-        out = do.empty(256).sync()
-        return K.scale(out.partition((128,)), t, 2.0).map(lambda r: (r[0].tensor, t.device))
+        # made by the op the factory returns (a factory runs on the queue's loop: it must not
+        # block it), on the lane's device
+        ins = do.zip(do.full(256, float(i)), do.empty(256))
+        return ins.then(lambda ts: K.scale(ts[1].partition((128,)), ts[0], 2.0)).map(
+            lambda r: (r[0].tensor, r[1].device)
+        )
 
     return make
 

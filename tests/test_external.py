@@ -397,7 +397,7 @@ def test_tensors_export_inside_fn_without_borrow_error(backend):
 
 @pytest.mark.anyio
 async def test_await_external(backend, anyio_backend):
-    x = do.zeros(512, do.float32).sync()
+    x = await do.zeros(512, do.float32)
     assert await do.external(lib_fill, x, 8.0, 512, writes=(x,)) == "filled"
     np.testing.assert_array_equal(x.numpy(), np.full(512, 8.0, np.float32))
 
@@ -654,7 +654,7 @@ async def test_torch_awaited(backend, anyio_backend):
     torch = pytest.importorskip("torch")
     if _cuda() and not torch.cuda.is_available():
         pytest.skip("PyTorch without CUDA")
-    x = do.full((2, 3), 2.0, do.float32).sync()
+    x = await do.full((2, 3), 2.0, do.float32)
     out = await do.interop.torch(lambda t: t * 3, x)
     np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 6.0, np.float32))
 
@@ -949,7 +949,7 @@ def test_a_torch_tensors_layout_is_read_in_one_call_as_its_getters_give_it(host_
 
 def test_asyncio_gather_of_externals(backend):
     async def main():
-        xs = [do.zeros(128, do.float32).sync() for _ in range(8)]
+        xs = [await do.zeros(128, do.float32) for _ in range(8)]
         outs = await asyncio.gather(*(do.external(lib_fill, x, float(i), 128, writes=(x,)) for i, x in enumerate(xs)))
         return xs, outs
 

@@ -249,10 +249,10 @@ def test_done_callback(backend):
 def test_futures_complete_without_their_watcher_thread(backend, monkeypatch):
     # whoever sees the work done completes it: result() waits in the driver itself, done() looks
     # itself, and a later submit() on the stream completes the earlier ones; no watcher runs here
-    from deviceop.executors import _future
+    from deviceop._core import _watch
 
-    monkeypatch.setattr(_future._Watcher, "_run", lambda self: None)
-    monkeypatch.setattr(_future, "_watchers", {})
+    monkeypatch.setattr(_watch.Watcher, "_run", lambda self: None)
+    monkeypatch.setattr(_watch, "_watchers", {})
     s = do.next_stream()
     t = do.zeros(N, do.float32).sync()
     first = slow_fill(t, 1.0, 0.05).submit(s)

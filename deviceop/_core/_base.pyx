@@ -262,6 +262,20 @@ cdef class Buffer:
     def __del__(self):
         if self.owner is not None or self.backend is None or _Py_IsFinalizing():
             return  # (at interpreter shutdown the modules a free needs may already be gone)
+        acc = self.accesses
+        if acc:
+            # Collected in one garbage pass with an execution that still uses it (an unfinished
+            # execution and its buffers form a cycle through the ledger): that execution's own
+            # finaliser hands it to its stream's watcher, which keeps this buffer alive; the
+            # block goes back once every such execution has finished, not now.
+            busy = [a.execution for a in acc if not a.execution.done and not a.execution.capturing]
+            if busy:
+                _release_after(self, busy)
+                return
+        self._release()
+
+    def _release(self):
+        """Give the block back (to the cache, or to the backend)."""
         if self.cache is not None:  # idle now (see BlockCache): straight back to the cache
             self.cache.give(self.ptr, block_size(self.nbytes))
             return
@@ -270,6 +284,19 @@ cdef class Buffer:
         except Exception:
             # a destructor must not raise; a context that already failed cannot free anyway
             pass
+
+
+cdef object _release_after(Buffer buf, list executions):
+    """Release ``buf``'s block once every one of ``executions`` has finished."""
+    left = [len(executions)]
+
+    def one_finished():
+        left[0] -= 1
+        if left[0] == 0:
+            buf._release()
+
+    for cx in executions:
+        cx.on_done(one_finished)
 
 
 # ---- tensors: the fields every compiled path reads ---------------------------------------------

@@ -29,7 +29,7 @@ from time import perf_counter
 from .._errors import CudaError, UsageError
 from ..device._select import enter_device, leave_device
 from ._op import Each, start_sliced
-from ._reactor import fail_context as r_fail_context
+from ._watch import device_failed
 
 __all__ = ["Lanes", "Run", "new_result", "resolve", "start_batch", "settle", "take_batch"]
 
@@ -182,15 +182,19 @@ cdef class Run:
         # unwatched: the driver looks itself while it polls; it watches the slot when it parks
         try:
             self.h = r_arm(self.stream, ch, tok, False)
-        except CudaError as e:
-            r_fail_context(self.stream.backend)
+            if self.h < 0:  # every slot is armed: the stream's host function wakes the loop
+                self.ev = self.cx.seal_c()
+                self.stream.notify(ch, tok)
+                self.watched = True
+        except CudaError as e:  # this execution fails (a sticky error: the device's too)
+            device_failed(self.stream.backend, e)
             self._release()
             self._fail(e)
-            return 0
-        if self.h < 0:  # every slot is armed: the stream's host function wakes the loop
-            self.ev = self.cx.seal_c()
-            self.stream.notify(ch, tok)
-            self.watched = True
+        except BaseException:
+            # anything else (out of memory, an interrupt): the work enqueued is in flight and
+            # nobody will wait for it here; the watcher keeps its buffers until it completes
+            self._release()
+            raise
         return 0
 
     cdef bint complete(self) except -1:
@@ -222,7 +226,7 @@ cdef class Run:
         try:
             self.stream.query() if self.h >= 0 else self.ev.query()
         except CudaError as e:
-            r_fail_context(self.stream.backend)  # every await on that device sees it too
+            device_failed(self.stream.backend, e)  # sticky: every await on the device sees it too
             self._release()
             self._fail(e)
             return False

@@ -24,12 +24,25 @@ from libc.stdint cimport uint64_t
 from ._base cimport _LOCK as LOCK, Buffer, Driver, Lock, StreamBase, TensorBase
 from ._base import forget_layouts
 
+cdef extern from *:
+    """
+    #if PY_VERSION_HEX >= 0x030D0000
+    #define dvo_ledger_finalizing() Py_IsFinalizing()
+    #else
+    #define dvo_ledger_finalizing() _Py_IsFinalizing()
+    #endif
+    """
+    int _Py_IsFinalizing "dvo_ledger_finalizing" ()
+
 import weakref
+
+from ._reactor import fail_context
+from ._watch import give, stop_watchers
 
 from .._errors import BackendError, BorrowError, CaptureError, SettingError, UsageError
 
 __all__ = [
-    "ExecutionContext", "Access", "enqueue", "abandon", "abandoned", "on_abandon", "check_backend", "touch",
+    "ExecutionContext", "Access", "enqueue", "abandon", "abandoned", "check_backend", "touch",
     "in_flight", "held", "set_borrow_policy", "borrow_policy",
 ]
 
@@ -91,7 +104,8 @@ cdef class Access:
         return self.write
 
 
-@cython.freelist(32)  # one per execution
+# (no freelist: a context taken from one would keep its predecessor's "finalised" mark, and its
+# own finaliser, which hands it to the watcher if it is dropped unfinished, would never run)
 cdef class ExecutionContext:
     """One execution of an op tree on one stream: the stream, the buffers it touches, what to do when done.
 
@@ -218,6 +232,22 @@ cdef class ExecutionContext:
         """Mark complete: run completion callbacks, drop buffers; its ledger entries stop counting."""
         self.finish_c(ok)
 
+    def __del__(self):
+        # The invariant, held here rather than at each exception site: an execution ends only by
+        # completing or by being handed to its stream's watcher. One dropped unfinished (an
+        # exception of any type between its enqueue and its wait, a cancelled or dropped waiter,
+        # a cycle collected) goes to the watcher, which keeps its buffers until its work is done.
+        # (A recording ran nothing; at interpreter exit nothing can be waited for.)
+        if self.done or self.capturing or self.stream is None or _Py_IsFinalizing():
+            return
+        if self.buffers is None and self._done_cbs is None and not self.children:
+            self.done = True  # it holds nothing that work could still use
+            return
+        try:
+            give(self.stream, self, self._event if self._sealed else None)
+        except BaseException:
+            pass  # (a finaliser cannot raise; the watcher could not be started: nothing to do)
+
 
 # (backend, its Driver or None) of the last context made: one pair, replaced whole
 cdef tuple _last_driver = (None, None)
@@ -231,8 +261,9 @@ def abandon(backend, str reason, bint notify=True):
     """From now on, an execution on ``backend`` raises :class:`BackendError` with ``reason``
     (what happened and what to do instead) before any work is enqueued.
 
-    ``notify``: run the :func:`on_abandon` callbacks (which end the backend's threads); not in
-    a forked child, where those threads do not exist and their locks may be held."""
+    ``notify``: end the backend's watcher threads once what they hold is finished, and retire
+    every completion slot armed on it (nothing more of it runs); not in a forked child, where
+    those threads do not exist and the reactor starts afresh."""
     global _last_driver, _any_abandoned
     for k in [k for k, e in _ABANDONED.items() if e[0]() is None]:
         del _ABANDONED[k]  # (weak: a closed device that nothing uses any more is freed)
@@ -241,17 +272,8 @@ def abandon(backend, str reason, bint notify=True):
     _last_driver = (None, None)
     forget_layouts(backend)
     if notify:
-        for fn in list(_ON_ABANDON):
-            fn(backend)
-
-
-#: what higher layers do when a backend is abandoned (end its threads): fn(backend)
-cdef list _ON_ABANDON = []
-
-
-def on_abandon(fn):
-    """Call ``fn(backend)`` whenever a backend is abandoned (see :func:`abandon`)."""
-    _ON_ABANDON.append(fn)
+        stop_watchers(backend)
+        fail_context(backend)
 
 
 def abandoned(backend):

@@ -14,17 +14,22 @@ cimport cython
 from ._base cimport Driver, StreamBase, make_current, n_recording
 from ._ledger cimport ExecutionContext, new_context
 
+import math
 import numbers
+import sys
+import threading
+import warnings
 
 from ._base import STREAM_TYPES
+from ._watch import device_failed, give, sticky
 
-from .._errors import CaptureError, CudaError, UsageError
+from .._errors import CaptureError, CudaError, DeviceOpWarning, UsageError
 from ..device._capture import CAPTURE
 from ..device._select import next_stream, stream_of
 
 __all__ = [
     "DeviceOp", "Value", "Chain", "HOOKS", "SHAREABLE", "value", "chain", "start", "run_sync", "as_stream",
-    "refuse_in_capture", "is_op", "hand_over", "check_timeout",
+    "refuse_in_capture", "refuse_on_loop", "warn_on_loop", "blocking_allowed", "is_op", "hand_over", "check_timeout",
 ]
 
 class _Hooks(dict):
@@ -71,15 +76,99 @@ cpdef int refuse_in_capture(str what) except -1:
 
 
 cpdef object check_timeout(object timeout):
-    """``timeout`` as a float of seconds (or None); UsageError for anything else or a negative one."""
+    """``timeout`` as a float of seconds (or None); UsageError for anything else: not a real
+    number, negative, NaN or infinite (None waits without a limit)."""
     if timeout is None:
         return None
     if type(timeout) is not float and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)):
-        raise UsageError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
-    t = float(timeout)
-    if not t >= 0:
-        raise UsageError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        raise UsageError(
+            f"timeout must be None (no limit) or a finite number of seconds >= 0, got {timeout!r}"
+        )
+    try:
+        t = float(timeout)
+    except (OverflowError, ValueError):
+        t = math.nan
+    if not (t >= 0 and t != math.inf):
+        raise UsageError(
+            f"timeout must be None (no limit) or a finite number of seconds >= 0, got {timeout!r}"
+        )
     return t
+
+
+#: asyncio's running-loop query, once asyncio is imported (deviceop does not import it)
+cdef object _running_loop = None
+
+
+cdef str _loop_here():
+    """The event-loop library running on this thread ("asyncio", also for uvloop, or "trio"),
+    or None."""
+    global _running_loop
+    f = _running_loop
+    if f is None:
+        aio = sys.modules.get("asyncio")
+        if aio is not None:
+            f = _running_loop = aio._get_running_loop
+    if f is not None and f() is not None:
+        return "asyncio"
+    sn = sys.modules.get("sniffio")  # (trio names itself there while it runs a task)
+    if sn is not None and sn.thread_local.name == "trio":
+        return "trio"
+    return None
+
+
+#: the blocking calls already warned about on an event loop's thread (each warns once)
+cdef set _warned = set()
+
+
+cpdef int warn_on_loop(str what, str instead) except -1:
+    """Warn once per ``what`` (a blocking call documented as allowed on a loop, such as
+    ``Tensor.numpy()`` of a tensor whose work completed) when an event loop runs on this thread;
+    ``instead``: the awaitable to use. The warning points at the caller's line."""
+    if what in _warned or _loop_here() is None:
+        return 0
+    _warned.add(what)
+    warnings.warn(
+        f"{what} blocks the running event loop while it copies; {instead} does the same without "
+        "blocking (this warning is shown once)",
+        DeviceOpWarning,
+        stacklevel=3,
+    )
+    return 0
+
+
+class _Blocking(threading.local):
+    depth = 0  # blocking_allowed() scopes open on this thread
+
+
+cdef object _BLOCKING = _Blocking()
+
+
+class blocking_allowed:
+    """``with blocking_allowed():`` lets the blocking terminals run on an event loop's thread for
+    the code inside (this thread only). For documented one-time blocking steps such as a
+    GraphCache's recording of a new bucket, whose build function may allocate with ``sync()``."""
+
+    def __enter__(self):
+        _BLOCKING.depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        _BLOCKING.depth -= 1
+        return False
+
+
+cpdef int refuse_on_loop(str what) except -1:
+    """Raise UsageError if an event loop (asyncio, uvloop or trio) runs on this thread: ``what``
+    would block it until GPU work completes, stalling every other task of the loop."""
+    lib = _loop_here()
+    if lib is not None and not _BLOCKING.depth:
+        raise UsageError(
+            f"{what} would block the running {lib} event loop until the GPU work completes, "
+            "stalling its other tasks. Await instead: 'await op' (or 'await op.wait(timeout=...)'), "
+            "'await future', 'await do.to_numpy(t)'; or run the blocking call in a thread "
+            f"({'trio.to_thread.run_sync' if lib == 'trio' else 'asyncio.to_thread'})"
+        )
+    return 0
 
 
 cpdef object as_stream(object stream):
@@ -115,17 +204,13 @@ cdef int _wait_stream(ExecutionContext cx) except -1:
 
 
 cpdef int hand_over(ExecutionContext cx, object stream, object ev=None) except -1:
-    """Work may still run but its terminal stops waiting (an interrupt, a cancelled or timed-out
-    await, a second failure): the stream's watcher finishes the execution once the work is
-    really done, so its buffers and ledger entries hold until then. ``ev``: its completion
-    event if one was recorded; otherwise one is recorded now (after the work enqueued so far:
-    this execution's, perhaps later work too)."""
-    try:
-        if ev is None:
-            ev = cx.seal_c()
-        HOOKS["watch"](stream, ev, cx)
-    except CudaError:
-        cx.finish_c(False)  # the context failed: nothing more of it runs
+    """Its terminal stops waiting while the work may still run (an interrupt, a cancelled or
+    timed-out await, a failed enqueue): the stream's watcher finishes the execution once the
+    work is really done, so its buffers and ledger entries hold until then. ``ev``: its
+    completion event if one was recorded; otherwise one is recorded now (after the work
+    enqueued so far: this execution's, perhaps later work too). Never blocks."""
+    if not cx.done:
+        give(stream, cx, ev)
     return 0
 
 
@@ -138,22 +223,33 @@ cdef inline int _make_current(ExecutionContext cx) except -1:
 
 
 cdef int _enqueue_failed(ExecutionContext cx, object stream) except -1:
-    """After an enqueue of ``cx`` raised: what was already enqueued completes before its
-    buffers go (the caller re-raises)."""
+    """After an enqueue of ``cx`` raised, for the asynchronous terminals: what was already
+    enqueued completes before its buffers go, without waiting here (an awaiting loop is never
+    blocked): the watcher finishes it. The caller re-raises."""
+    hand_over(cx, stream)
+    return 0
+
+
+cdef int _finish_when_done(ExecutionContext cx, object stream) except -1:
+    """Wait for what ``cx`` enqueued, then finish it (a blocking terminal whose enqueue or wait
+    failed, off any event loop: a host read right after sees the work complete). Interrupted,
+    or after an error of the wait itself, the watcher finishes it instead."""
     try:
-        stream.synchronize()
-    except CudaError:
-        cx.finish_c(False)
+        _wait_stream(cx)
+    except CudaError as e:
+        if not sticky(e):
+            hand_over(cx, stream)
+            return 0
+        device_failed(cx.backend, e)
     except BaseException:
-        hand_over(cx, stream)  # interrupted while waiting: the watcher finishes it
-    else:
-        cx.finish_c(False)
+        hand_over(cx, stream)
+        return 0
+    cx.finish_c(False)
     return 0
 
 
 cdef object _enqueue(ExecutionContext cx, DeviceOp op, object stream):
-    """Enqueue ``op`` in ``cx``; on failure, what was already enqueued completes before its
-    buffers go."""
+    """Enqueue ``op`` in ``cx``; on failure the watcher finishes what was already enqueued."""
     _make_current(cx)
     try:
         return op._run(cx)
@@ -181,11 +277,20 @@ cpdef object run_sync(DeviceOp op, object stream, str label):
     if n_recording:
         refuse_in_capture(f"{op!r}.{label}")
     cx = new_context(stream, label, op)
-    out = _enqueue(cx, op, stream)
+    _make_current(cx)
+    try:
+        out = op._run(cx)
+    except BaseException:
+        _finish_when_done(cx, stream)  # (blocking terminal: it waits, as it would have)
+        raise
     try:
         _wait_stream(cx)
-    except CudaError:
-        cx.finish_c(False)  # the context failed: nothing more of it runs
+    except CudaError as e:
+        if sticky(e):
+            cx.finish_c(False)  # the context is lost: nothing more of it runs
+            device_failed(cx.backend, e)  # every waiter on the device sees it too
+        else:
+            hand_over(cx, stream)  # an error of the wait itself: the work may still run
         raise
     except BaseException:
         hand_over(cx, stream)  # KeyboardInterrupt, SystemExit...: the work may still run
@@ -265,13 +370,19 @@ cdef class DeviceOp:
 
     # -- terminals -------------------------------------------------------------------------
     def sync(self):
-        """Run on the next pool stream, wait for completion, return the output."""
+        """Run on the next pool stream, wait for completion, return the output.
+
+        Blocks the calling thread: on a thread running an event loop it raises
+        :class:`UsageError` (await the op instead)."""
+        refuse_on_loop(f"{self!r}.sync()")
         s = next_stream()
         self.take("sync()")
         return run_sync(self, s, "sync()")
 
     def sync_on(self, stream):
-        """Run on ``stream``, wait for completion, return the output."""
+        """Run on ``stream``, wait for completion, return the output (refused on an event
+        loop's thread, as :meth:`sync`)."""
+        refuse_on_loop(f"{self!r}.sync_on()")
         s = as_stream(stream)
         self.take("sync_on()")
         return run_sync(self, s, "sync_on()")

@@ -19,8 +19,7 @@ from typing import Any
 
 from .._core._base import STREAM_TYPES
 from .._core._ledger import abandon
-from .._errors import BackendError, UsageError
-from . import _tensor
+from .._errors import BackendError, DeviceOpWarning, UsageError
 
 __all__ = [
     "DeviceOpWarning",
@@ -36,10 +35,6 @@ __all__ = [
     "stream_of",
     "use_backend",
 ]
-
-
-class DeviceOpWarning(UserWarning):
-    """Warnings from deviceop (e.g. falling back to the host backend)."""
 
 
 # backend: the default device; cuda: CUDA backends by (ordinal, pool size), one context per
@@ -169,9 +164,6 @@ def current() -> Any:
     if be is not None:
         return be
     return _default()
-
-
-_tensor.HOOKS["current"] = current
 
 
 def _default() -> Any:

@@ -180,13 +180,11 @@ class Tensor(TensorBase):
 
     def numpy(self) -> np.ndarray:
         """Copy to a new numpy array (blocking), on a stream of the tensor's own device (whatever
-        device is selected). Raises BorrowError while the tensor is in flight."""
+        device is selected). Raises BorrowError while the tensor is in flight. On a thread that
+        runs an event loop it warns once (the copy blocks the loop): ``await do.to_numpy(t)``
+        does not."""
         self.check_host_access()
-        op = HOOKS["to_numpy"](self)
-        be = self.buffer.backend
-        if be is HOOKS["current"]():
-            return op.sync()  # type: ignore[no-any-return]
-        return op.sync_on(be.streams[0])  # type: ignore[no-any-return]
+        return HOOKS["numpy"](self)  # type: ignore[no-any-return]
 
     # ---- interop --------------------------------------------------------------------------
     @property

@@ -34,9 +34,8 @@ from typing import Any
 
 from .._core import _reactor
 from .._core._op import HOOKS, check_timeout, hand_over, start_sliced
+from .._core._watch import device_failed
 from .._errors import CudaError, SettingError
-from . import _future
-from ._future import DeviceFuture
 from ._wake import event_class, loop_dispatcher
 
 __all__ = [
@@ -167,10 +166,19 @@ def _yielder(lib: str) -> Callable[[], Awaitable[None]]:
     return lambda: asyncio.sleep(0)
 
 
-def _timed_out(what: str, timeout: float) -> TimeoutError:
+def _timed_out(cx: Any, timeout: float) -> TimeoutError:
+    """The error of an await that timed out: an op's (``cx`` its execution, run once: only a
+    future can be awaited again) or a future's (``cx`` a description of its work)."""
+    if isinstance(cx, str):
+        return TimeoutError(
+            f"{cx} did not complete within {timeout} s; the GPU work keeps running. Await the "
+            "future again (or call its result()) to keep waiting for its result"
+        )
     return TimeoutError(
-        f"{what} did not complete within {timeout} s; the GPU work keeps running and its buffers "
-        "stay alive until it completes. Await it again (or submit() and keep the future) to get its result."
+        f"{cx.describe()} did not complete within {timeout} s; the GPU work keeps running and its "
+        "buffers stay alive until it completes. An op runs once: to wait longer for a result, "
+        "submit() it and await the future with a timeout (await fut.wait(timeout=...)), which "
+        "can be awaited again"
     )
 
 
@@ -259,7 +267,7 @@ async def _park(
             if left <= 1e-3:  # loop timers are good to a millisecond
                 if check():
                     return False
-                raise _timed_out(cx.describe() if hasattr(cx, "describe") else str(cx), timeout)  # type: ignore[arg-type]
+                raise _timed_out(cx, timeout)  # type: ignore[arg-type]
             limit = min(limit, left)
         timed_out = await _sleep_or_wake(lib, waker, limit)
         if done() or check():
@@ -391,8 +399,10 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
                 polled = True
             else:
                 polled = await _park(lib, d, tok, done, check, deadline, cx, timeout, h)
-    except CudaError:
-        _reactor.fail_context(stream.backend)  # wake every await on this device: they fail too
+    except CudaError as e:
+        # a sticky error (the context is lost) wakes every await on the device to see it; an
+        # error of one call fails this execution only
+        device_failed(stream.backend, e)
         hand_over(cx, stream, ev)
         raise
     except BaseException:
@@ -407,8 +417,9 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     return out
 
 
-async def await_future(fut: DeviceFuture[Any], timeout: float | None = None) -> Any:
-    """Resume when the submitted work behind ``fut`` is complete; return its output."""
+async def await_future(fut: Any, timeout: float | None = None) -> Any:
+    """Resume when the submitted work behind ``fut`` (a DeviceFuture) is complete; return its
+    output."""
     timeout = check_timeout(timeout)
     lib, d = loop_dispatcher()
     deadline = None if timeout is None else time.perf_counter() + timeout
@@ -426,4 +437,3 @@ async def await_future(fut: DeviceFuture[Any], timeout: float | None = None) -> 
 # ``op.wait()`` and ``await op`` (DeviceOp.wait has checked the timeout, taken the stream and
 # consumed the op, and refused a wait inside a graph recording)
 HOOKS["await"] = await_op
-_future.HOOKS["await_future"] = await_future

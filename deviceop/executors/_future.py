@@ -3,26 +3,19 @@ submitting thread, a thread asking it, or its stream's watcher thread)."""
 
 from __future__ import annotations
 
-import os
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
-from .._core._ledger import on_abandon
-from .._core._op import HOOKS as CORE_HOOKS
-from .._core._op import refuse_in_capture
-from .._errors import CudaError
+from .._core._op import check_timeout, refuse_in_capture, refuse_on_loop
+from .._core._watch import Watcher, give
+from ._await import await_future
 
 __all__ = ["DeviceFuture"]
 
 T = TypeVar("T")
 
 _PENDING = object()
-
-#: set by _await when imported: "await_future" (it imports this module, not the reverse)
-HOOKS: dict[str, Any] = {}
 
 
 class DeviceFuture(Generic[T]):
@@ -43,7 +36,7 @@ class DeviceFuture(Generic[T]):
         self._event = threading.Event()
         self._callbacks: list[Callable[[DeviceFuture[T]], Any]] = []
         self._lock = threading.Lock()
-        self._watcher: _Watcher | None = None  # the stream's watcher, once the work is given to it
+        self._watcher: Watcher | None = None  # the stream's watcher, once the work is given to it
         self._done_event: Any = None  # the work's completion event (recorded on its stream)
 
     def done(self) -> bool:
@@ -57,8 +50,10 @@ class DeviceFuture(Generic[T]):
     def result(self, timeout: float | None = None) -> T:
         """Wait for completion and return the output; raise its error if it failed. Without a
         timeout the calling thread sleeps in the driver until the work completes and
-        completes it itself."""
-        if not self._wait(timeout):
+        completes it itself. ``timeout``: None or a finite number of seconds >= 0 (0: do not
+        wait). A wait on a thread that runs an event loop raises :class:`UsageError` (await the
+        future instead); ``result(0)`` and the result of a done future never wait."""
+        if not self._wait(timeout, "result"):
             raise TimeoutError(
                 f"submitted work ({self._cx.describe()}) did not complete within {timeout} s; "
                 "it keeps running: call result() again to keep waiting"
@@ -68,16 +63,24 @@ class DeviceFuture(Generic[T]):
         return self._value  # type: ignore[no-any-return]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        """Wait for completion and return the error, or None if it succeeded."""
-        if not self._wait(timeout):
-            raise TimeoutError(f"submitted work did not complete within {timeout} s")
+        """Wait for completion and return the error, or None if it succeeded (``timeout`` and
+        event loops as for :meth:`result`)."""
+        if not self._wait(timeout, "exception"):
+            raise TimeoutError(
+                f"submitted work ({self._cx.describe()}) did not complete within {timeout} s; "
+                "it keeps running: call exception() again to keep waiting"
+            )
         return self._error
 
-    def _wait(self, timeout: float | None) -> bool:
+    def _wait(self, timeout: float | None, what: str) -> bool:
         """Wait for completion; False if ``timeout`` passed first."""
-        if self._event.is_set():
+        timeout = check_timeout(timeout)
+        if self._event.is_set() or self.done():
             return True
-        refuse_in_capture("DeviceFuture.result()")
+        if timeout == 0:
+            return False
+        refuse_in_capture(f"DeviceFuture.{what}()")
+        refuse_on_loop(f"DeviceFuture.{what}()")
         w, ev = self._watcher, self._done_event
         if timeout is None and w is not None and ev is not None:
             try:
@@ -102,9 +105,10 @@ class DeviceFuture(Generic[T]):
     def wait(self, timeout: float | None = None) -> Coroutine[Any, Any, T]:
         """``await future.wait(timeout=s)``: raise ``TimeoutError`` if not complete in time (the work keeps running)."""
         refuse_in_capture("await DeviceFuture")
-        return HOOKS["await_future"](self, timeout)  # type: ignore[no-any-return]
+        return await_future(self, timeout)
 
     def _complete(self, error: BaseException | None) -> None:
+        """The work completed (``error``: why it failed); called once, by whoever saw it."""
         if error is not None:
             self._error = error
             self._value = None
@@ -123,179 +127,8 @@ class DeviceFuture(Generic[T]):
         return f"<DeviceFuture {self._cx.describe()} {state}>"
 
 
-#: while a thread keeps giving a stream work, its watcher looks now and then instead of waking
-#: at each completion (the giving thread completes what is done itself, see give): first after
-#: _LOOK seconds, then twice as long after each look, up to _LOOK_MAX (each look takes the
-#: interpreter's lock from that thread; a pool of streams has a watcher each)
-_LOOK = 50e-6
-_LOOK_MAX = 500e-6
-
-
-def _settle(entry: tuple[Any, Any, Any, Any], err: BaseException | None) -> None:
-    """An entry's work is done (``err``: why it failed): finish its execution, complete its
-    future, call its ``then``."""
-    _ev, cx, fut, then = entry
-    if cx is not None:
-        try:
-            cx.finish(ok=err is None)
-        except BaseException as e:
-            err = err or e
-    if fut is not None:
-        fut._complete(err)
-    if then is not None:
-        try:
-            then()
-        except Exception:  # a wake-up's failure must not stop whoever completes it
-            pass
-
-
-class _Watcher:
-    """Completes the work given for one stream, in stream order (executions on one stream
-    complete in the order they were enqueued).
-
-    Whoever sees an entry's event complete first completes it (:meth:`reap`): the thread that
-    gives the stream more work (``submit``), a thread asking a future (``done``, ``result``),
-    or this watcher's thread. While work keeps being given, the watcher looks now and then
-    (:data:`_LOOK` to :data:`_LOOK_MAX` seconds apart) rather than waking at each completion:
-    each wake-up takes the interpreter's lock, which the giving thread then waits for at its
-    next driver call. When no more work comes, it sleeps in the driver until the oldest
-    entry's event completes (the events are BLOCKING_SYNC on cuda: no CPU while it waits), and
-    when nothing is pending it waits to be given work.
-    """
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.pending: deque[tuple[Any, Any, Any, Any]] = deque()
-        self.lock = threading.Lock()
-        self.wake = threading.Event()
-        self.given = 0  # entries given so far: the watcher tells a busy stream from a quiet one
-        self.idle = False  # the watcher waits for work: give() wakes it
-        self.stopping = False
-        threading.Thread(target=self._run, name=f"deviceop-watch-{stream.index}", daemon=True).start()
-
-    def give(self, entry: tuple[Any, Any, Any, Any]) -> None:
-        """Watch ``entry`` (event, execution, future, then); what is done already is completed
-        first, on the calling thread."""
-        if self.pending:
-            self.reap()
-        with self.lock:
-            self.pending.append(entry)
-            self.given += 1
-            wake, self.idle = self.idle, False
-        if wake:
-            self.wake.set()
-
-    def reap(self) -> None:
-        """Complete, on the calling thread and in stream order, every entry whose event has
-        completed (a failed context completes them with its error)."""
-        done: list[tuple[tuple[Any, Any, Any, Any], BaseException | None]] = []
-        try:
-            with self.lock:
-                while self.pending:
-                    err: BaseException | None = None
-                    try:
-                        if not self.pending[0][0].query():
-                            break
-                    except CudaError as e:
-                        err = e
-                    except Exception as e:  # (a closed device, say): never leave a future hanging
-                        err = CudaError(f"waiting for work on {self.stream!r} failed: {e!r}")
-                    done.append((self.pending.popleft(), err))
-        finally:  # (what was taken is completed, whatever interrupted the look)
-            for entry, err in done:
-                _settle(entry, err)
-
-    def stop(self) -> None:
-        """End the thread once what it was given is done."""
-        with self.lock:
-            self.stopping = True
-            wake, self.idle = self.idle, False
-        if wake:
-            self.wake.set()
-
-    def _run(self) -> None:
-        try:
-            self.stream.backend.make_current()
-        except Exception:  # (events are waited on in any context; the work's own errors show there)
-            pass
-        seen = 0
-        look = _LOOK
-        while True:
-            try:
-                with self.lock:
-                    head = self.pending[0] if self.pending else None
-                    given = self.given
-                    if head is None and (given == seen or self.stopping):
-                        if self.stopping:
-                            return
-                        self.idle = True
-                if head is None and given == seen:
-                    self.wake.wait()
-                    self.wake.clear()
-                    seen = self.given  # woken by one entry: wait for it in the driver at once
-                    look = _LOOK
-                    continue
-                if head is None or given != seen:
-                    seen = given
-                    time.sleep(look)  # work is being given: its giver completes what is done
-                    look = min(2 * look, _LOOK_MAX)
-                else:
-                    look = _LOOK
-                    try:
-                        head[0].synchronize()  # nothing more given since the last look
-                    except Exception:
-                        pass  # reap() completes the entry with the error
-                self.reap()
-            except BaseException:  # pragma: no cover - defensive: never leave a future hanging
-                time.sleep(_LOOK)
-
-
-_watchers: dict[int, _Watcher] = {}
-_wlock = threading.Lock()
-
-
-def watch(
-    stream: Any,
-    event: Any,
-    cx: Any = None,
-    fut: DeviceFuture[Any] | None = None,
-    then: Callable[[], Any] | None = None,
-) -> None:
-    """Once ``event`` (recorded on ``stream``) completes: finish ``cx``, complete ``fut``, call ``then()``.
-
-    Also used to hand over an execution whose awaiting task was cancelled: its buffers stay
-    alive and its ledger entries stay until the GPU work is really done.
-    """
-    w = _watchers.get(id(stream))
-    if w is None or w.stream is not stream:
-        with _wlock:
-            w = _watchers.get(id(stream))
-            if w is None or w.stream is not stream:
-                w = _watchers[id(stream)] = _Watcher(stream)
-    if fut is not None:
-        fut._watcher, fut._done_event = w, event
-    w.give((event, cx, fut, then))
-
-
-def _stop_watchers(backend: Any) -> None:
-    """``backend`` runs nothing more: its watchers end once what they were given is done."""
-    with _wlock:
-        for key, w in list(_watchers.items()):
-            if w.stream.backend is backend:
-                del _watchers[key]
-                w.stop()
-
-
-on_abandon(_stop_watchers)
-
-
-def _after_fork_in_child() -> None:
-    global _wlock
-    _wlock = threading.Lock()  # the watcher threads are the parent's: the child starts its own
-    _watchers.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-CORE_HOOKS["watch"] = watch  # the sync terminals hand interrupted executions to the watchers
+def watch_future(stream: Any, event: Any, cx: Any, fut: DeviceFuture[Any]) -> None:
+    """Complete ``fut`` once ``event`` (recorded on ``stream`` after ``cx``'s work) completes:
+    ``cx`` is finished by the stream's watcher, or by whoever sees the event complete first."""
+    fut._done_event = event
+    fut._watcher = give(stream, cx, event, fut._complete)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._core._op import HOOKS, as_stream, start
-from ._future import DeviceFuture, watch
+from ._future import DeviceFuture, watch_future
 
 __all__ = ["run_submit", "submit"]
 
@@ -14,7 +14,7 @@ def run_submit(op: Any, stream: Any, label: str) -> DeviceFuture[Any]:
     """Execute ``op`` on ``stream`` without waiting; return a future for its output."""
     cx, out = start(op, stream, label)
     fut: DeviceFuture[Any] = DeviceFuture(cx, out)
-    watch(stream, cx.seal(), cx, fut)
+    watch_future(stream, cx.seal(), cx, fut)
     return fut
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._core._ledger import check_backend, enqueue
+from .._core._op import blocking_allowed
 from .._errors import CaptureError, ShapeError, UsageError
 from ..device._tensor import Tensor
 from ..ops._base import DeviceOp
@@ -56,8 +57,9 @@ class GraphCache:
 
     ``build(x)`` gets the bucket's static input (a contiguous tensor of ``bucket`` rows) and
     returns the op to record, whose output is a Tensor with ``bucket`` rows. It runs outside the
-    recording, so it may allocate its outputs there (``y = do.empty(...).sync()``); the op it
-    returns must not allocate. ``cache(x)`` is an op: it copies ``x`` into the static input of
+    recording, so it may allocate its outputs there (``y = do.empty(...).sync()``, allowed even
+    on an event loop's thread: a bucket is built once, and its recording blocks the caller
+    anyway); the op it returns must not allocate. ``cache(x)`` is an op: it copies ``x`` into the static input of
     the smallest bucket that holds it, fills the padding rows with zeros, replays, and yields the
     first ``len(x)`` rows of the output, copied to a new tensor (``copy_out=False``: a view of
     the bucket's static output, overwritten by the next call in that bucket).
@@ -143,7 +145,8 @@ class GraphCache:
     def _record(self, cx: Any, key: tuple[Any, ...], b: int, x: Tensor) -> _Entry:
         inp = new_tensor(cx, (b, *x.shape[1:]), x.dtype, "GraphCache static input")
         cx.backend.memset(inp.buffer, 0, inp.nbytes, b"\0", cx.stream)  # (new: no other thread sees it)
-        op = self._build(inp)
+        with blocking_allowed():  # (once per bucket: build may allocate its outputs with sync())
+            op = self._build(inp)
         if not isinstance(op, DeviceOp):
             raise UsageError(f"GraphCache build(x) must return a DeviceOp, got {type(op).__name__}")
         with scope() as s:
@@ -168,7 +171,9 @@ class GraphCache:
             with self._lock:
                 st["calls"] += 1
                 st["eager"] += 1
-            out = self._build(x)._run(cx)
+            with blocking_allowed():
+                op = self._build(x)
+            out = op._run(cx)
             if type(out) is not Tensor:
                 raise UsageError(f"GraphCache build(x) must return an op whose output is a Tensor, got {out!r}")
             return out

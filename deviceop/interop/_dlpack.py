@@ -14,12 +14,12 @@ import numpy as np
 from .._core._base import LOCK, Buffer
 from .._core._dlpack import capsule
 from .._core._ledger import ExecutionContext, enqueue, in_flight
+from .._core._watch import give
 from .._dtypes import from_dl
 from .._errors import ShapeError, UsageError
 from ..device import _tensor
 from ..device._select import current, next_stream
 from ..device._tensor import Tensor
-from ..executors._future import DeviceFuture, watch
 from ._dlstructs import _USED, _api, _DLManagedTensor, _Imported
 from ._regions import buffer_for, host_root, inside_stream, raw_view, register
 
@@ -126,7 +126,7 @@ def _register_import(stream: Any, buf: Buffer, t: Tensor) -> None:
     """Record the producer's pending work as a write on ``stream`` in the ledger."""
     cx = ExecutionContext(stream, "from_dlpack")
     enqueue(cx, ((t, True),), None, "from_dlpack")
-    watch(stream, cx.seal(), cx, DeviceFuture(cx, None))
+    give(stream, cx, cx.seal())  # its stream's watcher ends the registration with the work
 
 
 _tensor.HOOKS["dlpack_export"] = export

@@ -168,7 +168,7 @@ def _folder_key(d: Path) -> bytes | str:
         first = k not in _keys
         got = _keys.setdefault(k, got)
     if first and untrusted and isinstance(got, str):
-        from ..device._select import DeviceOpWarning
+        from .._errors import DeviceOpWarning
 
         warnings.warn(f"deviceop: {got}; compiling in memory instead", DeviceOpWarning, stacklevel=4)
     return got

@@ -9,10 +9,11 @@ import numpy as np
 
 from .._core._alloc import alloc_tensor
 from .._core._ledger import abandoned, enqueue
+from .._core._op import run_sync, warn_on_loop
 from .._core._transfer import FromNumpy, ToNumpy, resolve_tensor
 from .._errors import BackendError, CaptureError, ShapeError
 from ..device import _tensor
-from ..device._select import device_backend
+from ..device._select import current, device_backend, next_stream
 from ..device._tensor import Tensor
 from ._base import DeviceOp
 
@@ -122,4 +123,14 @@ def to_device(tensor: Any, device: Any) -> DeviceOp[Tensor]:
     return ToDevice(tensor, device_backend(device))
 
 
-_tensor.HOOKS["to_numpy"] = to_numpy
+def tensor_numpy(t: Tensor) -> Any:
+    """``t.numpy()``: a blocking copy on a stream of the tensor's own device (whatever device is
+    selected). On an event loop's thread it warns once: ``await do.to_numpy(t)`` does not block."""
+    warn_on_loop("Tensor.numpy()", "'await do.to_numpy(t)'")
+    be = t.buffer.backend
+    op = to_numpy(t)
+    op._take("numpy()")
+    return run_sync(op, next_stream() if be is current() else be.streams[0], "numpy()")
+
+
+_tensor.HOOKS["numpy"] = tensor_numpy

@@ -246,8 +246,11 @@ def watch_gc(stats: Stats) -> None:
     gc.callbacks.append(cb)
 
 
-async def serve(a: argparse.Namespace) -> None:
-    infer, counters = make_infer(a)
+async def serve(
+    a: argparse.Namespace,
+    infer: Callable[[np.ndarray], Awaitable[np.ndarray]],
+    counters: Callable[[], dict],
+) -> None:
     if a.warmup:
         # before traffic, as services warm up: every graph copy recorded, pools and staging
         # blocks filled; what this makes then lives as long as the process (and is frozen below)
@@ -374,12 +377,15 @@ def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
     if a.profile:
         restart_profile()
+    # the model is made (its weights uploaded, blocking) before the event loop starts: blocking
+    # calls are refused on a running loop's thread
+    infer, counters = make_infer(a)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(a))
+        asyncio.run(serve(a, infer, counters))
     else:
-        uvloop.run(serve(a))
+        uvloop.run(serve(a, infer, counters))
     if PROFILE:
         PROFILE[0].disable()
         PROFILE[0].dump_stats(a.profile)

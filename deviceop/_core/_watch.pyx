@@ -1,0 +1,244 @@
+# cython: language_level=3, annotation_typing=False
+"""The watcher: where an execution goes when nobody waits for it any more.
+
+An execution ends only by completing or by being handed to its stream's watcher, which finishes
+it (drops its buffers, runs its completion callbacks, ends its ledger entries) once its work is
+complete on the device. Whoever sees an entry complete first finishes it (:meth:`Watcher.reap`):
+the thread that gives the stream more work, a thread asking a future, or the watcher's own
+thread. Entries of one stream complete in stream order.
+
+A fault is scoped by its kind (:func:`sticky`): a sticky error (the context is lost: an illegal
+address, a launch failure, an assert) fails every execution of that device and retires every
+completion slot armed on it (:func:`deviceop._core._reactor.fail_context`), since the device
+will never write them; a non-sticky one is an error of one call and fails only the execution
+that met it.
+
+This module imports nothing above the core: what it finishes is any object with the execution
+context's ``finish(ok)``; what it waits on is any object with ``query()`` and ``synchronize()``
+(an event, or the stream itself where no event could be recorded).
+"""
+
+import os
+import threading
+import time
+from collections import deque
+
+from .._errors import CudaError
+from ._reactor import fail_context
+
+__all__ = ["Watcher", "give", "sticky", "stop_watchers", "watcher_for"]
+
+# Driver errors after which the context can run nothing more (CUDA's "sticky" errors) and a few
+# that leave the device unusable to this process; any other CudaError is an error of one call.
+STICKY_CODES = frozenset({
+    4,    # CUDA_ERROR_DEINITIALIZED
+    214,  # CUDA_ERROR_ECC_UNCORRECTABLE
+    700,  # CUDA_ERROR_ILLEGAL_ADDRESS
+    702,  # CUDA_ERROR_LAUNCH_TIMEOUT
+    709,  # CUDA_ERROR_CONTEXT_IS_DESTROYED
+    710,  # CUDA_ERROR_ASSERT
+    714,  # CUDA_ERROR_HARDWARE_STACK_ERROR
+    715,  # CUDA_ERROR_ILLEGAL_INSTRUCTION
+    716,  # CUDA_ERROR_MISALIGNED_ADDRESS
+    717,  # CUDA_ERROR_INVALID_ADDRESS_SPACE
+    718,  # CUDA_ERROR_INVALID_PC
+    719,  # CUDA_ERROR_LAUNCH_FAILED
+    999,  # CUDA_ERROR_UNKNOWN: nothing says the context survived
+})
+
+
+cpdef bint sticky(object err):
+    """True if ``err`` (a :class:`~deviceop.CudaError`) leaves its context unable to run anything
+    more; False for an error of one call."""
+    return isinstance(err, CudaError) and getattr(err, "code", -1) in STICKY_CODES
+
+
+cpdef int device_failed(object backend, object err) except -1:
+    """A sticky ``err`` was seen on ``backend``: retire every completion slot armed on it and wake
+    the awaits parked on them (they see the error by their re-check). A non-sticky error fails
+    only its own execution: nothing else is touched."""
+    if sticky(err):
+        fail_context(backend)
+    return 0
+
+
+#: while a thread keeps giving a stream work, its watcher looks now and then instead of waking
+#: at each completion (the giving thread completes what is done itself, see give): first after
+#: _LOOK seconds, then twice as long after each look, up to _LOOK_MAX (each look takes the
+#: interpreter's lock from that thread; a pool of streams has a watcher each)
+cdef double _LOOK = 50e-6
+cdef double _LOOK_MAX = 500e-6
+
+
+cdef object _settle(list entry, object err):
+    """An entry's work is done (``err``: why it failed): finish its execution, then call its
+    ``then(err)``."""
+    cx = entry[1]
+    then = entry[2]
+    if cx is not None:
+        try:
+            cx.finish(err is None)
+        except BaseException as e:
+            err = err or e
+    if then is not None:
+        try:
+            then(err)
+        except Exception:  # a completion callback's failure must not stop whoever completes it
+            pass
+
+
+class Watcher:
+    """Finishes the executions given for one stream, in stream order.
+
+    While work keeps being given, the thread looks now and then (50 µs doubling to 500 µs
+    apart) rather than waking at each completion: each wake-up takes the interpreter's lock,
+    which the giving thread then waits for at its next driver call. When no more work comes, it
+    sleeps in the driver until the oldest entry completes (the events are made for blocking
+    waits on cuda: no CPU while it waits), and when nothing is pending it waits to be given work.
+    """
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.pending = deque()
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.given = 0  # entries given so far: the thread tells a busy stream from a quiet one
+        self.idle = False  # the thread waits for work: give() wakes it
+        self.stopping = False
+        threading.Thread(target=self._run, name=f"deviceop-watch-{getattr(stream, 'index', '?')}", daemon=True).start()
+
+    def give(self, waitable, cx, then=None):
+        """Finish ``cx`` and call ``then(err)`` once ``waitable`` (an event recorded after its work,
+        or the stream) completes; what is complete already is finished first, on this thread."""
+        if self.pending:
+            self.reap()
+        with self.lock:
+            self.pending.append([waitable, cx, then])
+            self.given += 1
+            wake, self.idle = self.idle, False
+        if wake:
+            self.wake.set()
+
+    def reap(self):
+        """Finish, on the calling thread and in stream order, every entry whose work completed
+        (a sticky error finishes them with it)."""
+        done = []
+        try:
+            with self.lock:
+                while self.pending:
+                    head = self.pending[0]
+                    err = None
+                    try:
+                        if not head[0].query():
+                            break
+                    except CudaError as e:
+                        if not sticky(e) and head[0] is not self.stream:
+                            # the event itself failed (an error of that call): the stream's own
+                            # completion bounds the work instead; never release it early
+                            head[0] = self.stream
+                            continue
+                        err = e
+                    except Exception as e:  # (a closed device, say): never leave a waiter hanging
+                        err = CudaError(f"waiting for work on {self.stream!r} failed: {e!r}")
+                    done.append((self.pending.popleft(), err))
+        finally:  # (what was taken is finished, whatever interrupted the look)
+            for entry, err in done:
+                if err is not None:
+                    device_failed(self.stream.backend, err)
+                _settle(entry, err)
+
+    def stop(self):
+        """End the thread once what it was given is finished."""
+        with self.lock:
+            self.stopping = True
+            wake, self.idle = self.idle, False
+        if wake:
+            self.wake.set()
+
+    def _run(self):
+        try:
+            self.stream.backend.make_current()
+        except Exception:  # (events are waited on in any context; the work's own errors show there)
+            pass
+        seen = 0
+        look = _LOOK
+        while True:
+            try:
+                with self.lock:
+                    head = self.pending[0] if self.pending else None
+                    given = self.given
+                    if head is None and (given == seen or self.stopping):
+                        if self.stopping:
+                            return
+                        self.idle = True
+                if head is None and given == seen:
+                    self.wake.wait()
+                    self.wake.clear()
+                    seen = self.given  # woken by one entry: wait for it in the driver at once
+                    look = _LOOK
+                    continue
+                if head is None or given != seen:
+                    seen = given
+                    time.sleep(look)  # work is being given: its giver finishes what is done
+                    look = min(2 * look, _LOOK_MAX)
+                else:
+                    look = _LOOK
+                    try:
+                        head[0].synchronize()  # nothing more given since the last look
+                    except Exception:
+                        pass  # reap() finishes the entry with the error
+                self.reap()
+            except BaseException:  # pragma: no cover - defensive: never leave a waiter hanging
+                time.sleep(_LOOK)
+
+
+_watchers = {}
+_wlock = threading.Lock()
+
+
+def watcher_for(stream):
+    """The watcher of ``stream`` (started on first use)."""
+    w = _watchers.get(id(stream))
+    if w is None or w.stream is not stream:
+        with _wlock:
+            w = _watchers.get(id(stream))
+            if w is None or w.stream is not stream:
+                w = _watchers[id(stream)] = Watcher(stream)
+    return w
+
+
+cpdef object give(object stream, object cx, object ev=None, object then=None):
+    """Hand execution ``cx`` (None: only ``then``) to ``stream``'s watcher: once its work is
+    complete, it is finished and ``then(err)`` called. ``ev``: an event recorded after its work;
+    where None, one is recorded now (after the work enqueued on the stream so far); where that
+    fails, the stream's own completion stands for it. Returns the watcher."""
+    w = watcher_for(stream)
+    if ev is None:
+        try:
+            ev = cx.seal() if cx is not None else stream
+        except CudaError as e:
+            if sticky(e):  # the context is lost: nothing of it runs any more
+                device_failed(stream.backend, e)
+                _settle([None, cx, then], e)
+                return w
+            ev = stream
+    w.give(ev, cx, then)
+    return w
+
+
+def stop_watchers(backend):
+    """``backend`` runs nothing more: its watchers end once what they were given is finished."""
+    with _wlock:
+        for key, w in list(_watchers.items()):
+            if w.stream.backend is backend:
+                del _watchers[key]
+                w.stop()
+
+
+def _after_fork_in_child():
+    global _wlock
+    _wlock = threading.Lock()  # the watcher threads are the parent's: the child starts its own
+    _watchers.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,234 @@
+"""An execution ends only by completing or by being handed to its stream's watcher: nothing it
+uses is freed while its work runs, whatever exception or cancellation comes between; failure
+paths never block an event loop; blocking terminals are refused on a loop's thread; a fault is
+scoped by its kind."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+import time
+import warnings
+
+import anyio
+import pytest
+from helpers import longest_gap, slow_fill
+
+import deviceop as do
+from deviceop._core import _reactor
+from deviceop._core._op import start
+from deviceop.device._host import HostStream
+from deviceop.executors import WorkQueue
+
+N = 4096
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    if request.param == "trio":
+        pytest.importorskip("trio")
+    return request.param
+
+
+def _watched_fill(refs: list, seconds: float) -> do.DeviceOp:
+    """A fill of a fresh buffer (only the execution holds it) lasting about ``seconds``; ``refs``
+    gets the device's bytes in use before the buffer was made."""
+    refs.append(do.used_bytes())
+    return do.zeros(N, do.float32).then(lambda t: slow_fill(t, 1.0, seconds))
+
+
+def _held_until_done(base: int, seconds: float) -> None:
+    """The fill's block is still in use now (its work runs for about ``seconds`` more: it was
+    neither freed nor cached for reuse, even by a garbage collection) and goes back once the
+    work completed."""
+    gc.collect()
+    assert do.used_bytes() > base, "the block was released while its work was in flight"
+    deadline = time.monotonic() + 30
+    while do.used_bytes() > base:
+        assert time.monotonic() < deadline, "the block was never released"
+        time.sleep(0.01)
+        gc.collect()
+
+
+def test_a_dropped_unfinished_execution_is_handed_to_the_watcher(backend):
+    # no terminal waits and no exception site hands it over: the context's finaliser does
+    refs: list = []
+    op = _watched_fill(refs, 0.4)
+    op._take("test")
+    cx, out = start(op, do.next_stream(), "test")
+    del cx, out
+    _held_until_done(refs[0], 0.4)
+    assert do.zeros(4).sync().numpy().tolist() == [0.0] * 4
+
+
+@pytest.mark.parametrize("exc", [MemoryError, OSError, RuntimeError, do.SettingError])
+def test_a_failure_while_arming_a_queue_execution_keeps_its_buffers(host_backend, monkeypatch, exc):
+    # the queue enqueues a batch, then arms its completion; any exception there leaves the
+    # execution out of its lane: it must still hold its buffers until its work is done
+    real = HostStream.signal
+    raised: list = []
+
+    def failing(self, fn):
+        if not raised:
+            raised.append(True)
+            raise exc("injected while arming")
+        real(self, fn)
+
+    monkeypatch.setattr(HostStream, "signal", failing)
+    refs: list = []
+
+    async def main() -> None:
+        async with WorkQueue(streams=1, batch=1) as q:
+            await q.put(_watched_fill(refs, 0.4))
+
+    with pytest.raises(exc, match="injected"):
+        asyncio.run(main())
+    monkeypatch.setattr(HostStream, "signal", real)
+    _held_until_done(refs[0], 0.4)
+    assert _reactor.stats()["pending"] == 0
+
+
+def test_an_await_whose_arming_fails_keeps_its_buffers(host_backend, monkeypatch):
+    real = HostStream.signal
+
+    def failing(self, fn):
+        raise MemoryError("injected while arming")
+
+    monkeypatch.setattr(HostStream, "signal", failing)
+    refs: list = []
+    with pytest.raises(MemoryError, match="injected"):
+        asyncio.run(_await(_watched_fill(refs, 0.4)))
+    monkeypatch.setattr(HostStream, "signal", real)
+    _held_until_done(refs[0], 0.4)
+
+
+async def _await(op: do.DeviceOp) -> object:
+    return await op
+
+
+@pytest.mark.anyio
+async def test_a_failing_step_does_not_block_the_loop(backend, anyio_backend):
+    # a chain whose step raises after earlier steps were enqueued behind another task's long
+    # work: its buffers go to the watcher, the loop is not held while that work runs
+    s = do.next_stream()
+    t = await do.zeros(N, do.float32)
+    long_work = slow_fill(t, 3.0, 0.8).submit(s)
+
+    def fail(_: object) -> do.DeviceOp:
+        raise ValueError("a step's own error")
+
+    async def failing() -> str:
+        op = do.zeros(N, do.float32).then(lambda u: slow_fill(u, 1.0, 0.01)).then(fail)
+        try:
+            await op.wait(stream=s)
+        except ValueError:
+            return "raised"
+        return "no error"
+
+    gap, got = await longest_gap(failing())
+    assert got == "raised"
+    assert gap < 0.3, f"the loop was held for {gap:.3f} s on a failure path"
+    await long_work
+
+
+@pytest.mark.anyio
+async def test_blocking_terminals_are_refused_on_a_running_loop(backend, anyio_backend):
+    op = do.zeros(4, do.float32)
+    with pytest.raises(do.UsageError, match=r"would block the running .* event loop.*[Aa]wait"):
+        op.sync()
+    with pytest.raises(do.UsageError, match="would block"):
+        do.zeros(4, do.float32).sync_on(do.next_stream())
+    fut = slow_fill(await do.zeros(N, do.float32), 1.0, 0.2).submit()
+    with pytest.raises(do.UsageError, match="would block"):
+        fut.result()
+    with pytest.raises(TimeoutError):
+        fut.result(timeout=0)  # does not wait: allowed
+    await fut
+    assert fut.result() is not None  # done: nothing to wait for
+    t = await do.full(4, 2.0, do.float32)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert t.numpy().tolist() == [2.0] * 4  # a completed tensor's copy: allowed, with a warning
+    assert not w or all(issubclass(x.category, do.DeviceOpWarning) for x in w)
+    # in a worker thread the same calls block that thread only
+    assert (await anyio.to_thread.run_sync(lambda: do.full(2, 1.0).sync().numpy().tolist())) == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, "1", True, 10**400])
+def test_timeouts_are_checked_alike(backend, bad):
+    fut = do.value(1).submit()
+    with pytest.raises(do.UsageError, match="timeout"):
+        fut.result(timeout=bad)
+    with pytest.raises(do.UsageError, match="timeout"):
+        fut.exception(timeout=bad)
+    with pytest.raises(do.UsageError, match="timeout"):
+        do.value(1).wait(timeout=bad)
+    assert fut.result(timeout=30) == 1
+
+
+def test_a_timed_out_await_says_how_to_get_the_result(backend):
+    async def main() -> None:
+        t = await do.zeros(N, do.float32)
+        await slow_fill(t, 1.0, 0.3).wait(timeout=0.01)
+
+    with pytest.raises(TimeoutError, match=r"submit\(\)") as e:
+        asyncio.run(main())
+    assert "Await it again" not in str(e.value)
+
+
+def test_a_non_sticky_error_fails_only_its_own_await(host_backend, monkeypatch):
+    # an error of one call (here: arming the completion flag) fails that await; another await
+    # on the device completes, and no slot of the device is retired
+    real = HostStream.signal
+    calls: list = []
+
+    def failing_once(self, fn):
+        calls.append(1)
+        if len(calls) == 2:
+            raise do.CudaError("CUDA_ERROR_INVALID_VALUE: injected", name="CUDA_ERROR_INVALID_VALUE", code=1)
+        real(self, fn)
+
+    before = _reactor.stats()["quarantined"]
+
+    async def main() -> list:
+        t = await do.zeros(N, do.float32)
+        monkeypatch.setattr(HostStream, "signal", failing_once)
+        return await asyncio.gather(slow_fill(t, 1.0, 0.2).wait(), do.full(4, 3.0).wait(), return_exceptions=True)
+
+    ok, bad = asyncio.run(main())
+    monkeypatch.setattr(HostStream, "signal", real)
+    assert isinstance(bad, do.CudaError) and bad.code == 1
+    assert not isinstance(ok, BaseException)
+    assert _reactor.stats()["quarantined"] == before
+    assert do.full(2, 1.0).sync().numpy().tolist() == [1.0, 1.0]
+
+
+def test_a_sticky_fault_retires_the_slot_of_a_timed_out_await(host_backend):
+    # the await that timed out handed its execution to the watcher and left its slot armed; the
+    # device then faults, so the flag is never written: the watcher sees the fault and retires
+    # every slot of the device, and the scanner parks
+    from helpers import slow_fill_k
+
+    def fault(*_: object) -> None:
+        raise ZeroDivisionError("the kernel faults")
+
+    bad = do.kernels.Kernel(
+        'extern "C" __global__ void bad(float* x) {}', "bad", params=(do.kernels.Out(do.float32),), host=fault
+    )
+
+    async def main() -> None:
+        s = do.next_stream()
+        t = await do.zeros(N, do.float32)
+        with pytest.raises(TimeoutError):
+            await slow_fill_k(t.partition((128,)), 1.0, t.size, 10**8).wait(timeout=0.01, stream=s)
+        u = await do.zeros(128, do.float32)
+        with pytest.raises(do.CudaError):
+            await bad(u.partition((128,))).wait(stream=s)
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 30
+    while _reactor.stats()["pending"]:
+        assert time.monotonic() < deadline, "a slot of the faulted device stayed armed"
+        time.sleep(0.01)
+    do.use_backend("host")  # (a fresh device for the tests after)
