@@ -75,11 +75,13 @@ class DeviceFuture(Generic[T]):
     def _wait(self, timeout: float | None, what: str) -> bool:
         """Wait for completion; False if ``timeout`` passed first."""
         timeout = check_timeout(timeout)
-        if self._event.is_set() or self.done():
+        if self._event.is_set():
+            return True
+        refuse_in_capture(f"DeviceFuture.{what}()")  # (before done(): a query would end a recording)
+        if self.done():
             return True
         if timeout == 0:
             return False
-        refuse_in_capture(f"DeviceFuture.{what}()")
         refuse_on_loop(f"DeviceFuture.{what}()")
         w, ev = self._watcher, self._done_event
         if timeout is None and w is not None and ev is not None:
