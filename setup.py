@@ -57,6 +57,7 @@ extensions = [
         "_replay",
         "_lanes",
         "_watch",
+        "_guards",
     )
 ] + [
     Extension(

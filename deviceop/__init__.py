@@ -53,19 +53,11 @@ if TYPE_CHECKING:
     )
     from .interop import external
 
+_HOOKS.load_from.update({"graph": "deviceop.graph._scope"})
+
 # The layers above the ops load on first use (start-up time): the modules that register the
 # core's hooks when a hook is first called, and the public names they hold, all of them at the
 # first use of any (see _load_lazy).
-_HOOKS.load_from.update(
-    {
-        "shared": "deviceop.combinators",
-        "await": "deviceop.executors._await",
-        "await_future": "deviceop.executors._await",
-        "submit": "deviceop.executors._terminals",
-        "graph": "deviceop.graph._scope",
-        "watch": "deviceop.executors._future",
-    }
-)
 _LAZY = {
     "executors": ("deviceop.executors", None),
     "graph": ("deviceop.graph", None),

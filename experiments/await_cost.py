@@ -30,7 +30,8 @@ from exec_modes import machine_info
 
 import deviceop as do
 from deviceop._core import _reactor
-from deviceop.executors._await import stats as await_stats
+from deviceop._core._completion import stats as await_stats
+from deviceop._core._guards import blocking_allowed
 
 K = do.kernels
 # The spin kernel keeps the GPU busy for a span of the GPU's global nanosecond timer, not a count
@@ -52,15 +53,18 @@ spin_k = K.Kernel(
 
 
 def _run(lib: str, coro_fn):  # type: ignore[no-untyped-def]
-    if lib == "uvloop":
-        import uvloop
+    # the reference, sync_on, blocks the loop's thread on purpose (paired with the await of the
+    # same op in the same loop): blocking terminals are allowed on this thread while it runs
+    with blocking_allowed():
+        if lib == "uvloop":
+            import uvloop
 
-        return uvloop.run(coro_fn())
-    if lib == "trio":
-        import trio
+            return uvloop.run(coro_fn())
+        if lib == "trio":
+            import trio
 
-        return trio.run(coro_fn)
-    return asyncio.run(coro_fn())
+            return trio.run(coro_fn)
+        return asyncio.run(coro_fn())
 
 
 def _setup() -> tuple:
@@ -268,7 +272,7 @@ def _print(rows: list[dict]) -> None:
 def _spin_poll() -> None:
     """Replace the await's poll with one that never yields: what the await costs when the loop's
     turns between its looks cost nothing (a diagnostic; it blocks the loop while it looks)."""
-    from deviceop.executors import _await
+    from deviceop._core import _completion as _await
 
     async def poll(lib, done, budget, deadline):  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
@@ -288,7 +292,7 @@ def _trace_stages() -> None:
     """Time stamps inside the await (a diagnostic): the end of its enqueue, and the end of its
     wait for the flag (a poll, a spin or a park returning), so that an await's time splits into
     the host work before the launch, the wait, and the return after the flag was seen."""
-    from deviceop.executors import _await
+    from deviceop._core import _completion as _await
 
     clock = time.perf_counter_ns
     start_sliced, poll, spin, park = _await.start_sliced, _await._poll, _await._spin, _await._park

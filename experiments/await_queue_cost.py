@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 import deviceop as do
+from deviceop._core._completion import await_op
 from deviceop.executors import WorkQueue
-from deviceop.executors._await import await_op
 
 K = do.kernels
 

@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bimodal import Workload
 
 from deviceop._core import _reactor
+from deviceop._core._completion import stats as await_stats
 from deviceop.executors import WorkQueue
-from deviceop.executors._await import stats as await_stats
 from deviceop.executors._queue_stats import lanes_of
 from deviceop.kernels._gemm import GEMM
 

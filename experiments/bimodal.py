@@ -39,8 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import deviceop as do
+from deviceop._core._completion import stats as await_stats
 from deviceop.executors import ThreadedQueue, WorkQueue
-from deviceop.executors._await import stats as await_stats
 
 K = do.kernels
 SMALL, LARGE = 512, 2048

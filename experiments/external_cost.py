@@ -248,8 +248,8 @@ def mlp_service(requests: int, rounds: int, profile: bool = False) -> dict:
         import gc
         import pstats
 
+        from deviceop._core import _completion as _await
         from deviceop._core import _reactor
-        from deviceop.executors import _await
 
         g0, a0, r0 = [st["collections"] for st in gc.get_stats()], _await.stats(), _reactor.stats()
         pr = cProfile.Profile()

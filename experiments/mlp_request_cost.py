@@ -186,8 +186,8 @@ def diagnose(op, want, runner, reps: int, mlp, x, tx, dx, fwd, torch_request) ->
     """
     import torch
 
+    from deviceop._core import _completion as _await
     from deviceop._core import _reactor
-    from deviceop.executors import _await
     from deviceop.interop import _torch as adapter
 
     marks: list[float] = []

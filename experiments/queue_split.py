@@ -35,9 +35,9 @@ from bimodal import Workload
 import deviceop as do
 from deviceop._core import _reactor
 from deviceop._core._base import Channel
+from deviceop._core._completion import stats as await_stats
 from deviceop._core._op import start_sliced
 from deviceop.executors import WorkQueue
-from deviceop.executors._await import stats as await_stats
 
 
 def _noop(*_: object) -> None:

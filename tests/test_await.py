@@ -23,7 +23,7 @@ from conftest import needs_gpu
 from helpers import long_chain, longest_gap, slow_copy, slow_fill
 
 import deviceop as do
-from deviceop.executors import _wake
+from deviceop._core import _wake
 
 K = do.kernels
 
@@ -73,7 +73,7 @@ async def test_await_results(backend, anyio_backend, budget) -> None:
 
 async def test_await_counters(backend, anyio_backend, budget) -> None:
     """``stats()`` counts awaits of ops, and polls only while a poll budget allows them."""
-    from deviceop.executors import _await
+    from deviceop._core import _completion as _await
 
     t = await do.zeros(1024, do.float32)
     c0 = _await.stats()
@@ -178,7 +178,7 @@ async def test_cancel_keeps_buffers_alive(backend, anyio_backend) -> None:
 async def test_an_awaited_long_chain_gives_its_loop_turns(backend, anyio_backend) -> None:
     """20 steps of 1 ms of host work: the loop's other task runs between slices of the enqueue;
     with the slice set to 0 it waits for the whole enqueue."""
-    from deviceop.executors._await import stats
+    from deviceop._core._completion import stats
 
     assert do.enqueue_slice() == 5e-4
     t = await do.zeros(256, do.float32)
@@ -220,7 +220,7 @@ async def test_a_source_that_used_the_slice_gives_the_loop_a_turn_before_the_fir
     """A chain's source alone holds the loop longer than the slice (an upload and a model's
     first layers): the loop gets its turn before the first step, and a cancellation due by
     then enqueues no step at all."""
-    from deviceop.executors._await import stats
+    from deviceop._core._completion import stats
 
     order: list[str] = []
 

@@ -12,7 +12,7 @@ import pytest
 from helpers import live, pool_of, slow_copy, slow_fill
 
 import deviceop as do
-from deviceop.device._capture import CAPTURE
+from deviceop._core._capture import CAPTURE
 
 K = do.kernels
 

@@ -163,7 +163,7 @@ def test_work_queue_keeps_errors_per_item_and_goes_on(backend):
 def test_an_execution_counts_one_await_and_a_batch_that_failed_whole_none(backend, batch):
     # the compiled lanes count an await per execution that went in flight; a batch whose every
     # item failed to make its op (an op consumed already, a factory that raised) goes nowhere
-    from deviceop.executors._await import stats
+    from deviceop._core._completion import stats
 
     bufs = _lane_buffers(1)
     used = K.fill(bufs[0].partition((128,)), 1.0)
@@ -562,7 +562,7 @@ def test_on_done_hooks_hold_their_streams_place_until_they_return(backend):
 def test_a_long_chain_item_gives_the_loop_turns_while_it_is_enqueued(backend):
     # an item that is a chain of 20 steps of 1 ms of host work: the queue enqueues it a slice
     # at a time (do.set_enqueue_slice), and the loop's other tasks run in between
-    from deviceop.executors._await import stats
+    from deviceop._core._completion import stats
 
     t = do.zeros(256, do.float32).sync()
     K.fill(t.partition((128,)), -1.0).sync()  # the kernel built (a first build is one long step)

@@ -690,7 +690,7 @@ def test_the_poll_after_a_pre_wake_lasts_past_the_prediction_whatever_the_budget
     polls until shortly past the predicted completion (a poll cut short by the budget parked
     again with no pre-wake left to come, and the completion was seen only by a backing-off
     look, up to milliseconds late)."""
-    from deviceop.executors import _await
+    from deviceop._core import _completion as _await
 
     s = pool_of(4)[1]
     polls: list[tuple[float, bool]] = []
@@ -719,7 +719,7 @@ def test_the_poll_after_a_pre_wake_lasts_past_the_prediction_whatever_the_budget
 
 
 def test_a_spin_looks_without_yielding_and_a_poll_yields_before_every_look() -> None:
-    from deviceop.executors._await import _poll, _spin
+    from deviceop._core._completion import _poll, _spin
 
     async def main(spin: float, ready_at: int) -> tuple[bool, int]:
         ticks = 0
@@ -758,7 +758,7 @@ def test_a_spin_looks_without_yielding_and_a_poll_yields_before_every_look() -> 
 
 
 def test_an_await_spins_only_for_work_due_within_microseconds_with_nothing_else_pending(backend, monkeypatch) -> None:
-    from deviceop.executors import _await
+    from deviceop._core import _completion as _await
 
     s = pool_of(4)[1]
     seen: list[float] = []

@@ -42,7 +42,7 @@ EXPECTED = [
     "deviceop.device._tensor.Tensor]",
     "tuple[int, str]",
     "numpy.ndarray[",
-    "deviceop.executors._future.DeviceFuture[deviceop.device._tensor.Tensor]",
+    "deviceop._core._future.DeviceFuture[deviceop.device._tensor.Tensor]",
     "def (streams:",
     "def (streams:",
     "def (build:",

@@ -1,12 +1,12 @@
 # cython: language_level=3
-"""DeviceOp, the run protocol and the synchronous terminals.
+"""DeviceOp, the run protocol, the hot combinators and the terminals.
 
 An op is a single-use description of GPU work; a terminal makes an :class:`ExecutionContext`
 on a stream, calls the op's ``_run(cx)`` (which enqueues its work through the ledger and
-returns its output, possibly in flight) and waits or hands the execution over. The
-combinators (``then``, ``map``, ``shared``...), ``await``, ``submit`` and ``graph`` live in
-higher layers; they register their implementations in :data:`HOOKS` when imported (importing
-``deviceop`` imports them all), so this layer imports nothing above it.
+returns its output, possibly in flight) and waits for it or hands it to the watcher: ``sync``
+and ``sync_on`` here, ``await`` through the completion path (``_completion``), ``submit``
+through its future (``_future``). ``then``, ``map``, ``inspect`` and ``shared`` are here too.
+Graph capture lives in ``deviceop.graph``, which registers ``op.graph()`` in :data:`HOOKS`.
 """
 
 cimport cython
@@ -14,27 +14,25 @@ cimport cython
 from ._base cimport Driver, StreamBase, make_current, n_recording
 from ._ledger cimport ExecutionContext, new_context
 
-import math
-import numbers
-import sys
+from ._guards cimport check_timeout, refuse_in_capture, refuse_on_loop
+
 import threading
-import warnings
 
 from ._base import STREAM_TYPES
+from ._completion import await_op
+from ._future import DeviceFuture, watch_future
 from ._watch import device_failed, give, sticky
 
-from .._errors import CaptureError, CudaError, DeviceOpWarning, UsageError
-from ..device._capture import CAPTURE
+from .._errors import CaptureError, CudaError, UsageError
 from ..device._select import next_stream, stream_of
 
 __all__ = [
-    "DeviceOp", "Value", "Chain", "HOOKS", "SHAREABLE", "value", "chain", "start", "run_sync", "as_stream",
-    "refuse_in_capture", "refuse_on_loop", "warn_on_loop", "blocking_allowed", "is_op", "hand_over", "check_timeout",
+    "DeviceOp", "Value", "Chain", "Each", "Shared", "HOOKS", "SHAREABLE", "value", "chain", "start", "run_sync",
+    "start_sliced", "as_stream", "is_op", "hand_over",
 ]
 
 class _Hooks(dict):
-    """Implementations registered by higher layers (shared, await, submit, await_future, graph,
-    watch).
+    """Implementations registered by higher layers: "graph" (capture, deviceop.graph).
 
     A layer registers its own when it is imported; ``load_from`` names, for each hook, the
     module that registers it, so a hook first used before its layer was imported is loaded then
@@ -59,116 +57,6 @@ HOOKS = _Hooks()
 #: the ``_used`` mark of ops any number of consumers may take (``shared()``)
 cdef object _SHAREABLE = "(shareable)"
 SHAREABLE = _SHAREABLE
-
-
-cpdef int refuse_in_capture(str what) except -1:
-    """Raise CaptureError if this thread is recording a graph: ``what`` would wait or run now."""
-    if n_recording == 0:
-        return 0
-    sc = CAPTURE.scope
-    if sc is not None:
-        raise CaptureError(
-            f"{what} inside a graph recording: a graph records GPU work, it cannot wait for "
-            f"results or run other work now ({sc!r} is recording on this thread). Run it before "
-            "or after the scope, and record only the ops themselves"
-        )
-    return 0
-
-
-cpdef object check_timeout(object timeout):
-    """``timeout`` as a float of seconds (or None); UsageError for anything else: not a real
-    number, negative, NaN or infinite (None waits without a limit)."""
-    if timeout is None:
-        return None
-    if type(timeout) is not float and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)):
-        raise UsageError(
-            f"timeout must be None (no limit) or a finite number of seconds >= 0, got {timeout!r}"
-        )
-    try:
-        t = float(timeout)
-    except (OverflowError, ValueError):
-        t = math.nan
-    if not (t >= 0 and t != math.inf):
-        raise UsageError(
-            f"timeout must be None (no limit) or a finite number of seconds >= 0, got {timeout!r}"
-        )
-    return t
-
-
-#: asyncio's running-loop query, once asyncio is imported (deviceop does not import it)
-cdef object _running_loop = None
-
-
-cdef str _loop_here():
-    """The event-loop library running on this thread ("asyncio", also for uvloop, or "trio"),
-    or None."""
-    global _running_loop
-    f = _running_loop
-    if f is None:
-        aio = sys.modules.get("asyncio")
-        if aio is not None:
-            f = _running_loop = aio._get_running_loop
-    if f is not None and f() is not None:
-        return "asyncio"
-    sn = sys.modules.get("sniffio")  # (trio names itself there while it runs a task)
-    if sn is not None and sn.thread_local.name == "trio":
-        return "trio"
-    return None
-
-
-#: the blocking calls already warned about on an event loop's thread (each warns once)
-cdef set _warned = set()
-
-
-cpdef int warn_on_loop(str what, str instead) except -1:
-    """Warn once per ``what`` (a blocking call documented as allowed on a loop, such as
-    ``Tensor.numpy()`` of a tensor whose work completed) when an event loop runs on this thread;
-    ``instead``: the awaitable to use. The warning points at the caller's line."""
-    if what in _warned or _loop_here() is None:
-        return 0
-    _warned.add(what)
-    warnings.warn(
-        f"{what} blocks the running event loop while it copies; {instead} does the same without "
-        "blocking (this warning is shown once)",
-        DeviceOpWarning,
-        stacklevel=3,
-    )
-    return 0
-
-
-class _Blocking(threading.local):
-    depth = 0  # blocking_allowed() scopes open on this thread
-
-
-cdef object _BLOCKING = _Blocking()
-
-
-class blocking_allowed:
-    """``with blocking_allowed():`` lets the blocking terminals run on an event loop's thread for
-    the code inside (this thread only). For documented one-time blocking steps such as a
-    GraphCache's recording of a new bucket, whose build function may allocate with ``sync()``."""
-
-    def __enter__(self):
-        _BLOCKING.depth += 1
-        return self
-
-    def __exit__(self, *exc):
-        _BLOCKING.depth -= 1
-        return False
-
-
-cpdef int refuse_on_loop(str what) except -1:
-    """Raise UsageError if an event loop (asyncio, uvloop or trio) runs on this thread: ``what``
-    would block it until GPU work completes, stalling every other task of the loop."""
-    lib = _loop_here()
-    if lib is not None and not _BLOCKING.depth:
-        raise UsageError(
-            f"{what} would block the running {lib} event loop until the GPU work completes, "
-            "stalling its other tasks. Await instead: 'await op' (or 'await op.wait(timeout=...)'), "
-            "'await future', 'await do.to_numpy(t)'; or run the blocking call in a thread "
-            f"({'trio.to_thread.run_sync' if lib == 'trio' else 'asyncio.to_thread'})"
-        )
-    return 0
 
 
 cpdef object as_stream(object stream):
@@ -366,7 +254,7 @@ cdef class DeviceOp:
 
     def shared(self):
         """An op that executes this one once; every consumer gets the same output."""
-        return HOOKS["shared"](self)
+        return Shared(self)
 
     # -- terminals -------------------------------------------------------------------------
     def sync(self):
@@ -409,7 +297,12 @@ cdef class DeviceOp:
             timeout = check_timeout(timeout)
         s = as_stream(stream)
         self.take("await")
-        return HOOKS["await"](self, s, "await", timeout)
+        return await_op(self, s, "await", timeout)
+
+    cpdef tuple _start_sliced(self, object stream, str label, double seconds):
+        """:func:`start_sliced` of this op (already consumed): how the await path, which lies
+        below this module, starts it."""
+        return start_sliced(self, stream, label, seconds)
 
     def graph(self, stream=None):
         """Record this op into a :class:`~deviceop.graph.CudaGraph` (nothing runs now).
@@ -422,7 +315,70 @@ cdef class DeviceOp:
 
     def submit(self, stream=None):
         """Run on ``stream`` (default: the next pool stream) without waiting; return a future."""
-        return HOOKS["submit"](self, stream)
+        s = as_stream(stream)
+        self.take("submit()")
+        cx, out = start(self, s, "submit()")
+        fut = DeviceFuture(cx, out)
+        watch_future(s, cx.seal(), cx, fut)
+        return fut
+
+
+class Shared(DeviceOp):
+    """Runs its source once, under a lock, in the first consumer's execution.
+
+    An event is recorded after that execution's work; consumers on other streams make their
+    stream wait on it (never on a bare flag), consumers on the same stream are already ordered.
+    May be consumed any number of times.
+    """
+
+    __slots__ = ("_lock", "_src", "_state")
+
+    def __init__(self, src):
+        super().__init__()
+        src._take(".shared()")
+        self._used = _SHAREABLE  # every consumer may take it
+        self._src = src
+        self._lock = threading.Lock()
+        self._state = None
+
+    def __repr__(self):
+        return f"<Shared {'done' if self._state else 'pending'}>"
+
+    def _run(self, cx):
+        with self._lock:
+            st = self._state
+            if st is None:
+                src, self._src = self._src, None
+                try:
+                    out = src._run(cx)
+                except BaseException as e:
+                    self._state = ("error", e)
+                    raise
+                if cx.capturing:  # its work exists only in the graph: no event to wait on outside it
+                    self._state = ("captured", out, None, cx)
+                    return out
+                ev = cx.backend.new_event()
+                cx.stream.record(ev)
+                self._state = ("ok", out, ev, cx.stream)
+                return out
+        if st[0] == "error":
+            raise UsageError("this shared op failed in its first execution and has no output; build it anew") from st[1]
+        kind, out, ev, stream = st
+        if kind == "captured":
+            if stream is not cx:  # (holds the recording's execution context)
+                raise CaptureError(
+                    "this shared op first ran inside a graph recording, so its output is computed "
+                    "only by that graph's replays; consume it inside the same recording, or run it "
+                    "(shared) before the scope"
+                )
+            return out
+        if cx.capturing:
+            # recording: the replay's ledger registration orders it after that work instead
+            # (a recorded wait on an event from outside the recording is refused by the driver)
+            return out
+        if stream is not cx.stream:
+            cx.stream.wait(ev)
+        return out
 
 
 def _first(x):

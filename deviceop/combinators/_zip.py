@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar, overload
 
-from .._core._op import Value
+from .._core._op import Shared, Value
 from .._errors import UsageError
 from ..ops._base import DeviceOp
-from ._shared import Shared
 
 __all__ = ["Zip", "zip_ops"]
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core import _capture
 from .._core._base import (
     BlockCache,
     Buffer,
@@ -28,10 +29,9 @@ from .._core._base import (
     staged_upload,
     swap_current,
 )
+from .._core._capture import release
 from .._errors import BackendError, CudaError
-from . import _capture
 from . import _cuda_driver as _nd
-from ._capture import release
 from ._cuda_errors import _drv, check, cuda_error
 from ._cuda_graph import CudaGraphs
 

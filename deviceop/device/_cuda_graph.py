@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core._capture import StreamPool, release
 from .._errors import CaptureError
 from . import _cuda_driver as _nd
-from ._capture import StreamPool, release
 from ._cuda_errors import _drv, check, cuda_error
 
 __all__ = ["CudaGraphs"]

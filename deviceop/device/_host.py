@@ -203,7 +203,7 @@ class HostGraphs:
     """
 
     def __init__(self, backend: HostBackend) -> None:
-        from ._capture import StreamPool
+        from .._core._capture import StreamPool
 
         self.backend = backend
         pool = StreamPool(lambda: HostStream(backend, -1))

@@ -4,10 +4,16 @@ queues (``WorkQueue``: S streams from one host thread; ``ThreadedQueue``: a thre
 
 from typing import TYPE_CHECKING
 
+from .._core._completion import (
+    enqueue_slice,
+    poll_budget,
+    set_enqueue_slice,
+    set_poll_budget,
+    set_wait_policy,
+    wait_policy,
+)
+from .._core._future import DeviceFuture
 from .._core._ledger import ExecutionContext
-from . import _terminals  # noqa: F401 - registers submit() with DeviceOp
-from ._await import enqueue_slice, poll_budget, set_enqueue_slice, set_poll_budget, set_wait_policy, wait_policy
-from ._future import DeviceFuture
 
 if TYPE_CHECKING:
     from ._batcher import Batcher

@@ -27,10 +27,10 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
+from .._core._completion import sleep_or_wake, waker_class
 from .._core._op import DeviceOp
+from .._core._wake import current_lib
 from .._errors import UsageError
-from ._await import _sleep_or_wake, _waker_class
-from ._wake import current_lib
 
 __all__ = ["Batcher"]
 
@@ -123,7 +123,7 @@ class Batcher(Generic[X, R]):
         if self._loop is None:
             self._loop = loop  # (held, not its id: a later loop could reuse the address)
             self._lib = lib
-            self._waker = _waker_class(lib)
+            self._waker = waker_class(lib)
         elif self._loop is not loop:
             raise UsageError("a Batcher belongs to the event loop that first called it; make one per loop")
 
@@ -189,7 +189,7 @@ class Batcher(Generic[X, R]):
         # at the checkpoint after; under asyncio it runs in a task of its own)
         with anyio.CancelScope(shield=True):
             if len(b.requests) < self.max_batch and self.max_delay > 0:
-                await _sleep_or_wake(self._lib, b.full, self.max_delay)
+                await sleep_or_wake(self._lib, b.full, self.max_delay)
             b.started = True
             if self._open is b:
                 self._open = None

@@ -19,14 +19,11 @@ from collections import deque
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any
 
+from .._core._completion import COUNTS, RECHECK, SLICE, sleep_or_wake, waker_class, yielder
 from .._core._lanes import Lanes, resolve
+from .._core._wake import current_lib, event_class, loop_dispatcher
 from .._errors import UsageError
 from ..device import current
-from ._await import _COUNTS as COUNTS
-from ._await import _RECHECK as RECHECK
-from ._await import _SLICE as SLICE
-from ._await import _sleep_or_wake as sleep_or_wake
-from ._await import _waker_class, _yielder
 from ._queue_stats import (
     ItemResult,
     QueueCancelled,
@@ -36,7 +33,6 @@ from ._queue_stats import (
     check_capacity,
     lanes_of,
 )
-from ._wake import current_lib, event_class, loop_dispatcher
 
 __all__ = ["WorkQueue"]
 
@@ -243,8 +239,8 @@ class WorkQueue:
         lib, d = loop_dispatcher()
         tok = d.register(None)
         clock = time.perf_counter
-        y = _yielder(lib)
-        new_waker = _waker_class(lib)
+        y = yielder(lib)
+        new_waker = waker_class(lib)
         lanes = self._lanes
         items = self._items
         last = clock()  # the last completion, issue or wake-up: polling counts from here

@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._core._guards import blocking_allowed
 from .._core._ledger import check_backend, enqueue
-from .._core._op import blocking_allowed
 from .._errors import CaptureError, ShapeError, UsageError
 from ..device._tensor import Tensor
 from ..ops._base import DeviceOp

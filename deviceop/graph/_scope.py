@@ -5,11 +5,11 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, TypeVar
 
+from .._core import _capture
+from .._core._capture import CAPTURE
 from .._core._ledger import ExecutionContext
 from .._core._op import HOOKS, as_stream
 from .._errors import CaptureError, UsageError
-from ..device import _capture
-from ..device._capture import CAPTURE
 from ..device._select import current
 from ..ops._base import DeviceOp
 from . import _graph

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 from .._core._base import tensor_at
+from .._core._capture import CAPTURE
 from .._core._dlpack import capsule
 from .._core._external import External, layout, named
 from .._dtypes import as_dtype
 from .._errors import CaptureError, DTypeError, UsageError
-from ..device._capture import CAPTURE
 from ..device._tensor import Partition, Tensor
 from ._regions import _is_torch, buffer_for, register, span
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from .._core._capture import CAPTURE
 from .._errors import BackendError, CudaError
 from .._process import renew_at_fork
-from ..device._capture import CAPTURE
 
 __all__ = ["WORKSPACE_BYTES", "call", "cublas", "handle_for", "relaxed_capture", "workspace_of"]
 

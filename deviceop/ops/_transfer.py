@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 
 from .._core._alloc import alloc_tensor
+from .._core._guards import warn_on_loop
 from .._core._ledger import abandoned, enqueue
-from .._core._op import run_sync, warn_on_loop
+from .._core._op import run_sync
 from .._core._transfer import FromNumpy, ToNumpy, resolve_tensor
 from .._errors import BackendError, CaptureError, ShapeError
 from ..device import _tensor

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._core._base import count_recording
 from .._process import renew_at_fork
+from ._base import count_recording
 
 __all__ = ["CAPTURE", "StreamPool", "begin", "end", "flush", "release"]
 

@@ -32,13 +32,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .._core import _reactor
-from .._core._op import HOOKS, check_timeout, hand_over, start_sliced
-from .._core._watch import device_failed
 from .._errors import CudaError, SettingError
+from . import _reactor
+from ._guards import check_timeout
 from ._wake import event_class, loop_dispatcher
+from ._watch import device_failed, give
 
 __all__ = [
+    "COUNTS",
+    "RECHECK",
+    "SLICE",
     "await_future",
     "await_op",
     "enqueue_slice",
@@ -46,8 +49,11 @@ __all__ = [
     "set_enqueue_slice",
     "set_poll_budget",
     "set_wait_policy",
+    "sleep_or_wake",
     "stats",
     "wait_policy",
+    "waker_class",
+    "yielder",
 ]
 
 #: the longest poll of work whose duration is not learned (polls around a prediction: see set_poll_budget)
@@ -67,6 +73,10 @@ _RECHECK = (20e-3, 200e-3)
 _SLICE = [0.5e-3]
 #: counters (see :func:`stats`)
 _COUNTS = {"awaits": 0, "parks": 0, "late": 0, "polls": 0, "enqueue_yields": 0}
+#: for the work queue's driver, which polls and parks on the same terms as an await
+COUNTS = _COUNTS
+RECHECK = _RECHECK
+SLICE = _SLICE
 
 
 def stats() -> dict[str, int]:
@@ -155,7 +165,7 @@ def wait_policy() -> str:
     return _reactor.policy()  # type: ignore[no-any-return]
 
 
-def _yielder(lib: str) -> Callable[[], Awaitable[None]]:
+def yielder(lib: str) -> Callable[[], Awaitable[None]]:
     """The cheapest yield to the running loop: a bare ``sleep(0)`` / trio checkpoint."""
     if lib == "trio":
         import trio
@@ -182,7 +192,7 @@ def _timed_out(cx: Any, timeout: float) -> TimeoutError:
     )
 
 
-async def _sleep_or_wake(lib: str, waker: Any, limit: float) -> bool:
+async def sleep_or_wake(lib: str, waker: Any, limit: float) -> bool:
     """Wait until ``waker`` is set or ``limit`` seconds pass; True if the time ran out.
 
     Under asyncio a plain ``loop.call_later`` timer: a cancel scope's deadline re-arms itself
@@ -212,7 +222,7 @@ async def _sleep_or_wake(lib: str, waker: Any, limit: float) -> bool:
     return fired
 
 
-def _waker_class(lib: str) -> Any:
+def waker_class(lib: str) -> Any:
     """What a parked await waits on: trio's Event, or under asyncio a bare future with the
     Event's ``set`` (one wait, one waiter: an ``asyncio.Event`` costs about 2.5 µs more per park
     under uvloop, measured on a 2-core workstation)."""
@@ -252,7 +262,7 @@ async def _park(
 
     clock = time.perf_counter
     interval = _RECHECK[0]
-    new_event = _waker_class(lib)
+    new_event = waker_class(lib)
     _COUNTS["parks"] += 1
     if h >= 0:
         _reactor.watch(h)  # armed unwatched (the task looked itself until now): the scanner's turn
@@ -269,7 +279,7 @@ async def _park(
                     return False
                 raise _timed_out(cx, timeout)  # type: ignore[arg-type]
             limit = min(limit, left)
-        timed_out = await _sleep_or_wake(lib, waker, limit)
+        timed_out = await sleep_or_wake(lib, waker, limit)
         if done() or check():
             if h >= 0:
                 _reactor.resumed(h)  # a pre-wake this task answers only now: its loop's lateness
@@ -306,7 +316,7 @@ async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: flo
     True once ``done()``."""
     clock = time.perf_counter
     t0 = clock()
-    y = _yielder(lib)
+    y = yielder(lib)
     counts = _COUNTS
     while True:
         await y()
@@ -318,17 +328,24 @@ async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: flo
             return False
 
 
+def _hand_over(cx: Any, stream: Any, ev: Any = None) -> None:
+    """The task stops waiting while the work may still run: the stream's watcher finishes the
+    execution once its work is done (its buffers are held until then)."""
+    if not cx.done:
+        give(stream, cx, ev)
+
+
 async def _enqueue_rest(lib: str, cx: Any, stream: Any, rest: Any) -> Any:
     """Enqueue the rest of a chain (``rest``, from ``start_sliced``), a slice at a time, giving
     the loop a turn before each; returns the chain's output."""
-    y = _yielder(lib)
+    y = yielder(lib)
     while True:
         try:
             await y()
         except BaseException:
             # cancelled during the turn: no later step is enqueued; the work enqueued so far
             # completes before its buffers go (a step that fails is handled by rest.run)
-            hand_over(cx, stream)
+            _hand_over(cx, stream)
             raise
         _COUNTS["enqueue_yields"] += 1
         if rest.run(_SLICE[0] or float("inf")):
@@ -343,14 +360,14 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     """
     if timeout is not None:
         timeout = check_timeout(timeout)
-    cx, out, rest = start_sliced(op, stream, label, _SLICE[0])
+    cx, out, rest = op._start_sliced(stream, label, _SLICE[0])
     # The loop's dispatcher is looked up once the work is enqueued: the lookup runs cold after a
     # long wait (microseconds), and the GPU runs meanwhile. Outside a running loop it raises; the
     # work enqueued completes first (its buffers held until then), as for a cancelled await
     try:
         lib, d = loop_dispatcher()
     except BaseException:
-        hand_over(cx, stream)
+        _hand_over(cx, stream)
         raise
     if rest is not None:  # a long chain: the loop gets a turn between slices of its enqueue
         out = await _enqueue_rest(lib, cx, stream, rest)
@@ -403,11 +420,11 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
         # a sticky error (the context is lost) wakes every await on the device to see it; an
         # error of one call fails this execution only
         device_failed(stream.backend, e)
-        hand_over(cx, stream, ev)
+        _hand_over(cx, stream, ev)
         raise
     except BaseException:
         # cancelled, timed out or failed: the work may still run; the watcher finishes it
-        hand_over(cx, stream, ev)
+        _hand_over(cx, stream, ev)
         raise
     finally:
         d.waiters.pop(tok, None)  # (unregister's work, without its call: the return path runs cold)
@@ -432,8 +449,3 @@ async def await_future(fut: Any, timeout: float | None = None) -> Any:
         finally:
             d.unregister(tok)
     return fut.result(0)
-
-
-# ``op.wait()`` and ``await op`` (DeviceOp.wait has checked the timeout, taken the stream and
-# consumed the op, and refused a wait inside a graph recording)
-HOOKS["await"] = await_op

@@ -7,9 +7,9 @@ import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
-from .._core._op import check_timeout, refuse_in_capture, refuse_on_loop
-from .._core._watch import Watcher, give
-from ._await import await_future
+from ._completion import await_future
+from ._guards import check_timeout, refuse_in_capture, refuse_on_loop
+from ._watch import Watcher, give
 
 __all__ = ["DeviceFuture"]
 

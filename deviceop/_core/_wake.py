@@ -20,8 +20,8 @@ from typing import Any
 
 import sniffio
 
-from .._core._base import Channel
 from .._errors import UsageError
+from ._base import Channel
 
 __all__ = ["Dispatcher", "current_lib", "dispatcher", "loop_dispatcher"]
 
