@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     )
     from .interop import external
 
-_HOOKS.load_from.update({"graph": "deviceop.graph._scope"})
+_HOOKS.load_from.update({"graph": "deviceop.graph._graph"})
 
 # The layers above the ops load on first use (start-up time): the modules that register the
 # core's hooks when a hook is first called, and the public names they hold, all of them at the

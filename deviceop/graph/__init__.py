@@ -8,7 +8,6 @@ g.update(other_op)               # "updated" in place, or "reinstantiated"
 """
 
 from ._cache import GraphCache, power_of_two_buckets
-from ._graph import CudaGraph, GraphLaunch
-from ._scope import GraphScope, capture, scope
+from ._graph import CudaGraph, GraphLaunch, GraphScope, capture, scope
 
 __all__ = ["CudaGraph", "GraphCache", "GraphLaunch", "GraphScope", "capture", "power_of_two_buckets", "scope"]

@@ -20,8 +20,7 @@ from .._errors import CaptureError, ShapeError, UsageError
 from ..device._tensor import Tensor
 from ..ops._base import DeviceOp
 from ..ops._leaf import new_tensor
-from ._graph import CudaGraph
-from ._scope import scope
+from ._graph import CudaGraph, scope
 
 __all__ = ["GraphCache", "power_of_two_buckets"]
 
