@@ -232,3 +232,20 @@ def test_a_sticky_fault_retires_the_slot_of_a_timed_out_await(host_backend):
         assert time.monotonic() < deadline, "a slot of the faulted device stayed armed"
         time.sleep(0.01)
     do.use_backend("host")  # (a fresh device for the tests after)
+
+
+@pytest.mark.anyio
+async def test_an_execution_offers_one_wait_to_loops_and_threads(backend, anyio_backend):
+    t = await do.zeros(N, do.float32)
+    op = slow_fill(t, 4.0, 0.3)
+    op._take("test")
+    cx, _ = start(op, do.next_stream(), "test")
+    with pytest.raises(TimeoutError):
+        await cx.completed(timeout=0.01)  # the work goes on
+    assert not cx.wait_completed(timeout=0.0)
+    await cx.completed(timeout=30)
+    assert cx.wait_completed(timeout=0.0)  # complete: the blocking twin agrees at once
+    cx.finish()
+    assert (await do.to_numpy(t) == 4.0).all()
+    with pytest.raises(do.UsageError, match="timeout"):
+        await cx.completed(timeout=math.nan)

@@ -44,6 +44,7 @@ __all__ = [
     "SLICE",
     "await_future",
     "await_op",
+    "completed",
     "enqueue_slice",
     "poll_budget",
     "set_enqueue_slice",
@@ -51,6 +52,7 @@ __all__ = [
     "set_wait_policy",
     "sleep_or_wake",
     "stats",
+    "wait_completed",
     "wait_policy",
     "waker_class",
     "yielder",
@@ -373,19 +375,38 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
         out = await _enqueue_rest(lib, cx, stream, rest)
     _COUNTS["awaits"] += 1
     deadline = None if timeout is None else time.perf_counter() + timeout
+    try:
+        await _wait(cx, stream, lib, d, deadline, timeout, poll, cx)
+    except BaseException:
+        # cancelled, timed out or failed: the work may still run; the watcher finishes it
+        _hand_over(cx, stream, cx._event if cx._sealed else None)
+        raise
+    cx.finish()
+    return out
+
+
+async def _wait(
+    cx: Any, stream: Any, lib: str, d: Any, deadline: float | None, timeout: float | None, poll: float | None, who: Any
+) -> None:
+    """The one wait for an execution's completion in an event loop (``ExecutionContext.completed``,
+    ``await op``, ``await future``): arm a completion slot after the work enqueued on ``stream``
+    so far, then look for it without yielding while it is due within microseconds, poll between
+    yields to the loop while it is due soon, else park until the reactor wakes the loop, with a
+    backing-off re-check that turns a faulted context into its ``CudaError``. Finishes nothing
+    and hands nothing over: the caller decides. ``who``: the execution, or a description of the
+    work, for a timeout's message."""
     tok = d.register(None)
     h = -1
-    # No completion event unless one is needed (the slot's flag says when the work is done): an
-    # event a thread could block on costs the host an interrupt; one is recorded where every slot
-    # is armed, and when the task stops waiting (see hand_over)
-    ev = None
     polled = False  # the completion seen by this task while it looked every loop turn
     try:
         # unwatched: most short awaits see their flag while polling, and a parked scanner
         # thread is woken only if this one parks
         h = _reactor.arm(stream, d.channel, tok, False)
-        if h < 0:  # every slot is armed: the stream's host function wakes this loop
-            ev = cx.seal()
+        if h < 0:
+            # every slot is armed: the stream's host function wakes this loop, the execution's
+            # event says when it is done (no event otherwise: an event a thread could block on
+            # costs the host an interrupt)
+            ev = cx._event if cx._sealed else cx.seal()
             stream.notify(d.channel, tok)
             done: Callable[[], bool] = ev.query
             check: Callable[[], bool] = done
@@ -410,42 +431,66 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
                         spin = rem + _SPIN_SLACK
                 else:  # the reactor pre-wakes this task shortly before the completion
                     poll = 0.0
-            if spin and _spin(done, spin, deadline):
-                polled = True  # (no coroutine made for the common short wait)
-            elif poll and await _poll(lib, done, poll - spin, deadline):
+            if (spin and _spin(done, spin, deadline)) or (poll and await _poll(lib, done, poll - spin, deadline)):
                 polled = True
             else:
-                polled = await _park(lib, d, tok, done, check, deadline, cx, timeout, h)
+                polled = await _park(lib, d, tok, done, check, deadline, who, timeout, h)
     except CudaError as e:
         # a sticky error (the context is lost) wakes every await on the device to see it; an
         # error of one call fails this execution only
         device_failed(stream.backend, e)
-        _hand_over(cx, stream, ev)
-        raise
-    except BaseException:
-        # cancelled, timed out or failed: the work may still run; the watcher finishes it
-        _hand_over(cx, stream, ev)
         raise
     finally:
         d.waiters.pop(tok, None)  # (unregister's work, without its call: the return path runs cold)
         if h >= 0 and not _reactor.retire(h, polled):
             _reactor.disown(h)
-    cx.finish()
-    return out
+
+
+async def completed(cx: Any, timeout: float | None = None) -> None:
+    """``await cx.completed(timeout)``: resume once execution ``cx``'s work is complete (see
+    :func:`_wait`); ``TimeoutError`` after ``timeout`` seconds (the work goes on). Neither
+    finishes nor hands over ``cx``: whoever owns it does."""
+    timeout = check_timeout(timeout)
+    if cx.done:
+        return
+    lib, d = loop_dispatcher()
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    await _wait(cx, cx.stream, lib, d, deadline, timeout, None, cx)
+
+
+def wait_completed(cx: Any, timeout: float | None = None) -> bool:
+    """The blocking twin of :func:`completed`, for threads: True once ``cx``'s work is complete,
+    False if ``timeout`` seconds passed first. Waits on the execution's completion event (one is
+    recorded after its work so far if it has none), sleeping in the driver without a timeout."""
+    timeout = check_timeout(timeout)
+    if cx.done:
+        return True
+    ev = cx._event if cx._sealed else None
+    if ev is None:
+        ev = cx.seal()
+    if timeout is None:
+        ev.synchronize()
+        return True
+    deadline = time.perf_counter() + timeout
+    pause = 20e-6
+    while not ev.query():
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(2 * pause, 1e-3)
+    return True
 
 
 async def await_future(fut: Any, timeout: float | None = None) -> Any:
     """Resume when the submitted work behind ``fut`` (a DeviceFuture) is complete; return its
-    output."""
+    output. The same wait as an op's, on the future's execution."""
     timeout = check_timeout(timeout)
-    lib, d = loop_dispatcher()
-    deadline = None if timeout is None else time.perf_counter() + timeout
-    if not fut.done() and not await _poll(lib, fut.done, _POLL[0], deadline):
-        tok = d.register(None)
-        ch = d.channel
-        fut.add_done_callback(lambda _f: ch.push(tok))
-        try:
-            await _park(lib, d, tok, fut.done, fut.done, deadline, f"submitted work ({fut._cx.describe()})", timeout)
-        finally:
-            d.unregister(tok)
+    if not fut.done():
+        lib, d = loop_dispatcher()
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        await _wait(fut._cx, fut._cx.stream, lib, d, deadline, timeout, None, f"submitted work ({fut._cx.describe()})")
+        y = yielder(lib)
+        while not fut.done():  # complete on the device; another thread is finishing it now
+            await y()
     return fut.result(0)

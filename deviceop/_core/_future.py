@@ -83,12 +83,12 @@ class DeviceFuture(Generic[T]):
         if timeout == 0:
             return False
         refuse_on_loop(f"DeviceFuture.{what}()")
-        w, ev = self._watcher, self._done_event
-        if timeout is None and w is not None and ev is not None:
-            try:
-                ev.synchronize()  # (the local reference keeps the event's handle from reuse)
-            except Exception:
-                pass  # reap() completes the future with the error
+        # the execution's blocking wait (its event), then whoever sees it complete first
+        # finishes it: this thread, unless the watcher's thread is doing so right now
+        if not self._cx.wait_completed(timeout):
+            return self.done()
+        w = self._watcher
+        if w is not None:
             w.reap()
         return self._event.wait(timeout)
 

@@ -36,6 +36,7 @@ cdef extern from *:
 
 import weakref
 
+from ._completion import completed, wait_completed
 from ._reactor import fail_context
 from ._watch import give, stop_watchers
 
@@ -231,6 +232,20 @@ cdef class ExecutionContext:
     def finish(self, ok=True):
         """Mark complete: run completion callbacks, drop buffers; its ledger entries stop counting."""
         self.finish_c(ok)
+
+    # -- waiting: the one completion primitive of every waiter ----------------------------------
+    def completed(self, timeout=None):
+        """``await cx.completed(timeout=None)``: resume once this execution's work is complete,
+        under asyncio, uvloop or trio, without blocking the loop (a completion slot the GPU
+        flags, polled while due soon, else parked on the reactor's wake-up, with a backing-off
+        re-check for a faulted context). ``TimeoutError`` after ``timeout`` seconds; the work
+        goes on. Finishes nothing: whoever owns the execution does."""
+        return completed(self, timeout)
+
+    def wait_completed(self, timeout=None):
+        """The blocking twin of :meth:`completed`, for threads: True once the work is complete,
+        False if ``timeout`` seconds passed first."""
+        return wait_completed(self, timeout)
 
     def __del__(self):
         # The invariant, held here rather than at each exception site: an execution ends only by
