@@ -994,24 +994,6 @@ def test_deviceop_streams_out_to_torch_and_cupy(backend):
         pytest.skip("neither PyTorch with CUDA nor CuPy is installed")
 
 
-def test_the_stub_of_do_external_says_what_the_compiled_function_says():
-    """``do.external`` is compiled, so the API reference reads its docstring from the stub
-    (``_external.pyi``); the two texts are one text, kept equal here."""
-    import ast
-    import inspect
-    from pathlib import Path
-
-    from deviceop._core import _external
-
-    stub = Path(_external.__file__).with_name("_external.pyi")
-    tree = ast.parse(stub.read_text())
-    (node,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "external"]
-    doc = inspect.cleandoc(_external.external.__doc__)
-    if doc.startswith("external("):  # the signature Cython writes first
-        doc = doc.split("\n", 1)[1].lstrip("\n")
-    assert ast.get_docstring(node) == doc
-
-
 def test_torch_tensors_in_one_set_of_the_cache_are_found_without_a_lookup(host_backend):
     """Two PyTorch tensors whose addresses fall in one set of the compiled cache's slots, named
     in turn again and again (a step's inputs), are both found in the slots: naming them looks

@@ -11,8 +11,6 @@ from ._op import DeviceOp
 
 T = TypeVar("T")
 
-HOOKS: dict[str, Any]
-
 class External(DeviceOp[T], Generic[T]):
     """The op :func:`~deviceop.interop.external` returns; its output is what ``fn`` returns."""
 
@@ -21,6 +19,8 @@ class External(DeviceOp[T], Generic[T]):
     acc: list[Any]
     post: Callable[[Any, Any, tuple[Any, ...]], tuple[Any, list[Any]]] | None
     label: str | None
+    namer: Callable[[Any, Any, bool, Any], tuple[Any, ...]]
+    host_call: Callable[[Any, Any, tuple[Any, ...], list[Any]], Any]
     def __init__(
         self,
         fn: Callable[..., T],
@@ -29,6 +29,9 @@ class External(DeviceOp[T], Generic[T]):
         writes: Any = (),
         post: Callable[[Any, Any, tuple[Any, ...]], tuple[Any, list[Any]]] | None = None,
         label: str | None = None,
+        *,
+        namer: Callable[[Any, Any, bool, Any], tuple[Any, ...]],
+        host_call: Callable[[Any, Any, tuple[Any, ...], list[Any]], Any],
     ) -> None: ...
 
 def named(items: Any, what: str) -> tuple[Any, ...]:
@@ -67,36 +70,3 @@ def extent(obj: Any) -> tuple[int, int]:
 
 def uses_exchange(tp: type) -> bool:
     """Whether tensors of type ``tp`` are read through the DLPack C exchange API (for tests)."""
-
-def external(fn: Callable[..., T], *args: Any, reads: Any = (), writes: Any = ()) -> DeviceOp[T]:
-    """An op that runs another library's GPU work: ``fn(stream, *args)`` on the op's stream.
-
-    On cuda, ``fn`` enqueues work on ``stream`` through its own library
-    (``torch.cuda.ExternalStream(stream.handle_int)``, ``cupy.cuda.ExternalStream``, Triton,
-    any consumer of ``stream.__cuda_stream__()``) and returns; the op's output is what it
-    returns. On the host backend ``fn`` runs in stream order on the stream's worker thread,
-    with numpy arrays in place of deviceop tensors, and the enqueuing thread waits for it.
-
-    ``reads`` and ``writes`` name the memory ``fn``'s work touches: deviceop Tensors and
-    Partitions, or any array with ``__dlpack__`` or ``__cuda_array_interface__`` (a PyTorch or
-    CuPy tensor; a numpy array on the host backend), wrapped without a copy and kept alive
-    until the work has completed. The ledger orders the work like a kernel's: after
-    conflicting work in flight on other streams, and later conflicting work after it. The same
-    memory reached through two wrappers is one region. deviceop tensors among ``args`` that
-    neither list names count as written. Arguments may be ops; they run first, in the same
-    execution.
-
-    ``fn`` runs while deviceop's ledger is held (so that no other thread's work slips between
-    the ordering and the enqueue): it must only enqueue work and return, and must call no
-    deviceop op, terminal or import (that raises :class:`~deviceop.UsageError`). Inside it,
-    deviceop tensors export to other libraries (``torch.from_dlpack(t)``) without waiting.
-    An exception from ``fn`` is raised by the terminal; work ``fn`` enqueued before raising
-    completes first, and the device stays usable.
-
-    In a graph recording (``do.graph``) ``fn`` is called with the capturing stream on cuda, so
-    its library's work is recorded (the library must be able to record: PyTorch allocates
-    nothing new during capture only with memory it has cached; prefer ``out=`` variants); on
-    the host backend a replay calls ``fn`` again.
-    """
-
-def __getattr__(name: str) -> Any: ...

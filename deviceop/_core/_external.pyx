@@ -2,9 +2,9 @@
 """The op behind ``do.external`` and ``do.interop.torch``: another library's work, ordered by the ledger.
 
 Its construction names the memory the work touches; its run orders and registers those
-accesses and calls ``fn`` under the ledger lock, in one compiled path. What needs the layers
-above is registered by them in :data:`HOOKS`: naming a foreign array (``interop``'s regions)
-and the host backend's call in stream order.
+accesses and calls ``fn`` under the ledger lock, in one compiled path. What it needs from the
+layer that makes it, naming a foreign array (``interop``'s regions) and the host backend's call
+in stream order, that layer hands to each op it makes (``namer=``, ``host_call=``).
 """
 
 cimport cython
@@ -24,7 +24,7 @@ from ._op cimport DeviceOp
 from .._errors import UsageError
 from ..device._select import _selected, _state, current
 
-__all__ = ["External", "HOOKS", "external", "inside_stream", "layout", "named", "remember", "seen", "swap_inside", "wrapper"]
+__all__ = ["External", "inside_stream", "layout", "named", "remember", "seen", "swap_inside", "wrapper"]
 
 
 # the stream whose ``external`` fn this thread is running (exports inside it need no wait): a C
@@ -67,11 +67,6 @@ def swap_inside(stream):
     """Make ``stream`` (None: none) this thread's :func:`inside_stream`; returns the one before,
     which the caller puts back when its fn returns."""
     return dvo_inside_swap(stream)
-
-
-#: registered by ``deviceop.interop``: ``access_of(obj, backend, write, what)`` names a foreign
-#: array; ``call_in_order(op, cx, args, acc)`` runs fn on a host backend's stream worker
-HOOKS = {}
 
 
 cdef object _SELECTED = _selected
@@ -505,9 +500,19 @@ cdef class External(DeviceOp):
     cdef Py_ssize_t _n, _cap
     cdef readonly object post    # post(cx, out, args) -> (out, [(buffer, lo, hi, write)]) or None
     cdef readonly object label
+    # what the op needs from the layer that makes it (deviceop.interop), handed to it there:
+    # namer(x, backend, write, key) -> a ledger access for a foreign array (its region), and
+    # host_call(op, cx, args, accesses) -> fn's output, run in stream order on a device without
+    # driver memory (the host backend)
+    cdef readonly object namer
+    cdef readonly object host_call
     cdef bint lazy
 
-    def __init__(self, fn, tuple args, reads=(), writes=(), post=None, label=None):
+    def __init__(self, fn, tuple args, reads=(), writes=(), post=None, label=None, *, namer, host_call):
+        if not callable(namer) or not callable(host_call):
+            raise UsageError("External(...) needs namer= and host_call= callables; use do.external or do.interop.torch")
+        self.namer = namer
+        self.host_call = host_call
         _init(self, fn, args, reads, writes, post, label)
 
     def __dealloc__(self):
@@ -598,7 +603,7 @@ cdef class External(DeviceOp):
                 elif isinstance(x, DeviceOp):
                     raise UsageError(f"{self!r}: reads and writes name arrays, not ops; pass the op as an argument")
                 else:
-                    self._put_access(HOOKS["access_of"](x, be, write, (self, write, i)))
+                    self._put_access(self.namer(x, be, write, (self, write, i)))
         return be
 
     @cython.boundscheck(False)
@@ -630,7 +635,7 @@ cdef class External(DeviceOp):
             if xb is not be:
                 check_backend(cx, xb, repr(self))
         if cx.drv is None and not be.cuda_memory:  # (a cuda device has its driver)
-            return HOOKS["call_in_order"](self, cx, args, self.acc)
+            return self.host_call(self, cx, args, self.acc)
         LOCK.take()
         try:
             # under the ledger lock: fn's work is enqueued before any later registration on
@@ -688,38 +693,3 @@ cdef int _init(External op, fn, tuple args, reads, writes, post, label) except -
     op.args = args
     op.lazy = lazy
     return 0
-
-
-def external(fn, *args, reads=(), writes=()):
-    """An op that runs another library's GPU work: ``fn(stream, *args)`` on the op's stream.
-
-    On cuda, ``fn`` enqueues work on ``stream`` through its own library
-    (``torch.cuda.ExternalStream(stream.handle_int)``, ``cupy.cuda.ExternalStream``, Triton,
-    any consumer of ``stream.__cuda_stream__()``) and returns; the op's output is what it
-    returns. On the host backend ``fn`` runs in stream order on the stream's worker thread,
-    with numpy arrays in place of deviceop tensors, and the enqueuing thread waits for it.
-
-    ``reads`` and ``writes`` name the memory ``fn``'s work touches: deviceop Tensors and
-    Partitions, or any array with ``__dlpack__`` or ``__cuda_array_interface__`` (a PyTorch or
-    CuPy tensor; a numpy array on the host backend), wrapped without a copy and kept alive
-    until the work has completed. The ledger orders the work like a kernel's: after
-    conflicting work in flight on other streams, and later conflicting work after it. The same
-    memory reached through two wrappers is one region. deviceop tensors among ``args`` that
-    neither list names count as written. Arguments may be ops; they run first, in the same
-    execution.
-
-    ``fn`` runs while deviceop's ledger is held (so that no other thread's work slips between
-    the ordering and the enqueue): it must only enqueue work and return, and must call no
-    deviceop op, terminal or import (that raises :class:`~deviceop.UsageError`). Inside it,
-    deviceop tensors export to other libraries (``torch.from_dlpack(t)``) without waiting.
-    An exception from ``fn`` is raised by the terminal; work ``fn`` enqueued before raising
-    completes first, and the device stays usable.
-
-    In a graph recording (``do.graph``) ``fn`` is called with the capturing stream on cuda, so
-    its library's work is recorded (the library must be able to record: PyTorch allocates
-    nothing new during capture only with memory it has cached; prefer ``out=`` variants); on
-    the host backend a replay calls ``fn`` again.
-    """
-    cdef External op = External.__new__(External)
-    _init(op, fn, args, reads, writes, None, None)
-    return op

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._core._external import HOOKS, External, external, swap_inside
+from .._core._external import External, swap_inside
 from .._core._ledger import enqueue
 from ..device._tensor import Partition, Tensor
 from ._regions import access_of, register
@@ -21,7 +21,40 @@ from ._regions import access_of, register
 __all__ = ["External", "external"]
 
 
-def _call_in_order(op: External[Any], cx: Any, args: tuple[Any, ...], acc: list[Any]) -> Any:
+def external(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ()) -> External[Any]:
+    """An op that runs another library's GPU work: ``fn(stream, *args)`` on the op's stream.
+
+    On cuda, ``fn`` enqueues work on ``stream`` through its own library
+    (``torch.cuda.ExternalStream(stream.handle_int)``, ``cupy.cuda.ExternalStream``, Triton,
+    any consumer of ``stream.__cuda_stream__()``) and returns; the op's output is what it
+    returns. On the host backend ``fn`` runs in stream order on the stream's worker thread,
+    with numpy arrays in place of deviceop tensors, and the enqueuing thread waits for it.
+
+    ``reads`` and ``writes`` name the memory ``fn``'s work touches: deviceop Tensors and
+    Partitions, or any array with ``__dlpack__`` or ``__cuda_array_interface__`` (a PyTorch or
+    CuPy tensor; a numpy array on the host backend), wrapped without a copy and kept alive
+    until the work has completed. The ledger orders the work like a kernel's: after
+    conflicting work in flight on other streams, and later conflicting work after it. The same
+    memory reached through two wrappers is one region. deviceop tensors among ``args`` that
+    neither list names count as written. Arguments may be ops; they run first, in the same
+    execution.
+
+    ``fn`` runs while deviceop's ledger is held (so that no other thread's work slips between
+    the ordering and the enqueue): it must only enqueue work and return, and must call no
+    deviceop op, terminal or import (that raises :class:`~deviceop.UsageError`). Inside it,
+    deviceop tensors export to other libraries (``torch.from_dlpack(t)``) without waiting.
+    An exception from ``fn`` is raised by the terminal; work ``fn`` enqueued before raising
+    completes first, and the device stays usable.
+
+    In a graph recording (``do.graph``) ``fn`` is called with the capturing stream on cuda, so
+    its library's work is recorded (the library must be able to record: PyTorch allocates
+    nothing new during capture only with memory it has cached; prefer ``out=`` variants); on
+    the host backend a replay calls ``fn`` again.
+    """
+    return External(fn, args, reads, writes, namer=access_of, host_call=call_in_order)
+
+
+def call_in_order(op: External[Any], cx: Any, args: tuple[Any, ...], acc: list[Any]) -> Any:
     """Host backend: fn runs on the stream's worker in stream order, with numpy arrays for
     tensors; the enqueuing thread waits for it (the host device has nothing to hand over)."""
     from ..kernels._launch import host_array
@@ -63,7 +96,3 @@ def _host_value(a: Any, host_array: Callable[[Any], Any]) -> Any:
         register(t.buffer)  # arrays fn keeps and names later are this buffer's region
         return host_array(t)
     return a
-
-
-HOOKS["access_of"] = access_of
-HOOKS["call_in_order"] = _call_in_order

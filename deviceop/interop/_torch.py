@@ -17,7 +17,8 @@ from .._core._external import External, layout, named
 from .._dtypes import as_dtype
 from .._errors import CaptureError, DTypeError, UsageError
 from ..device._tensor import Partition, Tensor
-from ._regions import _is_torch, buffer_for, register, span
+from ._external import call_in_order
+from ._regions import _is_torch, access_of, buffer_for, register, span
 
 __all__ = ["torch"]
 
@@ -96,7 +97,7 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
         return fn(*conv)
 
     label = f"do.interop.torch({getattr(fn, '__qualname__', type(fn).__name__)})"
-    return External(call, args, reads, writes, post=_outputs, label=label)
+    return External(call, args, reads, writes, post=_outputs, label=label, namer=access_of, host_call=call_in_order)
 
 
 def _pool_for(th: Any, scope: Any) -> Any:
