@@ -61,8 +61,8 @@ extensions = [
     )
 ] + [
     Extension(
-        "deviceop.device._cuda_driver",
-        ["deviceop/device/_cuda_driver.pyx"],
+        "deviceop._backends._cuda_driver",
+        ["deviceop/_backends/_cuda_driver.pyx"],
         extra_compile_args=_FLAGS,
         include_dirs=_cuda_include(),
         language="c++",
@@ -76,7 +76,7 @@ extensions = [
 # an H100 (experiments/results/h100-2026-11-25, call 14).
 compiled_py = [
     Extension(f"deviceop.{m.replace('/', '.')}", [f"deviceop/{m}.py"], extra_compile_args=_FLAGS)
-    for m in ("interop/_external", "interop/_regions", "interop/_torch")
+    for m in ("interop/_external", "_core/_regions", "interop/_torch")
 ]
 
 setup(

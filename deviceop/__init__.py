@@ -9,6 +9,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._core._op import HOOKS as _HOOKS
+from ._core._select import Stream, device, devices
+from ._core._select import current as _current
 from ._dtypes import DType, bfloat16, float16, float32, int32, int64, uint8
 from ._errors import (
     BackendError,
@@ -34,9 +36,6 @@ from .device import (
     set_host_chaos,
     use_backend,
 )
-from .device import _tensor as _tensor_mod
-from .device._select import Stream, device, devices
-from .device._select import current as _current
 from .ops import DeviceOp, empty, from_numpy, full, ones, to_device, to_numpy, value, zeros
 
 if TYPE_CHECKING:
@@ -111,15 +110,6 @@ def from_dlpack(obj: Any) -> Tensor:
     from .interop import from_dlpack as wrap  # (loaded on first use: start-up time)
 
     return wrap(obj)
-
-
-def _dlpack_export(t: Tensor, stream: Any) -> Any:
-    from .interop._dlpack import export
-
-    return export(t, stream)
-
-
-_tensor_mod.HOOKS.setdefault("dlpack_export", _dlpack_export)
 
 
 def empty_cache() -> int:

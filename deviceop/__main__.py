@@ -12,7 +12,7 @@ import numpy as np
 
 def _info() -> int:
     import deviceop as do
-    from deviceop.device._select import current
+    from deviceop._core._select import current
 
     be = current()
     print(f"backend:            {be.name}")
@@ -29,7 +29,7 @@ def _info() -> int:
 
 def _demo() -> int:
     import deviceop as do
-    from deviceop.device._select import current
+    from deviceop._core._select import current
 
     K = do.kernels
     t0 = time.perf_counter()

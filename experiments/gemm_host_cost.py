@@ -95,7 +95,7 @@ def main() -> int:
     except ImportError:
         print("torch (or a GPU) not here: its row is left out")
 
-    from deviceop.device._cuda_driver import graph_launch
+    from deviceop._backends._cuda_driver import graph_launch
     from deviceop.kernels import _gemm
     from deviceop.kernels._blaslt import _lt
 

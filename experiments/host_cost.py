@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
         cases[f"graph N={n}"] = (raw_graph, dev_graph, 1, 500)
         if n == 1:  # where deviceop's replay spends its time, step by step (each against raw)
+            from deviceop._backends import _cuda_driver as nd
             from deviceop._core._op import start
-            from deviceop.device import _cuda_driver as nd
 
             exi, si = g._exec.handle_int, s.handle_int
 

@@ -263,7 +263,8 @@ def test_the_python_modules_of_foreign_work_run_compiled():
     # built from their own source by setup.py: the modules every foreign step goes through
     import importlib.machinery
 
-    from deviceop.interop import _external, _regions, _torch
+    from deviceop._core import _regions
+    from deviceop.interop import _external, _torch
 
     for m in (_external, _regions, _torch):
         assert m.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), m.__file__

@@ -224,7 +224,7 @@ def test_a_device_scope_is_entered_once(two) -> None:
 
 
 def test_bad_host_device_counts_are_refused(monkeypatch) -> None:
-    from deviceop.device._host import HostBackend
+    from deviceop._backends._host import HostBackend
 
     for bad in ("0", "17", "two", "-1"):
         monkeypatch.setenv("DEVICEOP_HOST_DEVICES", bad)

@@ -198,7 +198,7 @@ def test_export_capsule_lifetimes(backend):
     import sys
     import weakref
 
-    from deviceop.interop._dlstructs import _api, _DLManagedTensor, _Imported
+    from deviceop._core._dlstructs import _api, _DLManagedTensor, _Imported
 
     t = do.full(64, 2.0, do.float32).sync()
     base = sys.getrefcount(t)

@@ -96,8 +96,8 @@ def _numpy_of(x: DevArray) -> np.ndarray:
 
 def _as_tensor(x: DevArray) -> do.Tensor:
     """A deviceop view of a DevArray through the external path's wrapper (cuda)."""
+    from deviceop._core._regions import access_of
     from deviceop.device import current
-    from deviceop.interop._regions import access_of
 
     buf, lo, _hi, _ = access_of(x.obj, current(), False, "test")
     return do.Tensor(buf, (x.n,), do.float32, None, lo)
@@ -200,7 +200,7 @@ def test_a_region_lives_while_one_of_its_users_does_and_forgets_dead_ones(host_b
     """A region of foreign memory is live while one of its users (wrappers, the foreign array)
     is; users are held weakly, and dead ones are dropped as new ones come, so a region named
     again and again keeps a bounded table."""
-    from deviceop.interop._regions import _Region
+    from deviceop._core._regions import _Region
 
     class User:
         pass
@@ -229,8 +229,8 @@ def test_a_region_nothing_uses_serves_anew_when_its_allocation_comes_back(host_b
     allocation, once nothing uses it, serves the next wrapper with an empty access list (not
     one of the work before), and is not taken over while it lives, nor by another allocation
     at the same address."""
+    from deviceop._core._regions import _table, buffer_for
     from deviceop.device import current
-    from deviceop.interop._regions import _table, buffer_for
 
     class Owner:
         pass
@@ -262,7 +262,7 @@ def test_a_region_nothing_uses_serves_anew_when_its_allocation_comes_back(host_b
     # deviceop's own buffers, registered as they leave (DLPack, external): a block of its pool
     # given out again gets the region of before, with the new buffer's access list
     from deviceop._core._base import Buffer
-    from deviceop.interop._regions import register
+    from deviceop._core._regions import register
 
     q = p + 768
     d1 = Buffer(be, q, 128)
@@ -278,8 +278,8 @@ def test_a_region_nothing_uses_serves_anew_when_its_allocation_comes_back(host_b
 
 
 def test_same_memory_through_two_wrappers_is_one_region(backend):
+    from deviceop._core._regions import access_of
     from deviceop.device import current
-    from deviceop.interop._regions import access_of
 
     a = DevArray(256)
     b1 = access_of(a.obj, current(), False, "t")[0]
@@ -749,8 +749,8 @@ def test_torch_tensors_as_reads_and_writes(host_backend):
     dst = torch.zeros(64)
     do.external(lambda stream: dst.copy_(src), reads=(src,), writes=(dst,)).sync()
     assert torch.equal(dst, src)
+    from deviceop._core._regions import access_of
     from deviceop.device import current
-    from deviceop.interop._regions import access_of
 
     a = access_of(dst, current(), False, "t")[0]
     b = access_of(dst[8:], current(), False, "t")[0]
@@ -761,8 +761,8 @@ def test_a_torch_tensor_named_again_after_changing_in_place_is_described_again(h
     """A PyTorch tensor named again is not described again while its data address and size in
     bytes stay; after an in-place change of either, its byte range and region are the new ones."""
     torch = pytest.importorskip("torch")
+    from deviceop._core._regions import access_of
     from deviceop.device import current
-    from deviceop.interop._regions import access_of
 
     be = current()
     t = torch.zeros(64)
@@ -789,8 +789,8 @@ def test_many_torch_tensors_named_in_turn_keep_their_own_accesses(host_backend):
     tensors made where dead ones were (often at their address): every access is its own
     tensor's, with its own byte range."""
     torch = pytest.importorskip("torch")
+    from deviceop._core._regions import access_of
     from deviceop.device import current
-    from deviceop.interop._regions import access_of
 
     be = current()
     ts = [torch.zeros(16 + i) for i in range(200)]
@@ -810,8 +810,8 @@ def test_torch_tensor_subclasses_named_again_are_recognised(host_backend):
     in Python is read through its override. Both are recognised when named again, and a change
     of size in place is seen."""
     torch = pytest.importorskip("torch")
+    from deviceop._core._regions import access_of
     from deviceop.device import current
-    from deviceop.interop._regions import access_of
 
     class Counted(torch.Tensor):
         reads = 0
@@ -837,7 +837,7 @@ def test_torch_tensor_subclasses_named_again_are_recognised(host_backend):
 
 def count_descriptions(monkeypatch) -> list:
     """The shapes of the foreign arrays described (interop's ``_describe``) from now on."""
-    from deviceop.interop import _regions
+    from deviceop._core import _regions
 
     calls: list = []
     describe = _regions._describe
@@ -917,7 +917,7 @@ def test_a_torch_tensors_layout_is_read_in_one_call_as_its_getters_give_it(host_
     DLPack dtype and device; None for a subclass (which may override the getters)."""
     torch = pytest.importorskip("torch")
     from deviceop._core import _external
-    from deviceop.interop._regions import span
+    from deviceop._core._regions import span
 
     if not _external.uses_exchange(torch.Tensor):
         pytest.skip("this PyTorch has no DLPack C exchange API")
@@ -1001,8 +1001,8 @@ def test_torch_tensors_in_one_set_of_the_cache_are_found_without_a_lookup(host_b
     three keep their own accesses."""
     torch = pytest.importorskip("torch")
     from deviceop._core import _external
+    from deviceop._core._regions import access_of
     from deviceop.device import current
-    from deviceop.interop._regions import access_of
 
     be = current()
     ts = [torch.zeros(16) for _ in range(400)]

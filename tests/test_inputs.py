@@ -36,7 +36,7 @@ def test_a_stream_worker_survives_its_own_failure(host_backend, monkeypatch):
     # worker goes on: the context records the error and waits report it instead of hanging
     import threading
 
-    from deviceop.device import _host
+    from deviceop._backends import _host
 
     s = do.streams()[0]
     monkeypatch.setitem(_host._chaos, "max_delay", float("nan"))

@@ -16,9 +16,9 @@ import pytest
 from helpers import longest_gap, slow_fill
 
 import deviceop as do
+from deviceop._backends._host import HostStream
 from deviceop._core import _reactor
 from deviceop._core._op import start
-from deviceop.device._host import HostStream
 from deviceop.executors import WorkQueue
 
 N = 4096

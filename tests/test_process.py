@@ -116,8 +116,7 @@ def test_child_refuses_parent_tensors_instead_of_hanging(host_backend: str) -> N
 
 
 def _locks() -> dict[str, Any]:
-    from deviceop._core import _wake, _watch
-    from deviceop.device import _select
+    from deviceop._core import _select, _wake, _watch
 
     return {"ledger": LOCK, "backend selection": _select._lock, "watchers": _watch._wlock, "wake-ups": _wake._lock}
 

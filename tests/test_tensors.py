@@ -185,7 +185,7 @@ def test_past_the_lending_cap_results_are_copied_into_memory_of_their_own(backen
 def test_an_allocated_tensor_has_the_layout_a_tensor_made_on_its_buffer_has(backend, shape):
     """Allocations make their tensors from a table of layouts seen before; every field is what
     the Tensor constructor works out, for fresh buffers of a known layout too."""
-    from deviceop.device._tensor import Tensor
+    from deviceop._core._tensor import Tensor
 
     for dt in (do.float16, do.float32, do.int64):
         for _ in range(2):  # the second time from the table
@@ -201,7 +201,7 @@ def test_a_tensor_made_at_a_layout_has_every_field_the_constructor_gives(backend
     through its table of layouts for a contiguous tensor at the buffer's start and through the
     constructor otherwise; no fresh-tensor hook sees it (it allocates nothing)."""
     from deviceop._core._base import set_fresh_tensor_hook, tensor_at
-    from deviceop.device._tensor import Tensor
+    from deviceop._core._tensor import Tensor
 
     buf = do.empty((64,), do.float32).sync().buffer
     seen = []
@@ -222,7 +222,7 @@ def test_forgetting_a_devices_layouts_forgets_its_fresh_tensor_layouts(backend):
     """A device's layout ids are dropped when it closes; allocations then work the layout out
     again (the table of fresh layouts holds nothing of the device either)."""
     from deviceop._core._base import forget_layouts
-    from deviceop.device._tensor import Tensor
+    from deviceop._core._tensor import Tensor
 
     t1 = do.empty((7, 3), do.float32).sync()
     t1b = do.empty((7, 3), do.float32).sync()
@@ -365,7 +365,7 @@ def test_partition_grid(backend):
 
 
 def test_partitions_of_a_known_layout_skip_validation_and_equal_validated_ones(backend, monkeypatch):
-    from deviceop.device import _tensor
+    from deviceop._core import _tensor
 
     first = do.zeros((16, 64), do.float32).sync().partition((4, 64))
     validated = []

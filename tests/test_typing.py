@@ -35,18 +35,18 @@ PROGRAM = textwrap.dedent(
 )
 
 EXPECTED = [
-    "deviceop.device._tensor.Tensor",
-    "tuple[deviceop.device._tensor.Partition, deviceop.device._tensor.Tensor, deviceop.device._tensor.Tensor]",
-    "deviceop._core._op.DeviceOp[tuple[deviceop.device._tensor.Partition, deviceop.device._tensor.Tensor, float]]",
-    "tuple[deviceop.device._tensor.Tensor | deviceop.device._tensor.Partition, deviceop.device._tensor.Tensor, "
-    "deviceop.device._tensor.Tensor]",
+    "deviceop._core._tensor.Tensor",
+    "tuple[deviceop._core._tensor.Partition, deviceop._core._tensor.Tensor, deviceop._core._tensor.Tensor]",
+    "deviceop._core._op.DeviceOp[tuple[deviceop._core._tensor.Partition, deviceop._core._tensor.Tensor, float]]",
+    "tuple[deviceop._core._tensor.Tensor | deviceop._core._tensor.Partition, deviceop._core._tensor.Tensor, "
+    "deviceop._core._tensor.Tensor]",
     "tuple[int, str]",
     "numpy.ndarray[",
-    "deviceop._core._future.DeviceFuture[deviceop.device._tensor.Tensor]",
+    "deviceop._core._future.DeviceFuture[deviceop._core._tensor.Tensor]",
     "def (streams:",
     "def (streams:",
     "def (build:",
-    "deviceop._core._op.DeviceOp[deviceop.device._tensor.Tensor]",
+    "deviceop._core._op.DeviceOp[deviceop._core._tensor.Tensor]",
 ]
 
 

@@ -14,3 +14,9 @@ class Alloc(DeviceOp[Any]):
 
 def empty_op(shape: Any, dtype: Any) -> Alloc: ...
 def __getattr__(name: str) -> Any: ...
+
+class FromNumpy(DeviceOp[Any]):
+    """Allocate a tensor and copy a numpy array into it (the array is read when the op runs)."""
+
+    dtype: Any
+    def __init__(self, array: Any) -> None: ...

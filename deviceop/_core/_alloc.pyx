@@ -10,15 +10,16 @@ import math
 
 import numpy as np
 
-from ._base cimport _LOCK as LOCK, Buffer, Driver, driver_alloc, new_contiguous, plain_shape
+from ._base cimport _LOCK as LOCK, Buffer, Driver, TensorBase, driver_alloc, new_contiguous, plain_shape
 from ._ledger cimport ExecutionContext, order
 from ._op cimport DeviceOp
+from ._transfer cimport _copier, _upload
 
 from .._dtypes import DType, as_dtype
-from .._errors import CaptureError, DTypeError, ShapeError
-from ..device._tensor import Tensor, as_shape
+from .._errors import CaptureError, DTypeError, ShapeError, UsageError
+from ._tensor import Tensor, as_shape
 
-__all__ = ["Alloc", "alloc_tensor", "empty_op", "refuse_allocation"]
+__all__ = ["Alloc", "FromNumpy", "alloc_tensor", "empty_op", "refuse_allocation"]
 
 #: no allocation can be larger (2^48 bytes: 256 TiB); larger shapes are mistakes, refused when built
 MAX_BYTES = 1 << 48
@@ -135,3 +136,42 @@ cpdef Alloc empty_op(shape, dtype):
             a.fill = None
             return a
     return Alloc("empty", shape, dtype, None)
+
+
+cdef class FromNumpy(DeviceOp):
+    """Allocate a tensor and copy a numpy array into it (the array is read when the op runs)."""
+
+    cdef object _array
+    cdef readonly object dtype
+
+    allocates = True
+
+    def __init__(self, array):
+        if not isinstance(array, np.ndarray):
+            raise UsageError(
+                f"do.from_numpy() needs a numpy.ndarray, got {type(array).__name__}; "
+                "use numpy.asarray(x) first, or do.from_dlpack(x) for GPU arrays"
+            )
+        self.dtype = as_dtype(array.dtype, "array dtype")
+        self._array = array
+
+    def __repr__(self):
+        return f"<from_numpy{self._array.shape} {self.dtype.name}>"
+
+    cpdef object _run(self, ExecutionContext cx):
+        a = self._array
+        cdef TensorBase t = alloc_tensor(cx, a.shape, self.dtype, self)
+        cdef Driver d
+        if not t.size:
+            return t
+        d = _copier(cx)
+        LOCK.take()
+        try:
+            order(cx, t.buffer, 0, t.hi, True, self)  # registered by the allocation: covered
+            if d is not None:
+                _upload(cx, d, t.buffer, 0, a)
+            else:
+                cx.backend.htod(t.buffer, 0, a, cx.stream, cx)
+        finally:
+            LOCK.drop()
+        return t

@@ -22,7 +22,7 @@ from ._ledger cimport ExecutionContext, check_backend, order, order_tensor
 from ._op cimport DeviceOp
 
 from .._errors import UsageError
-from ..device._select import _selected, _state, current
+from ._select import _selected, _state, current
 
 __all__ = ["External", "inside_stream", "layout", "named", "remember", "seen", "swap_inside", "wrapper"]
 

@@ -78,7 +78,7 @@ cdef set _warned = set()
 cpdef int warn_on_loop(str what, str instead) except -1:
     """Warn once per ``what`` (a blocking call documented as allowed on a loop, such as
     ``Tensor.numpy()`` of a tensor whose work completed) when an event loop runs on this thread;
-    ``instead``: the awaitable to use. The warning points at the caller's line."""
+    ``instead``: the awaitable to use. The warning points at the line that called ``what``."""
     if what in _warned or loop_here() is None:
         return 0
     _warned.add(what)
@@ -86,7 +86,7 @@ cpdef int warn_on_loop(str what, str instead) except -1:
         f"{what} blocks the running event loop while it copies; {instead} does the same without "
         "blocking (this warning is shown once)",
         DeviceOpWarning,
-        stacklevel=3,
+        stacklevel=2,
     )
     return 0
 

@@ -27,7 +27,7 @@ from ._reactor cimport watch as r_watch
 from time import perf_counter
 
 from .._errors import CudaError, UsageError
-from ..device._select import enter_device, leave_device
+from ._select import enter_device, leave_device
 from ._op import Each, start_sliced
 from ._watch import device_failed
 

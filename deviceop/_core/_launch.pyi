@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 
 from typing_extensions import Unpack
 
-from ..device._tensor import Partition
 from ._op import DeviceOp
+from ._tensor import Partition
 
 T = TypeVar("T")
 

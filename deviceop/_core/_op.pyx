@@ -24,7 +24,7 @@ from ._future import DeviceFuture, watch_future
 from ._watch import device_failed, give, sticky
 
 from .._errors import CaptureError, CudaError, UsageError
-from ..device._select import next_stream, stream_of
+from ._select import next_stream, stream_of
 
 __all__ = [
     "DeviceOp", "Value", "Chain", "Each", "Shared", "HOOKS", "SHAREABLE", "value", "chain", "start", "run_sync",

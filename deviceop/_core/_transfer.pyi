@@ -10,12 +10,6 @@ import numpy as np
 
 from ._op import DeviceOp
 
-class FromNumpy(DeviceOp[Any]):
-    """Allocate a tensor and copy a numpy array into it (the array is read when the op runs)."""
-
-    dtype: Any
-    def __init__(self, array: Any) -> None: ...
-
 class ToNumpy(DeviceOp[np.ndarray]):
     """Copy a tensor (or the tensor an op produces) into a new numpy array."""
 

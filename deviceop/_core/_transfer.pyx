@@ -1,6 +1,6 @@
 # cython: language_level=3
-"""Copies between host and device memory: the ops ``from_numpy`` and ``to_numpy``, and the
-staged copies behind them.
+"""Copies between host and device memory: the op ``to_numpy`` and the staged copies behind it and
+``from_numpy`` (an allocating op, in ``_alloc``).
 
 On a backend whose driver table has the copy entry points (cuda), a copy is C from the op to
 the driver (``stage_in`` / ``stage_out`` of ``_base``): the host side goes through a
@@ -22,14 +22,12 @@ from ._base import contiguous_strides
 from ._ledger cimport ExecutionContext, check_backend, order
 from ._op cimport DeviceOp
 
-from ._alloc import alloc_tensor
-from .._dtypes import as_dtype
 from .._errors import CaptureError, UsageError
 
-__all__ = ["FromNumpy", "ToNumpy", "resolve_tensor"]
+__all__ = ["ToNumpy", "resolve_tensor"]
 
 
-cdef inline Driver _copier(ExecutionContext cx):
+cdef Driver _copier(ExecutionContext cx):
     """The driver table whose copy entry points serve ``cx``, or None (the backend copies)."""
     cdef Driver d = cx.drv
     if d is None or d.memcpy_htod == NULL or d.pinned is None:
@@ -58,45 +56,6 @@ cpdef TensorBase resolve_tensor(x, what):
     if isinstance(x, PartitionBase):
         return (<PartitionBase>x).tensor
     raise UsageError(f"{what} needs a Tensor (or a Partition of one), got {type(x).__name__}")
-
-
-cdef class FromNumpy(DeviceOp):
-    """Allocate a tensor and copy a numpy array into it (the array is read when the op runs)."""
-
-    cdef object _array
-    cdef readonly object dtype
-
-    allocates = True
-
-    def __init__(self, array):
-        if not isinstance(array, np.ndarray):
-            raise UsageError(
-                f"do.from_numpy() needs a numpy.ndarray, got {type(array).__name__}; "
-                "use numpy.asarray(x) first, or do.from_dlpack(x) for GPU arrays"
-            )
-        self.dtype = as_dtype(array.dtype, "array dtype")
-        self._array = array
-
-    def __repr__(self):
-        return f"<from_numpy{self._array.shape} {self.dtype.name}>"
-
-    cpdef object _run(self, ExecutionContext cx):
-        a = self._array
-        cdef TensorBase t = alloc_tensor(cx, a.shape, self.dtype, self)
-        cdef Driver d
-        if not t.size:
-            return t
-        d = _copier(cx)
-        LOCK.take()
-        try:
-            order(cx, t.buffer, 0, t.hi, True, self)  # registered by the allocation: covered
-            if d is not None:
-                _upload(cx, d, t.buffer, 0, a)
-            else:
-                cx.backend.htod(t.buffer, 0, a, cx.stream, cx)
-        finally:
-            LOCK.drop()
-        return t
 
 
 cdef class ToNumpy(DeviceOp):

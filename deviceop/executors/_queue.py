@@ -21,9 +21,9 @@ from typing import Any
 
 from .._core._completion import COUNTS, RECHECK, SLICE, sleep_or_wake, waker_class, yielder
 from .._core._lanes import Lanes, resolve
+from .._core._select import current
 from .._core._wake import current_lib, event_class, loop_dispatcher
 from .._errors import UsageError
-from ..device import current
 from ._queue_stats import (
     ItemResult,
     QueueCancelled,

@@ -13,10 +13,10 @@ import numpy as np
 
 from .._core._lanes import new_result
 from .._core._op import as_stream
+from .._core._select import device_backend
+from .._core._select import devices as all_devices
 from .._errors import DeviceOpError, UsageError
 from .._process import renew_at_fork
-from ..device._select import device_backend
-from ..device._select import devices as all_devices
 
 __all__ = ["ItemResult", "QueueCancelled", "QueueStats", "Recorder"]
 
@@ -148,7 +148,7 @@ def lanes_of(streams: int | Sequence[Any] | None, devices: Any = None) -> list[A
     """The streams a queue drives: a count (the first n of the pool, made larger if needed) or a
     list; with ``devices`` (``"all"`` or a list of ordinals or labels), that count (default: the
     pool) on each device, interleaved (lane 0 on the first device, lane 1 on the second...)."""
-    from ..device import current
+    from .._core._select import current
 
     if devices is not None:
         if isinstance(devices, str) and devices == "all":

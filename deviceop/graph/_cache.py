@@ -16,8 +16,8 @@ from typing import Any
 
 from .._core._guards import blocking_allowed
 from .._core._ledger import check_backend, enqueue
+from .._core._tensor import Tensor
 from .._errors import CaptureError, ShapeError, UsageError
-from ..device._tensor import Tensor
 from ..ops._base import DeviceOp
 from ..ops._leaf import new_tensor
 from ._graph import CudaGraph, scope

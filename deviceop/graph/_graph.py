@@ -12,8 +12,8 @@ from .._core._capture import CAPTURE
 from .._core._ledger import ExecutionContext
 from .._core._op import HOOKS, DeviceOp, as_stream
 from .._core._replay import GraphBase, GraphLaunch
+from .._core._select import current
 from .._errors import CaptureError, UsageError
-from ..device._select import current
 
 __all__ = ["CudaGraph", "GraphLaunch", "GraphScope", "Recording", "capture", "scope"]
 

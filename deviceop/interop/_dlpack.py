@@ -1,8 +1,8 @@
-"""DLPack both ways: Tensor.__dlpack__ (export) and from_dlpack (wrap foreign memory, no copy).
+"""DLPack in: from_dlpack wraps foreign memory without a copy (``Tensor.__dlpack__``, the way
+out, is the core's: ``_core._regions.export``).
 
-Unversioned ``dltensor`` capsules (dlpack.h), which every consumer accepts: exports are made in
-C by the core (``_core._dlpack``), imports read with ctypes (``_dlstructs``). On the host
-backend export delegates to numpy; import wraps numpy memory.
+Unversioned ``dltensor`` capsules (dlpack.h), which every consumer accepts, read with ctypes
+(``_dlstructs``). On the host backend import wraps numpy memory.
 """
 
 from __future__ import annotations
@@ -11,48 +11,17 @@ from typing import Any
 
 import numpy as np
 
-from .._core._base import LOCK, Buffer
-from .._core._dlpack import capsule
-from .._core._ledger import ExecutionContext, enqueue, in_flight
+from .._core._base import Buffer
+from .._core._dlstructs import _USED, _api, _DLManagedTensor, _Imported
+from .._core._ledger import ExecutionContext, enqueue
+from .._core._regions import buffer_for, host_root, raw_view
+from .._core._select import current, next_stream
+from .._core._tensor import Tensor
 from .._core._watch import give
 from .._dtypes import from_dl
 from .._errors import ShapeError, UsageError
-from ..device import _tensor
-from ..device._select import current, next_stream
-from ..device._tensor import Tensor
-from ._dlstructs import _USED, _api, _DLManagedTensor, _Imported
-from ._regions import buffer_for, host_root, inside_stream, raw_view, register
 
-__all__ = ["export", "from_dlpack"]
-
-
-def export(t: Tensor, stream: Any) -> Any:
-    """A ``dltensor`` capsule for ``t``; orders the consumer's ``stream`` after work in flight.
-
-    Inside the fn of :func:`~deviceop.interop.external` the ledger has already ordered the op's
-    stream after the work in flight, so a consumer on that stream waits for nothing more (and
-    on the host backend the fn runs in stream order, so the tensor may be read).
-    """
-    be = t.buffer.backend
-    register(t.buffer)  # wrapped back later, its memory is this buffer's region
-    mine = inside_stream()
-    if not be.cuda_memory:
-        if mine is None:
-            t.check_host_access("export")  # a host consumer reads at once: nothing may be in flight
-        return be.dlpack_host(t)  # numpy owns the capsule's lifetime
-    if mine is not None:
-        if stream not in (-1, mine.handle_int):
-            ev = be.new_event()  # another stream of the consumer: after our work so far
-            mine.record(ev)
-            be.foreign_wait(stream, ev)
-    else:
-        ex = in_flight(t.buffer, *t.span)
-        if ex is not None and stream != -1:
-            with LOCK:
-                ev = ex.completion_event()
-            be.foreign_wait(stream, ev)  # the consumer's stream waits for the work in flight
-    dev_type, dev_id = be.dlpack_device
-    return capsule(t, t.ptr, t.shape, t.strides, t.dtype.dl_code, t.dtype.itemsize * 8, dev_type, dev_id)
+__all__ = ["from_dlpack"]
 
 
 def from_dlpack(obj: Any) -> Tensor:
@@ -127,6 +96,3 @@ def _register_import(stream: Any, buf: Buffer, t: Tensor) -> None:
     cx = ExecutionContext(stream, "from_dlpack")
     enqueue(cx, ((t, True),), None, "from_dlpack")
     give(stream, cx, cx.seal())  # its stream's watcher ends the registration with the work
-
-
-_tensor.HOOKS["dlpack_export"] = export

@@ -15,8 +15,8 @@ from typing import Any
 
 from .._core._external import External, swap_inside
 from .._core._ledger import enqueue
-from ..device._tensor import Partition, Tensor
-from ._regions import access_of, register
+from .._core._regions import access_of, register
+from .._core._tensor import Partition, Tensor
 
 __all__ = ["External", "external"]
 

@@ -14,11 +14,11 @@ from .._core._base import tensor_at
 from .._core._capture import CAPTURE
 from .._core._dlpack import capsule
 from .._core._external import External, layout, named
+from .._core._regions import _is_torch, access_of, buffer_for, register, span
+from .._core._tensor import Partition, Tensor
 from .._dtypes import as_dtype
 from .._errors import CaptureError, DTypeError, UsageError
-from ..device._tensor import Partition, Tensor
 from ._external import call_in_order
-from ._regions import _is_torch, access_of, buffer_for, register, span
 
 __all__ = ["torch"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..device._select import current
+from .._core._select import current
 from ._elementwise import DTYPES, ELEMENTWISE, PRELUDE, SFX, Elementwise
 from ._kernel import Kernel
 from ._library import FUNCS

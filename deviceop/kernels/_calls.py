@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Protocol, TypeAlias
 
 from .._core._op import DeviceOp
-from ..device._tensor import Partition, Tensor
+from .._core._tensor import Partition, Tensor
 
 __all__ = ["Axpy", "Binary", "Fill", "RmsNorm", "Scale", "Unary"]
 

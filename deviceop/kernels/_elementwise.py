@@ -22,9 +22,9 @@ import numpy as np
 
 from .._core._launch import BuiltinFront, KernelPlan, planned
 from .._core._ledger import check_backend
+from .._core._tensor import Partition, Tensor
 from .._dtypes import bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
-from ..device._tensor import Partition, Tensor
 from ._calls import Axpy, Binary, Fill, Scale, Unary
 from ._kernel import check_scalar, check_tensor
 from ._launch import (

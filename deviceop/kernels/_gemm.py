@@ -17,9 +17,9 @@ from .._core._gemm import GemmLauncher, GemmPlan, gemm_call
 from .._core._launch import PlanCache
 from .._core._ledger import check_backend, enqueue
 from .._core._op import DeviceOp
+from .._core._tensor import Partition, Tensor
 from .._dtypes import DType, bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
-from ..device._tensor import Partition, Tensor
 from ._blas import WORKSPACE_BYTES, call, cublas, handle_for, workspace_of
 from ._blaslt import _lt, lt_handle, lt_plan, matmul_address, status_error
 from ._gemm_replay import Replays

@@ -13,9 +13,9 @@ import numpy as np
 from .._core._launch import P_KINDS, UserFront, UserPlan, planned
 from .._core._ledger import check_backend
 from .._core._op import DeviceOp
+from .._core._tensor import Partition, Tensor
 from .._dtypes import DType, as_dtype
 from .._errors import DTypeError, ShapeError, UsageError
-from ..device._tensor import Partition, Tensor
 from ._launch import (
     SRC_SCALAR,
     SRC_TENSOR,
@@ -230,7 +230,7 @@ class Kernel:
         if grid is None and pgrid is None:
             raise UsageError(f"{self.name}() has no Partition argument to take the grid from; give grid=")
         if be is None:
-            from ..device._select import current
+            from .._core._select import current
 
             be = current()
         if self.host is None and be.driver is None:
@@ -262,7 +262,7 @@ class Kernel:
                 scalar_idx.append(i)
                 scalar_kinds.append(self._kinds[i])
         if be is None:
-            from ..device._select import current
+            from .._core._select import current
 
             be = current()
         if grid is not None:

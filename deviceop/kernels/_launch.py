@@ -18,8 +18,8 @@ import numpy as np
 
 from .._core._launch import LaunchPlan, PlanCache, launch
 from .._core._ledger import enqueue
+from .._core._tensor import Partition, Tensor
 from .._errors import UsageError
-from ..device._tensor import Partition, Tensor
 from ..ops._base import DeviceOp
 
 __all__ = [

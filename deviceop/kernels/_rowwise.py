@@ -18,8 +18,8 @@ from typing import Any, cast
 import numpy as np
 
 from .._core._launch import BuiltinFront, KernelPlan, planned
+from .._core._tensor import Partition
 from .._errors import DTypeError, ShapeError, UsageError
-from ..device._tensor import Partition
 from ._calls import Binary, RmsNorm, Unary
 from ._elementwise import DTYPES, SFX
 from ._kernel import check_scalar, check_tensor

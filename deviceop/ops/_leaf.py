@@ -7,9 +7,9 @@ from typing import Any, TypeVar
 from .._core._alloc import Alloc, alloc_tensor, empty_op, refuse_allocation
 from .._core._ledger import enqueue
 from .._core._op import Value, value
+from .._core._tensor import Tensor
 from .._dtypes import DType, float32
 from .._errors import DTypeError
-from ..device._tensor import Tensor
 from ._base import DeviceOp
 
 __all__ = ["Alloc", "Value", "empty", "full", "new_tensor", "ones", "refuse_allocation", "value", "zeros"]

@@ -7,15 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from .._core._alloc import alloc_tensor
-from .._core._guards import warn_on_loop
+from .._core._alloc import FromNumpy, alloc_tensor
 from .._core._ledger import abandoned, enqueue
-from .._core._op import run_sync
-from .._core._transfer import FromNumpy, ToNumpy, resolve_tensor
+from .._core._select import device_backend
+from .._core._tensor import Tensor
+from .._core._transfer import ToNumpy, resolve_tensor
 from .._errors import BackendError, CaptureError, ShapeError
-from ..device import _tensor
-from ..device._select import current, device_backend, next_stream
-from ..device._tensor import Tensor
 from ._base import DeviceOp
 
 __all__ = ["FromNumpy", "ToDevice", "ToNumpy", "from_numpy", "resolve_tensor", "to_device", "to_numpy"]
@@ -122,16 +119,3 @@ def to_device(tensor: Any, device: Any) -> DeviceOp[Tensor]:
     The device is checked when the op is built; the tensor must be contiguous.
     """
     return ToDevice(tensor, device_backend(device))
-
-
-def tensor_numpy(t: Tensor) -> Any:
-    """``t.numpy()``: a blocking copy on a stream of the tensor's own device (whatever device is
-    selected). On an event loop's thread it warns once: ``await do.to_numpy(t)`` does not block."""
-    warn_on_loop("Tensor.numpy()", "'await do.to_numpy(t)'")
-    be = t.buffer.backend
-    op = to_numpy(t)
-    op._take("numpy()")
-    return run_sync(op, next_stream() if be is current() else be.streams[0], "numpy()")
-
-
-_tensor.HOOKS["numpy"] = tensor_numpy

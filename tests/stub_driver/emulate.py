@@ -153,7 +153,7 @@ def _count(name: bytes) -> int:
 
 def _remember_layouts() -> None:
     from deviceop._core._base import set_fresh_tensor_hook
-    from deviceop.device._tensor import Tensor
+    from deviceop._core._tensor import Tensor
     from deviceop.kernels._kernel import Kernel
 
     layouts: dict[int, Any] = {}

@@ -1,4 +1,4 @@
-"""Type stub of the compiled module ``deviceop.device._cuda_driver``: the driver calls the cuda backend
+"""Type stub of the compiled module ``deviceop._backends._cuda_driver``: the driver calls the cuda backend
 makes through ``cuda.bindings.cydriver``, typed ``Any``.
 """
 

@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from .._core._base import (
+from .._dtypes import DType
+from .._errors import BorrowError, DTypeError, ShapeError, TensorIndexError
+from ._base import (
     PartitionBase,
     TensorBase,
     contiguous_strides,
@@ -16,14 +18,14 @@ from .._core._base import (
     plain_shape,
     remember_partition,
 )
-from .._core._ledger import in_flight
-from .._dtypes import DType
-from .._errors import BorrowError, DTypeError, ShapeError, TensorIndexError
+from ._guards import warn_on_loop
+from ._ledger import in_flight
+from ._op import run_sync
+from ._regions import export
+from ._select import current, next_stream
+from ._transfer import ToNumpy
 
-__all__ = ["HOOKS", "Partition", "Tensor", "as_shape"]
-
-#: set by higher layers when imported: "to_numpy" (ops), "dlpack_export" (_dlpack)
-HOOKS: dict[str, Any] = {}
+__all__ = ["Partition", "Tensor", "as_shape"]
 
 
 def as_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
@@ -184,7 +186,12 @@ class Tensor(TensorBase):
         runs an event loop it warns once (the copy blocks the loop): ``await do.to_numpy(t)``
         does not."""
         self.check_host_access()
-        return HOOKS["numpy"](self)  # type: ignore[no-any-return]
+        warn_on_loop("Tensor.numpy()", "'await do.to_numpy(t)'")
+        be = self.buffer.backend
+        op = ToNumpy(self)
+        op._take("numpy()")
+        out: np.ndarray = run_sync(op, next_stream() if be is current() else be.streams[0], "numpy()")
+        return out
 
     # ---- interop --------------------------------------------------------------------------
     @property
@@ -207,7 +214,7 @@ class Tensor(TensorBase):
     def __dlpack__(
         self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None
     ) -> Any:
-        return HOOKS["dlpack_export"](self, stream)
+        return export(self, stream)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         dev: tuple[int, int] = self.buffer.backend.dlpack_device

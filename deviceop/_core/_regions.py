@@ -23,19 +23,20 @@ from typing import Any
 
 import numpy as np
 
-from .._core._base import Buffer
-from .._core._external import (
+from .._errors import UsageError
+from .._process import renew_at_fork
+from ._base import LOCK, Buffer, PartitionBase, TensorBase
+from ._dlpack import capsule
+from ._dlstructs import describe_dlpack
+from ._external import (
     inside_stream,  # (re-exported: the stream whose external fn runs)
     remember,
     seen,
     wrapper,
 )
-from .._errors import UsageError
-from .._process import renew_at_fork
-from ..device._tensor import Partition, Tensor
-from ._dlstructs import describe_dlpack
+from ._ledger import in_flight
 
-__all__ = ["access_of", "buffer_for", "host_root", "inside_stream", "raw_view", "register", "span"]
+__all__ = ["access_of", "buffer_for", "export", "host_root", "inside_stream", "raw_view", "register", "span"]
 
 
 class _Region:
@@ -242,12 +243,11 @@ def access_of(obj: Any, be: Any, write: bool, what: Any) -> tuple[Any, ...]:
     a = seen(obj, be, write)  # a PyTorch tensor described before, unchanged
     if a is not None:
         return a
-    tp = type(obj)
-    if tp is Partition:
+    if isinstance(obj, PartitionBase):
         obj = obj.tensor
-        tp = Tensor
-    if tp is Tensor:
+    if isinstance(obj, TensorBase):
         return (obj, write)
+    tp = type(obj)
     is_torch = _is_torch(tp)
     ptr, shape, strides, itemsize, _device = _describe(obj, be, what)
     lo, hi = span(ptr, shape, strides, itemsize)
@@ -327,3 +327,32 @@ def _check_device(dev: str, be: Any, what: Any, obj: Any) -> None:
             f"{what}: this {type(obj).__name__} lives on {dev!r} memory, but the {be.name} backend's "
             f"work touches {want!r} memory; move it there first"
         )
+
+
+def export(t: Any, stream: Any) -> Any:
+    """A ``dltensor`` capsule for ``t``; orders the consumer's ``stream`` after work in flight.
+
+    Inside the fn of :func:`~deviceop.interop.external` the ledger has already ordered the op's
+    stream after the work in flight, so a consumer on that stream waits for nothing more (and
+    on the host backend the fn runs in stream order, so the tensor may be read).
+    """
+    be = t.buffer.backend
+    register(t.buffer)  # wrapped back later, its memory is this buffer's region
+    mine = inside_stream()
+    if not be.cuda_memory:
+        if mine is None:
+            t.check_host_access("export")  # a host consumer reads at once: nothing may be in flight
+        return be.dlpack_host(t)  # numpy owns the capsule's lifetime
+    if mine is not None:
+        if stream not in (-1, mine.handle_int):
+            ev = be.new_event()  # another stream of the consumer: after our work so far
+            mine.record(ev)
+            be.foreign_wait(stream, ev)
+    else:
+        ex = in_flight(t.buffer, *t.span)
+        if ex is not None and stream != -1:
+            with LOCK:
+                ev = ex.completion_event()
+            be.foreign_wait(stream, ev)  # the consumer's stream waits for the work in flight
+    dev_type, dev_id = be.dlpack_device
+    return capsule(t, t.ptr, t.shape, t.strides, t.dtype.dl_code, t.dtype.itemsize * 8, dev_type, dev_id)

@@ -17,9 +17,9 @@ import warnings
 import weakref
 from typing import Any
 
-from .._core._base import STREAM_TYPES
-from .._core._ledger import abandon
 from .._errors import BackendError, DeviceOpWarning, UsageError
+from ._base import STREAM_TYPES
+from ._ledger import abandon
 
 __all__ = [
     "DeviceOpWarning",
@@ -90,11 +90,11 @@ def _make(name: str, streams: int, ordinal: int = 0) -> Any:
     if name == "cuda":
         if _state["forked_cuda"]:
             raise BackendError(_FORKED_CUDA)
-        from ._cuda import CudaBackend
+        from .._backends._cuda import CudaBackend
 
         be: Any = CudaBackend(streams, ordinal)
     elif name == "host":
-        from ._host import HostBackend
+        from .._backends._host import HostBackend
 
         be = HostBackend(streams, ordinal)
     else:
@@ -152,7 +152,7 @@ def use_backend(name: str, streams: int | None = None, device: int = 0) -> Any:
 
 
 def _host_count() -> int:
-    from ._host import HostBackend
+    from .._backends._host import HostBackend
 
     return HostBackend.device_count()
 
