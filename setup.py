@@ -54,7 +54,6 @@ extensions = [
         "_dlpack",
         "_external",
         "_transfer",
-        "_replay",
         "_lanes",
         "_watch",
         "_guards",

@@ -8,9 +8,6 @@ uvloop or trio) or are submitted (``submit``) across a pool of CUDA streams. The
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._core._op import HOOKS as _HOOKS
-from ._core._select import Stream, device, devices
-from ._core._select import current as _current
 from ._dtypes import DType, bfloat16, float16, float32, int32, int64, uint8
 from ._errors import (
     BackendError,
@@ -28,14 +25,18 @@ from ._errors import (
 from .device import (
     DeviceOpWarning,
     Partition,
+    Stream,
     Tensor,
     backend_name,
     borrow_policy,
+    device,
+    devices,
     next_stream,
     set_borrow_policy,
     set_host_chaos,
     use_backend,
 )
+from .device import current as _current
 from .ops import DeviceOp, empty, from_numpy, full, ones, to_device, to_numpy, value, zeros
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ if TYPE_CHECKING:
         wait_policy,
     )
     from .interop import external
-
-_HOOKS.load_from.update({"graph": "deviceop.graph._graph"})
 
 # The layers above the ops load on first use (start-up time): the modules that register the
 # core's hooks when a hook is first called, and the public names they hold, all of them at the

@@ -1,58 +1,48 @@
-# cython: language_level=3
+# cython: language_level=3, annotation_typing=False
 """DeviceOp, the run protocol, the hot combinators and the terminals.
 
 An op is a single-use description of GPU work; a terminal makes an :class:`ExecutionContext`
 on a stream, calls the op's ``_run(cx)`` (which enqueues its work through the ledger and
 returns its output, possibly in flight) and waits for it or hands it to the watcher: ``sync``
 and ``sync_on`` here, ``await`` through the completion path (``_completion``), ``submit``
-through its future (``_future``). ``then``, ``map``, ``inspect`` and ``shared`` are here too.
-Graph capture lives in ``deviceop.graph``, which registers ``op.graph()`` in :data:`HOOKS`.
+through its future (``_future``). ``then``, ``map``, ``inspect`` and ``shared`` are here too,
+and graph capture: ``op.graph()`` records through a scope whose graph's replay is an op, so the
+replay (``_replay.pxi``) and the scope with CudaGraph (``_graph.pxi``) are compiled into this
+module.
 """
 
 cimport cython
 
-from ._base cimport Driver, StreamBase, make_current, n_recording
-from ._ledger cimport ExecutionContext, new_context
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.tuple cimport PyTuple_GET_ITEM
+from libc.stdint cimport uint64_t, uintptr_t
+
+from ._base cimport _LOCK as LOCK, Buffer, Driver, StreamBase, make_current, n_recording
+from ._ledger cimport Access, ExecutionContext, covering, epoch, new_context, register, retarget, scan
 
 from ._guards cimport check_timeout, refuse_in_capture, refuse_on_loop
 
 import threading
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from . import _capture
 from ._base import STREAM_TYPES
+from ._capture import CAPTURE
 from ._completion import await_op
 from ._future import DeviceFuture, watch_future
 from ._watch import device_failed, give, sticky
 
 from .._errors import CaptureError, CudaError, UsageError
-from ._select import next_stream, stream_of
+from ._select import current, next_stream, stream_of
 
 __all__ = [
-    "DeviceOp", "Value", "Chain", "Each", "Shared", "HOOKS", "SHAREABLE", "value", "chain", "start", "run_sync",
+    "DeviceOp", "Value", "Chain", "Each", "Shared", "SHAREABLE", "value", "chain", "start", "run_sync",
     "start_sliced", "as_stream", "is_op", "hand_over",
+    "GraphBase", "GraphLaunch", "CudaGraph", "GraphScope", "Recording", "scope", "capture",
 ]
 
-class _Hooks(dict):
-    """Implementations registered by higher layers: "graph" (capture, deviceop.graph).
-
-    A layer registers its own when it is imported; ``load_from`` names, for each hook, the
-    module that registers it, so a hook first used before its layer was imported is loaded then
-    (the top-level package sets the names: this layer names no module above it).
-    """
-
-    load_from = {}
-
-    def __missing__(self, key):
-        mod = self.load_from.get(key)
-        if mod is None:
-            raise UsageError(f"deviceop's {key!r} is not available: import deviceop first")
-        import importlib  # (the layer registering the hook loads on its first use: start-up time)
-
-        importlib.import_module(mod)
-        return dict.__getitem__(self, key)
-
-
-#: implementations registered by higher layers (see _Hooks)
-HOOKS = _Hooks()
+T = TypeVar("T")
 
 #: the ``_used`` mark of ops any number of consumers may take (``shared()``)
 cdef object _SHAREABLE = "(shareable)"
@@ -311,7 +301,7 @@ cdef class DeviceOp:
         ``sync``/``await`` raise :class:`CaptureError`. ``stream``: record on this pool stream
         instead of a private one.
         """
-        return HOOKS["graph"](self, stream)
+        return capture(self, stream)
 
     def submit(self, stream=None):
         """Run on ``stream`` (default: the next pool stream) without waiting; return a future."""
@@ -621,3 +611,9 @@ cpdef tuple start_sliced(DeviceOp op, object stream, str label, double seconds):
     if sl._until(t0 + seconds):
         return sl.cx, sl.out, None
     return sl.cx, None, sl
+
+
+# ---- graph replays, and scoped recording with CudaGraph ------------------------------------------
+
+include "_replay.pxi"
+include "_graph.pxi"

@@ -1,30 +1,19 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
-"""Graph replays: a recorded graph's launch as an op, ordered by the ledger like any other work.
-
-A replay reads the regions its recording touched from a C array (no Python objects on its
-path) and reuses its previous replay's ledger entries on the same stream while nothing else
-was registered since (see ``_ledger.covering``).
-"""
-
-cimport cython
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.tuple cimport PyTuple_GET_ITEM
-from libc.stdint cimport uint64_t, uintptr_t
-
-from ._base cimport _LOCK as LOCK, Buffer, Driver
-from ._ledger cimport Access, ExecutionContext, covering, epoch, register, retarget, scan
-from ._op cimport DeviceOp
-
-from .._errors import CaptureError, UsageError
-
-__all__ = ["GraphBase", "GraphLaunch"]
-
+# Graph replays, included by _op.pyx (one compiled module with the op a replay is, and with
+# op.graph(), which records through the scope below).
+#
+# Graph replays: a recorded graph's launch as an op, ordered by the ledger like any other work.
+#
+# A replay reads the regions its recording touched from a C array (no Python objects on its
+# path) and reuses its previous replay's ledger entries on the same stream while nothing else
+# was registered since (see ``_ledger.covering``).
 
 cdef struct Span:
     Py_ssize_t lo, hi
     bint write
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef class GraphBase:
     """The compiled part of a CudaGraph: what its replays read, set together under the ledger
     lock (``_set_replay``), and its launch count."""
@@ -85,6 +74,8 @@ cdef class GraphBase:
         return op
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef class GraphLaunch(DeviceOp):
     """One replay of a :class:`~deviceop.graph.CudaGraph`; its output is the graph's output.
 
@@ -145,6 +136,8 @@ cdef class GraphLaunch(DeviceOp):
             LOCK.drop()
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef int _replay(GraphBase g, Driver d, ExecutionContext cx, void* sh) except -1:
     """Launch ``g``'s executable graph on ``cx``'s stream (its ledger work is the caller's)."""
     cdef uintptr_t ex
@@ -162,6 +155,8 @@ cdef int _replay(GraphBase g, Driver d, ExecutionContext cx, void* sh) except -1
     return 0
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 cdef int _remember(GraphBase g, ExecutionContext cx) except -1:
     """Keep the entries that cover ``g``'s regions after ``cx`` registered them, with the epoch
     (none where one is missing, which registration leaves only under another policy)."""
