@@ -249,3 +249,39 @@ async def test_an_execution_offers_one_wait_to_loops_and_threads(backend, anyio_
     assert (await do.to_numpy(t) == 4.0).all()
     with pytest.raises(do.UsageError, match="timeout"):
         await cx.completed(timeout=math.nan)
+
+
+def test_hostile_sizes_raise_deviceop_errors(backend):
+    from deviceop.executors import ThreadedQueue
+
+    with pytest.raises(do.UsageError, match="at most 256"):
+        WorkQueue(streams=10**9)
+    with pytest.raises(do.UsageError, match="at most 256"):
+        ThreadedQueue(streams=10**9)
+    with pytest.raises(do.UsageError, match="batch"):
+        WorkQueue(batch=10**20)
+    with pytest.raises(do.UsageError, match="capacity"):
+        WorkQueue(capacity=10**20)
+    t = do.zeros(8).sync()
+    with pytest.raises(do.ShapeError, match="slice steps"):
+        t[::0]
+    with pytest.raises(do.ShapeError, match="slice steps"):
+        t[::"x"]
+
+
+def test_an_allocation_the_host_cannot_make_is_a_cuda_error(host_backend, monkeypatch):
+    import numpy
+
+    real = numpy.empty
+
+    def refuse(shape, dtype=float, *a, **k):
+        if shape == 1 << 30:
+            raise MemoryError("Unable to allocate")
+        return real(shape, dtype, *a, **k)
+
+    monkeypatch.setattr(numpy, "empty", refuse)
+    with pytest.raises(do.CudaError, match=r"OUT_OF_MEMORY.*allocate less") as e:
+        do.empty(1 << 30, do.uint8).sync()
+    assert e.value.code == 2
+    monkeypatch.setattr(numpy, "empty", real)
+    assert do.zeros(2).sync().numpy().tolist() == [0.0, 0.0]  # not a sticky fault

@@ -96,6 +96,34 @@ def test_child_runs_on_a_fresh_host_device(host_backend: str) -> None:
     assert _work()[1] == 2.0  # the parent is unaffected
 
 
+def test_child_refuses_parent_futures_and_in_flight_tensors_at_once(host_backend: str) -> None:
+    # the parent's work never completes in the child: waiting for it would hang, and the advice
+    # to await it could not be followed
+    from helpers import slow_fill
+
+    t = do.zeros(4096, do.float32).sync()
+    fut = slow_fill(t, 1.0, 2.0).submit()
+
+    def child() -> list[str]:
+        got = []
+        for f in (lambda: fut.result(), lambda: fut.result(timeout=30), lambda: asyncio.run(_awaited(fut)), t.numpy):
+            t0 = time.monotonic()
+            try:
+                f()
+            except do.BackendError as e:
+                got.append(str(e))
+            assert time.monotonic() - t0 < 1.0, "waited for the parent's work"
+        return got
+
+    msgs = in_child(child)
+    assert len(msgs) == 4 and all("parent" in m for m in msgs)
+    assert fut.result(timeout=30) is not None  # the parent's own future completes
+
+
+async def _awaited(fut: Any) -> Any:
+    return await fut
+
+
 def test_child_refuses_parent_tensors_instead_of_hanging(host_backend: str) -> None:
     t = do.zeros(4, do.float32).sync()
     s = do.next_stream()

@@ -26,10 +26,21 @@ def _error_text(err: Any) -> tuple[str, str]:
         return f"CUresult {int(err)}", "unknown error"
 
 
+#: what to do after errors that a user can act on, by driver code
+_ADVICE = {
+    2: "free tensors you no longer need (and do.empty_cache()), or allocate less",  # OUT_OF_MEMORY
+    700: "the context is lost: fix the failing kernel's memory access and start a new process",  # ILLEGAL_ADDRESS
+    710: "the context is lost: a kernel's assert failed; fix it and start a new process",  # ASSERT
+    719: "the context is lost: fix the failing kernel and start a new process",  # LAUNCH_FAILED
+}
+
+
 def cuda_error(err: Any, call: str) -> CudaError:
-    """A CudaError carrying the driver's error name and explanation."""
+    """A CudaError carrying the driver's error name and explanation, and what to do where that
+    is known."""
     name, text = _error_text(err)
-    return CudaError(f"{call} failed with {name}: {text}", name=name, code=int(err))
+    advice = _ADVICE.get(int(err))
+    return CudaError(f"{call} failed with {name}: {text}" + (f"; {advice}" if advice else ""), name=name, code=int(err))
 
 
 def check(result: Any, call: str) -> Any:

@@ -384,7 +384,17 @@ class HostBackend:
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, nbytes: int, stream: HostStream) -> Buffer:
         self.raise_if_error()
-        arr = np.empty(max(nbytes, 1), dtype=np.uint8)
+        try:
+            arr = np.empty(max(nbytes, 1), dtype=np.uint8)
+        except MemoryError:
+            # what the driver's pool says when it is out of memory: an error of this allocation
+            # (the context goes on), not a sticky fault
+            raise CudaError(
+                f"CUDA_ERROR_OUT_OF_MEMORY: the host backend could not allocate {nbytes} bytes; "
+                "free tensors you no longer need (and do.empty_cache()), or allocate less",
+                name="CUDA_ERROR_OUT_OF_MEMORY",
+                code=2,
+            ) from None
         with self._lock:
             self._used += nbytes
         return Buffer(self, arr.ctypes.data, nbytes, host=arr, stream=stream)

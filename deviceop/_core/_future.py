@@ -7,8 +7,10 @@ import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
+from .._errors import BackendError
 from ._completion import await_future
 from ._guards import check_timeout, refuse_in_capture, refuse_on_loop
+from ._ledger import lost
 from ._watch import Watcher, give
 
 __all__ = ["DeviceFuture"]
@@ -77,6 +79,7 @@ class DeviceFuture(Generic[T]):
         timeout = check_timeout(timeout)
         if self._event.is_set():
             return True
+        self._check_device()
         refuse_in_capture(f"DeviceFuture.{what}()")  # (before done(): a query would end a recording)
         if self.done():
             return True
@@ -91,6 +94,13 @@ class DeviceFuture(Generic[T]):
         if w is not None:
             w.reap()
         return self._event.wait(timeout)
+
+    def _check_device(self) -> None:
+        """BackendError if the work will never complete in this process (its device is the
+        parent's, in a process made by fork())."""
+        why = lost(self._cx.backend)
+        if why is not None:
+            raise BackendError(f"this future's work ({self._cx.describe()}) will not complete here: {why}")
 
     def add_done_callback(self, fn: Callable[[DeviceFuture[T]], Any]) -> None:
         """Call ``fn(self)`` on completion (at once if already complete), on the completing thread."""
@@ -107,6 +117,8 @@ class DeviceFuture(Generic[T]):
     def wait(self, timeout: float | None = None) -> Coroutine[Any, Any, T]:
         """``await future.wait(timeout=s)``: raise ``TimeoutError`` if not complete in time (the work keeps running)."""
         refuse_in_capture("await DeviceFuture")
+        if not self._event.is_set():
+            self._check_device()
         return await_future(self, timeout)
 
     def _complete(self, error: BaseException | None) -> None:

@@ -43,7 +43,7 @@ from ._watch import give, stop_watchers
 from .._errors import BackendError, BorrowError, CaptureError, SettingError, UsageError
 
 __all__ = [
-    "ExecutionContext", "Access", "enqueue", "abandon", "abandoned", "check_backend", "touch",
+    "ExecutionContext", "Access", "enqueue", "abandon", "abandoned", "lost", "check_backend", "touch",
     "in_flight", "held", "set_borrow_policy", "borrow_policy",
 ]
 
@@ -282,7 +282,7 @@ def abandon(backend, str reason, bint notify=True):
     global _last_driver, _any_abandoned
     for k in [k for k, e in _ABANDONED.items() if e[0]() is None]:
         del _ABANDONED[k]  # (weak: a closed device that nothing uses any more is freed)
-    _ABANDONED[id(backend)] = (weakref.ref(backend), reason)
+    _ABANDONED[id(backend)] = (weakref.ref(backend), reason, not notify)
     _any_abandoned = True
     _last_driver = (None, None)
     forget_layouts(backend)
@@ -295,6 +295,13 @@ def abandoned(backend):
     """Why ``backend`` may run nothing more, or None if it may."""
     e = _ABANDONED.get(id(backend))
     return e[1] if e is not None and e[0]() is backend else None
+
+
+def lost(backend):
+    """Why work already queued on ``backend`` will never complete in this process (it is the
+    parent's, in a process made by fork()), or None (a closed backend still completes it)."""
+    e = _ABANDONED.get(id(backend))
+    return e[1] if e is not None and e[0]() is backend and e[2] else None
 
 
 cpdef int check_backend(ExecutionContext cx, object be, object what) except -1:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import DType
-from .._errors import BorrowError, DTypeError, ShapeError, TensorIndexError
+from .._errors import BackendError, BorrowError, DTypeError, ShapeError, TensorIndexError
 from ._base import (
     PartitionBase,
     TensorBase,
@@ -19,7 +19,7 @@ from ._base import (
     remember_partition,
 )
 from ._guards import warn_on_loop
-from ._ledger import in_flight
+from ._ledger import in_flight, lost
 from ._op import run_sync
 from ._regions import export
 from ._select import current, next_stream
@@ -143,6 +143,10 @@ class Tensor(TensorBase):
                     raise TensorIndexError(f"index {int(k)} is out of range for dimension {d} of size {n}")
                 offset += i * st * it
             elif isinstance(k, slice):
+                if k.step is not None and not isinstance(k.step, (int, np.integer)):
+                    raise ShapeError(f"slice steps are ints, got {k.step!r}")
+                if k.step is not None and k.step <= 0:
+                    raise ShapeError("negative or zero slice steps are not supported; use numpy for that")
                 start, stop, step = k.indices(n)
                 if step <= 0:
                     raise ShapeError("negative or zero slice steps are not supported; use numpy for that")
@@ -171,7 +175,11 @@ class Tensor(TensorBase):
 
     # ---- host access ----------------------------------------------------------------------
     def check_host_access(self, verb: str = "read") -> None:
-        """Raise BorrowError if work that touches this tensor's memory is still in flight."""
+        """Raise BorrowError if work that touches this tensor's memory is still in flight
+        (BackendError if its device is the parent's, in a process made by fork())."""
+        why = lost(self.buffer.backend)
+        if why is not None:  # (its work would never be seen to complete)
+            raise BackendError(f"cannot {verb} {self!r} from the host: {why}")
         ex = in_flight(self.buffer, *self._span)
         if ex is not None:
             raise BorrowError(

@@ -160,15 +160,22 @@ def lanes_of(streams: int | Sequence[Any] | None, devices: Any = None) -> list[A
         bes = [device_backend(d) for d in specs]
         if len(set(map(id, bes))) != len(bes):
             raise UsageError(f"devices lists a device twice: {specs!r}")
-        if streams is not None and (isinstance(streams, bool) or not isinstance(streams, int) or streams < 1):
-            raise UsageError(f"with devices=, streams is a number of streams per device (>= 1), got {streams!r}")
+        if streams is not None and (
+            isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS
+        ):
+            raise UsageError(
+                f"with devices=, streams is a number of streams per device (1 to {MAX_STREAMS}), got {streams!r}"
+            )
         per = [list(be.streams) if streams is None else _first(be, streams) for be in bes]
         return [lane[i] for i in range(max(map(len, per))) for lane in per if i < len(lane)]
     if streams is None:
         return list(current().streams)
     if isinstance(streams, int) and not isinstance(streams, bool):
-        if streams < 1:
-            raise UsageError(f"a work queue needs at least one stream, got streams={streams}")
+        if not 1 <= streams <= MAX_STREAMS:
+            raise UsageError(
+                f"a work queue needs at least one stream and takes at most {MAX_STREAMS} (per device), "
+                f"got streams={streams}; a few per device keep a GPU busy"
+            )
         return _first(current(), streams)
     if isinstance(streams, bool):
         raise UsageError(f"streams must be a number of streams or a list of streams, got {streams!r}")
@@ -201,12 +208,23 @@ def check_capacity(capacity: Any, lanes: int, batch: int = 1) -> int:
     a full batch while the next one waits (at least 4 items per lane)."""
     if capacity is None:
         return max(4, 2 * batch) * lanes
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise UsageError(f"capacity (the bound on queued plus in-flight items) must be an int >= 1, got {capacity!r}")
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= MAX_ITEMS:
+        raise UsageError(
+            f"capacity (the bound on queued plus in-flight items) must be an int from 1 to {MAX_ITEMS}, got {capacity!r}"
+        )
     return capacity
 
 
+#: the most streams a queue drives per device, and the largest batch and capacity it takes (a
+#: stream beyond the pool is made once and kept; a thread queue starts a thread per stream)
+MAX_STREAMS = 256
+MAX_ITEMS = 1 << 24
+
+
 def check_batch(batch: Any) -> int:
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise UsageError(f"batch (items a stream's worker takes at once) must be an int >= 1, got {batch!r}")
+    """``batch`` checked: an int from 1 to ``MAX_ITEMS``."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_ITEMS:
+        raise UsageError(
+            f"batch (items a stream's worker takes at once) must be an int from 1 to {MAX_ITEMS}, got {batch!r}"
+        )
     return batch
