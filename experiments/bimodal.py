@@ -25,6 +25,7 @@ their 20 ms re-check ended (``late_wakeups``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import os
@@ -86,11 +87,18 @@ def run_threaded(w: Workload, S: int, think=None, batch: int = 8) -> dict:
     return _row(len(res), st.seconds, st.cpu_s, st.host_threads)
 
 
-def run_async(w: Workload, S: int, think_async=None, batch: int = 8) -> dict:
-    import uvloop
+#: the event loop the async queue runs in: "uvloop" (default) or "asyncio" (``--loop``)
+LOOP = ["uvloop"]
 
+
+def run_async(w: Workload, S: int, think_async=None, batch: int = 8) -> dict:
     q = WorkQueue(streams=S, on_done=think_async, batch=batch)
-    res = uvloop.run(q.run(w.items()))
+    if LOOP[0] == "uvloop":
+        import uvloop
+
+        res = uvloop.run(q.run(w.items()))
+    else:
+        res = asyncio.run(q.run(w.items()))
     _check(res)
     st = q.stats()
     return _row(len(res), st.seconds, st.cpu_s, st.host_threads)
@@ -238,9 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--gc", action="store_true", help="leave the garbage collector as it is (default: freeze it after the warm-up)"
     )
+    ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="the async queue's event loop")
     ap.add_argument("--out", default=None)
     ap.add_argument("--png", default=None)
     a = ap.parse_args(argv)
+    LOOP[0] = a.loop
     S_list = [int(x) for x in a.streams.split(",")]
     w = Workload(a.items, max(S_list))
     tw = None if a.no_torch else TorchWorkload(w, max(S_list))
