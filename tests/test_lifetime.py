@@ -13,6 +13,7 @@ import warnings
 
 import anyio
 import pytest
+from conftest import STUB_DRIVER
 from helpers import longest_gap, slow_fill
 
 import deviceop as do
@@ -177,31 +178,65 @@ def test_a_timed_out_await_says_how_to_get_the_result(backend):
     assert "Await it again" not in str(e.value)
 
 
-def test_a_non_sticky_error_fails_only_its_own_await(host_backend, monkeypatch):
+def _fail_next_arming(backend: str, monkeypatch) -> None:
+    """The fault switch: the next arming of a completion flag fails with an error of that call
+    (CUDA_ERROR_INVALID_VALUE), on the host backend or the stub driver."""
+    if backend == "host":
+        real = HostStream.signal
+        calls: list = []
+
+        def failing(self, fn):
+            if not calls:
+                calls.append(1)
+                raise do.CudaError("CUDA_ERROR_INVALID_VALUE: injected", name="CUDA_ERROR_INVALID_VALUE", code=1)
+            real(self, fn)
+
+        monkeypatch.setattr(HostStream, "signal", failing)
+    elif STUB_DRIVER:
+        from stub_driver import emulate
+
+        emulate.fail_next_write(1)
+    else:
+        pytest.skip("the fault switch is the host backend's or the stub driver's")
+
+
+def test_a_non_sticky_error_fails_only_its_own_await(backend, monkeypatch):
     # an error of one call (here: arming the completion flag) fails that await; another await
     # on the device completes, and no slot of the device is retired
-    real = HostStream.signal
-    calls: list = []
-
-    def failing_once(self, fn):
-        calls.append(1)
-        if len(calls) == 2:
-            raise do.CudaError("CUDA_ERROR_INVALID_VALUE: injected", name="CUDA_ERROR_INVALID_VALUE", code=1)
-        real(self, fn)
-
     before = _reactor.stats()["quarantined"]
 
     async def main() -> list:
         t = await do.zeros(N, do.float32)
-        monkeypatch.setattr(HostStream, "signal", failing_once)
+        _fail_next_arming(backend, monkeypatch)
         return await asyncio.gather(slow_fill(t, 1.0, 0.2).wait(), do.full(4, 3.0).wait(), return_exceptions=True)
 
-    ok, bad = asyncio.run(main())
-    monkeypatch.setattr(HostStream, "signal", real)
+    bad, ok = asyncio.run(main())
     assert isinstance(bad, do.CudaError) and bad.code == 1
     assert not isinstance(ok, BaseException)
     assert _reactor.stats()["quarantined"] == before
     assert do.full(2, 1.0).sync().numpy().tolist() == [1.0, 1.0]
+
+
+def test_an_error_arming_a_queue_execution_fails_its_items_only(backend, monkeypatch):
+    # the batch's work is in flight when its arming fails: its items get the error and the queue
+    # ends without waiting for it, its buffers stay until its work completes, and the queue and
+    # the device go on
+    refs: list = []
+
+    async def main(fail: bool) -> list:
+        async with WorkQueue(streams=1, batch=1) as q:
+            if fail:
+                _fail_next_arming(backend, monkeypatch)
+                await q.put(_watched_fill(refs, 0.5))
+            else:
+                await q.put(lambda lane: do.full(4, 2.0))
+        return q.results()
+
+    (res,) = asyncio.run(main(True))
+    assert isinstance(res.error, do.CudaError) and res.error.code == 1
+    _held_until_done(refs[0], 0.5)
+    (res,) = asyncio.run(main(False))
+    assert res.unwrap().numpy().tolist() == [2.0] * 4
 
 
 def test_a_sticky_fault_retires_the_slot_of_a_timed_out_await(host_backend):

@@ -218,3 +218,9 @@ def dtoh_calls_waiting() -> int:
 def launches() -> int:
     """Kernel launches the stub has executed (graph replays included)."""
     return int(_state["lib"].stub_launches())
+
+
+def fail_next_write(code: int) -> None:
+    """Make the next cuStreamWriteValue32 (a completion flag's arming) fail with ``code`` once,
+    enqueuing nothing: an error of that one call (the fault switch of the lifetime tests)."""
+    _state["lib"].stub_fail_next_write(ctypes.c_int(code))

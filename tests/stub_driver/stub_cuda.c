@@ -65,6 +65,10 @@ long stub_live_allocs(void) { return live_allocs; }
 static volatile unsigned dtoh_call_us;
 static volatile long dtoh_waiting;
 void stub_set_dtoh_call_delay(unsigned us) { dtoh_call_us = us; }
+// The harness injects an error of one call (a fault switch): the next cuStreamWriteValue32, the
+// arming of a completion flag, returns `code` once and enqueues nothing (0: no error)
+static volatile int fail_write;
+void stub_fail_next_write(int code) { __atomic_store_n(&fail_write, code, __ATOMIC_SEQ_CST); }
 long stub_dtoh_calls_waiting(void) { return __atomic_load_n(&dtoh_waiting, __ATOMIC_SEQ_CST); }
 
 typedef struct func {
@@ -509,6 +513,8 @@ CUresult cuMemHostGetDevicePointer(CUdeviceptr *d, void *p, unsigned flags) { *d
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) { return cuMemHostGetDevicePointer(d, p, flags); }
 CUresult cuStreamWriteValue32(void *s, CUdeviceptr addr, uint32_t value, unsigned flags) {
     if (sticky) return sticky;
+    int injected = __atomic_exchange_n(&fail_write, 0, __ATOMIC_SEQ_CST);
+    if (injected) return injected;
     if (no_memops) return 801;  // CUDA_ERROR_NOT_SUPPORTED
     work_t w = {.kind = W_WRITE32, .dst = addr, .value = value};
     return submit(s, &w);
