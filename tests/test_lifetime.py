@@ -35,6 +35,15 @@ def anyio_backend(request):
 def _watched_fill(refs: list, seconds: float) -> do.DeviceOp:
     """A fill of a fresh buffer (only the execution holds it) lasting about ``seconds``; ``refs``
     gets the device's bytes in use before the buffer was made."""
+    # earlier work settled first (its blocks back), so that the count moves only with this fill
+    for st in do.streams():
+        st.synchronize()
+    deadline = time.monotonic() + 5
+    last = -1
+    while time.monotonic() < deadline and do.used_bytes() != last:
+        last = do.used_bytes()
+        gc.collect()
+        time.sleep(0.02)
     refs.append(do.used_bytes())
     return do.zeros(N, do.float32).then(lambda t: slow_fill(t, 1.0, seconds))
 
@@ -320,3 +329,37 @@ def test_an_allocation_the_host_cannot_make_is_a_cuda_error(host_backend, monkey
     assert e.value.code == 2
     monkeypatch.setattr(numpy, "empty", real)
     assert do.zeros(2).sync().numpy().tolist() == [0.0, 0.0]  # not a sticky fault
+
+
+def test_an_execution_dropped_while_this_thread_records_a_graph(backend):
+    # its finaliser runs inside the recording: it only queues the execution (a query or an event
+    # recorded on this thread would end the recording); the janitor hands it over
+    refs: list = []
+    fut = do.value(1).submit()
+    x = do.ones(256).sync()
+    y = do.zeros(256).sync()
+    do.kernels.scale(y.partition((128,)), x, 1.0).sync()  # compiled and loaded before the timing
+    op = _watched_fill(refs, 0.4)  # (the bytes in use measured now)
+    op._take("test")
+    cx, out = start(op, do.next_stream(), "test")
+    with do.graph.scope() as s:
+        del cx, out
+        gc.collect()  # the execution's finaliser runs here, during the recording
+        fut.done()  # looks at nothing while recording
+        s.record(do.kernels.scale(y.partition((128,)), x, 3.0))
+    s.graph.launch().sync()
+    assert y.numpy().tolist() == [3.0] * 256
+    _held_until_done(refs[0], 0.4)
+
+
+def test_await_a_future_of_a_replaced_host_device(host_backend):
+    # queued work of a closed device completes; its future is awaited to the end
+    do.set_host_chaos(0.01)
+    t = do.zeros(1 << 12, do.float32).sync()
+    fut = do.kernels.fill(t.partition((1 << 12,)), 3.0).submit()
+    do.use_backend("host")
+
+    async def main() -> object:
+        return await fut.wait(timeout=20)
+
+    assert asyncio.run(main()) is not None

@@ -34,9 +34,9 @@ from typing import Any
 
 from .._errors import CudaError, SettingError
 from . import _reactor
-from ._guards import check_timeout
+from ._guards import check_timeout, refuse_on_loop
 from ._wake import event_class, loop_dispatcher
-from ._watch import device_failed, give
+from ._watch import device_failed, hand_over
 
 __all__ = [
     "COUNTS",
@@ -184,7 +184,7 @@ def _timed_out(cx: Any, timeout: float) -> TimeoutError:
     if isinstance(cx, str):
         return TimeoutError(
             f"{cx} did not complete within {timeout} s; the GPU work keeps running. Await the "
-            "future again (or call its result()) to keep waiting for its result"
+            "future again (await fut.wait(timeout=...)) to keep waiting for its result"
         )
     return TimeoutError(
         f"{cx.describe()} did not complete within {timeout} s; the GPU work keeps running and its "
@@ -330,13 +330,6 @@ async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: flo
             return False
 
 
-def _hand_over(cx: Any, stream: Any, ev: Any = None) -> None:
-    """The task stops waiting while the work may still run: the stream's watcher finishes the
-    execution once its work is done (its buffers are held until then)."""
-    if not cx.done:
-        give(stream, cx, ev)
-
-
 async def _enqueue_rest(lib: str, cx: Any, stream: Any, rest: Any) -> Any:
     """Enqueue the rest of a chain (``rest``, from ``start_sliced``), a slice at a time, giving
     the loop a turn before each; returns the chain's output."""
@@ -347,7 +340,7 @@ async def _enqueue_rest(lib: str, cx: Any, stream: Any, rest: Any) -> Any:
         except BaseException:
             # cancelled during the turn: no later step is enqueued; the work enqueued so far
             # completes before its buffers go (a step that fails is handled by rest.run)
-            _hand_over(cx, stream)
+            hand_over(cx, stream)
             raise
         _COUNTS["enqueue_yields"] += 1
         if rest.run(_SLICE[0] or float("inf")):
@@ -369,7 +362,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
     try:
         lib, d = loop_dispatcher()
     except BaseException:
-        _hand_over(cx, stream)
+        hand_over(cx, stream)
         raise
     if rest is not None:  # a long chain: the loop gets a turn between slices of its enqueue
         out = await _enqueue_rest(lib, cx, stream, rest)
@@ -379,7 +372,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
         await _wait(cx, stream, lib, d, deadline, timeout, poll, cx)
     except BaseException:
         # cancelled, timed out or failed: the work may still run; the watcher finishes it
-        _hand_over(cx, stream, cx._event if cx._sealed else None)
+        hand_over(cx, stream, cx._event if cx._sealed else None)
         raise
     cx.finish()
     return out
@@ -406,7 +399,11 @@ async def _wait(
             # every slot is armed: the stream's host function wakes this loop, the execution's
             # event says when it is done (no event otherwise: an event a thread could block on
             # costs the host an interrupt)
-            ev = cx._event if cx._sealed else cx.seal()
+            ev = cx._event if cx._sealed else None
+            if ev is None:
+                if cx.done:
+                    return
+                ev = cx.seal()
             stream.notify(d.channel, tok)
             done: Callable[[], bool] = ev.query
             check: Callable[[], bool] = done
@@ -465,8 +462,12 @@ def wait_completed(cx: Any, timeout: float | None = None) -> bool:
     timeout = check_timeout(timeout)
     if cx.done:
         return True
+    if timeout != 0:
+        refuse_on_loop(f"{cx.describe()}: wait_completed()")
     ev = cx._event if cx._sealed else None
     if ev is None:
+        if cx.done:
+            return True
         ev = cx.seal()
     if timeout is None:
         ev.synchronize()
@@ -484,13 +485,18 @@ def wait_completed(cx: Any, timeout: float | None = None) -> bool:
 
 async def await_future(fut: Any, timeout: float | None = None) -> Any:
     """Resume when the submitted work behind ``fut`` (a DeviceFuture) is complete; return its
-    output. The same wait as an op's, on the future's execution."""
+    output. The future completes when its own event does (its stream's watcher, or whoever sees
+    it first, finishes it): poll while it is due soon, else park until its completion callback
+    wakes the loop, as an op's wait does."""
     timeout = check_timeout(timeout)
-    if not fut.done():
-        lib, d = loop_dispatcher()
-        deadline = None if timeout is None else time.perf_counter() + timeout
-        await _wait(fut._cx, fut._cx.stream, lib, d, deadline, timeout, None, f"submitted work ({fut._cx.describe()})")
-        y = yielder(lib)
-        while not fut.done():  # complete on the device; another thread is finishing it now
-            await y()
+    lib, d = loop_dispatcher()
+    deadline = None if timeout is None else time.perf_counter() + timeout
+    if not fut.done() and not await _poll(lib, fut.done, _POLL[0], deadline):
+        tok = d.register(None)
+        ch = d.channel
+        fut.add_done_callback(lambda _f: ch.push(tok))
+        try:
+            await _park(lib, d, tok, fut.done, fut.done, deadline, f"submitted work ({fut._cx.describe()})", timeout)
+        finally:
+            d.unregister(tok)
     return fut.result(0)

@@ -45,8 +45,8 @@ class DeviceFuture(Generic[T]):
         """True once the work has completed (successfully or not). Work seen complete here is
         completed on the calling thread (its callbacks run there)."""
         w = self._watcher
-        if w is not None and not self._event.is_set():
-            w.reap()
+        if w is not None and not self._event.is_set() and lost(self._cx.backend) is None:
+            w.reap()  # (not for the parent's work in a child made by fork(): its watcher is gone)
         return self._event.is_set()
 
     def result(self, timeout: float | None = None) -> T:

@@ -17,7 +17,8 @@ Not thread-safe: a Lanes is driven by its queue's one task, on its event loop's 
 cimport cython
 
 from ._ledger cimport ExecutionContext
-from ._op cimport DeviceOp, hand_over
+from ._op cimport DeviceOp
+from ._watch cimport hand_over
 from ._reactor cimport arm as r_arm
 from ._reactor cimport disown as r_disown
 from ._reactor cimport done as r_done

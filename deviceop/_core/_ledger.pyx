@@ -38,7 +38,7 @@ import weakref
 
 from ._completion import completed, wait_completed
 from ._reactor import fail_context
-from ._watch import give, stop_watchers
+from ._watch import orphaned, stop_watchers
 
 from .._errors import BackendError, BorrowError, CaptureError, SettingError, UsageError
 
@@ -212,14 +212,15 @@ cdef class ExecutionContext:
             child.finish_c(ok)
         cbs = self._done_cbs
         self._done_cbs = None
+        first = None
         try:
             if cbs is not None:
                 for cb in cbs:
                     try:
-                        cb()  # staging copies and releases: run even after a failure (frees memory)
-                    except Exception:
-                        if ok:
-                            raise
+                        cb()  # staging copies and releases: every one runs (each frees memory)
+                    except Exception as e:
+                        if first is None:
+                            first = e
         finally:
             # the ledger entries stay, marked finished by ``done``: the next registration on each
             # buffer reuses or drops them (order), so finishing costs no lock and no list edits
@@ -227,6 +228,9 @@ cdef class ExecutionContext:
             self._waited = ()
             self.op = None
             self._event = None
+            self._sealed = False
+        if first is not None and ok:
+            raise first
         return 0
 
     def finish(self, ok=True):
@@ -239,7 +243,11 @@ cdef class ExecutionContext:
         under asyncio, uvloop or trio, without blocking the loop (a completion slot the GPU
         flags, polled while due soon, else parked on the reactor's wake-up, with a backing-off
         re-check for a faulted context). ``TimeoutError`` after ``timeout`` seconds; the work
-        goes on. Finishes nothing: whoever owns the execution does."""
+        goes on. Finishes nothing: whoever owns the execution does. ``BackendError`` at once
+        where its device runs nothing more (a flag armed there would never be written)."""
+        why = abandoned(self.backend) if not self.done else None
+        if why is not None:
+            raise BackendError(f"cannot wait for {self.describe()}: {why}")
         return completed(self, timeout)
 
     def wait_completed(self, timeout=None):
@@ -258,10 +266,12 @@ cdef class ExecutionContext:
         if self.buffers is None and self._done_cbs is None and not self.children:
             self.done = True  # it holds nothing that work could still use
             return
-        try:
-            give(self.stream, self, self._event if self._sealed else None)
-        except BaseException:
-            pass  # (a finaliser cannot raise; the watcher could not be started: nothing to do)
+        if _any_abandoned and lost(self.backend) is not None:
+            return  # the parent's work, in a child made by fork(): it never completes here
+        # A finaliser runs wherever a garbage collection happens: on any thread, holding any lock,
+        # perhaps while that thread records a graph. So it only queues the execution; the
+        # watchers' janitor thread records its event and hands it to its stream's watcher.
+        orphaned(self)
 
 
 # (backend, its Driver or None) of the last context made: one pair, replaced whole

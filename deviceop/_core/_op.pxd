@@ -11,4 +11,3 @@ cdef class DeviceOp:
 cpdef object run_sync(DeviceOp op, object stream, str label)
 cpdef tuple start(DeviceOp op, object stream, str label)
 cpdef object as_stream(object stream)
-cpdef int hand_over(ExecutionContext cx, object stream, object ev=*) except -1

@@ -31,14 +31,15 @@ from ._base import STREAM_TYPES
 from ._capture import CAPTURE
 from ._completion import await_op
 from ._future import DeviceFuture, watch_future
-from ._watch import device_failed, give, sticky
+from ._watch cimport hand_over
+from ._watch import device_failed, sticky
 
 from .._errors import CaptureError, CudaError, UsageError
 from ._select import current, next_stream, stream_of
 
 __all__ = [
     "DeviceOp", "Value", "Chain", "Each", "Shared", "SHAREABLE", "value", "chain", "start", "run_sync",
-    "start_sliced", "as_stream", "is_op", "hand_over",
+    "start_sliced", "as_stream", "is_op",
     "GraphBase", "GraphLaunch", "CudaGraph", "GraphScope", "Recording", "scope", "capture",
 ]
 
@@ -78,17 +79,6 @@ cdef int _wait_stream(ExecutionContext cx) except -1:
             raise d.error(err, "cuStreamSynchronize")
     else:
         cx.stream.synchronize()
-    return 0
-
-
-cpdef int hand_over(ExecutionContext cx, object stream, object ev=None) except -1:
-    """Its terminal stops waiting while the work may still run (an interrupt, a cancelled or
-    timed-out await, a failed enqueue): the stream's watcher finishes the execution once the
-    work is really done, so its buffers and ledger entries hold until then. ``ev``: its
-    completion event if one was recorded; otherwise one is recorded now (after the work
-    enqueued so far: this execution's, perhaps later work too). Never blocks."""
-    if not cx.done:
-        give(stream, cx, ev)
     return 0
 
 

@@ -19,14 +19,16 @@ context's ``finish(ok)``; what it waits on is any object with ``query()`` and ``
 """
 
 import os
+import queue
 import threading
 import time
 from collections import deque
 
 from .._errors import CudaError
+from ._capture import CAPTURE
 from ._reactor import fail_context
 
-__all__ = ["Watcher", "give", "sticky", "stop_watchers", "watcher_for"]
+__all__ = ["Watcher", "give", "hand_over", "orphaned", "sticky", "stop_watchers", "watcher_for"]
 
 # Driver errors after which the context can run nothing more (CUDA's "sticky" errors) and a few
 # that leave the device unusable to this process; any other CudaError is an error of one call.
@@ -119,9 +121,13 @@ class Watcher:
         if wake:
             self.wake.set()
 
-    def reap(self):
+    def reap(self, bint final=False):
         """Finish, on the calling thread and in stream order, every entry whose work completed
-        (a sticky error finishes them with it)."""
+        (a sticky error finishes them with it). Nothing on a thread that records a graph: a query
+        there would end the recording. ``final``: the watcher's own thread, after a wait that
+        failed: an error of one call that the stream's own query repeats ends the entry."""
+        if CAPTURE.scope is not None:
+            return
         done = []
         try:
             with self.lock:
@@ -132,11 +138,14 @@ class Watcher:
                         if not head[0].query():
                             break
                     except CudaError as e:
-                        if not sticky(e) and head[0] is not self.stream:
-                            # the event itself failed (an error of that call): the stream's own
-                            # completion bounds the work instead; never release it early
-                            head[0] = self.stream
-                            continue
+                        if not sticky(e):
+                            if head[0] is not self.stream:
+                                # the event itself failed (an error of that call): the stream's
+                                # own completion bounds the work instead; never release it early
+                                head[0] = self.stream
+                                continue
+                            if not final:
+                                break  # (the watcher's thread decides, after waiting)
                         err = e
                     except Exception as e:  # (a closed device, say): never leave a waiter hanging
                         err = CudaError(f"waiting for work on {self.stream!r} failed: {e!r}")
@@ -186,7 +195,8 @@ class Watcher:
                     try:
                         head[0].synchronize()  # nothing more given since the last look
                     except Exception:
-                        pass  # reap() finishes the entry with the error
+                        self.reap(True)  # the wait failed: reap() finishes the entry with the error
+                        continue
                 self.reap()
             except BaseException:  # pragma: no cover - defensive: never leave a waiter hanging
                 time.sleep(_LOOK)
@@ -205,6 +215,17 @@ def watcher_for(stream):
             if w is None or w.stream is not stream:
                 w = _watchers[id(stream)] = Watcher(stream)
     return w
+
+
+cpdef int hand_over(object cx, object stream, object ev=None) except -1:
+    """Its terminal stops waiting while the work may still run (an interrupt, a cancelled or
+    timed-out await, a failed enqueue): the stream's watcher finishes the execution once the
+    work is really done, so its buffers and ledger entries hold until then. ``ev``: its
+    completion event if one was recorded; otherwise one is recorded now (after the work
+    enqueued so far: this execution's, perhaps later work too). Never blocks."""
+    if not cx.done:
+        give(stream, cx, ev)
+    return 0
 
 
 cpdef object give(object stream, object cx, object ev=None, object then=None):
@@ -226,6 +247,37 @@ cpdef object give(object stream, object cx, object ev=None, object then=None):
     return w
 
 
+# Executions dropped unfinished, queued by their finaliser (which may run on any thread, holding
+# any lock, or while that thread records a graph: it only puts them here); the janitor thread
+# records each one's event and hands it to its stream's watcher.
+_orphans = queue.SimpleQueue()
+
+
+cpdef int orphaned(object cx) except -1:
+    """Queue ``cx``, dropped unfinished, for its stream's watcher (safe in a finaliser)."""
+    _orphans.put(cx)
+    return 0
+
+
+def _janitor():
+    while True:
+        cx = _orphans.get()
+        try:
+            if not cx.done:
+                cx.backend.make_current()
+                give(cx.stream, cx, cx._event if cx._sealed else None)
+        except BaseException:
+            pass  # (a device that cannot record any more: nothing to wait for there)
+        cx = None
+
+
+def _start_janitor():
+    threading.Thread(target=_janitor, name="deviceop-janitor", daemon=True).start()
+
+
+_start_janitor()
+
+
 def stop_watchers(backend):
     """``backend`` runs nothing more: its watchers end once what they were given is finished."""
     with _wlock:
@@ -236,9 +288,11 @@ def stop_watchers(backend):
 
 
 def _after_fork_in_child():
-    global _wlock
+    global _wlock, _orphans
     _wlock = threading.Lock()  # the watcher threads are the parent's: the child starts its own
     _watchers.clear()
+    _orphans = queue.SimpleQueue()  # (the parent's executions never complete here)
+    _start_janitor()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -61,7 +61,23 @@ class Replica:
 
         self.do = do
         self.K = do.kernels
-        self.w = [do.from_numpy(w).sync() for w in make_weights(width, steps)]
+        # uploaded by the first request, awaited: an async actor's constructor runs on its event
+        # loop, where deviceop refuses blocking calls such as sync()
+        self._host_w = make_weights(width, steps)
+        self.w: list[Any] = []
+        self._loading: Any = None
+
+    async def _weights(self) -> list[Any]:
+        """The weights on this replica's device, uploaded once (concurrent first requests wait
+        for the one upload)."""
+        if not self.w:
+            if self._loading is None:
+                self._loading = asyncio.ensure_future(self._upload())
+            await asyncio.shield(self._loading)
+        return self.w
+
+    async def _upload(self) -> None:
+        self.w = list(await self.do.zip(*(self.do.from_numpy(w) for w in self._host_w)))
 
     def device(self) -> str:
         """Where this replica runs: backend, process, the devices it sees and which GPUs those are."""
@@ -84,6 +100,7 @@ class Replica:
 
     async def infer(self, x: np.ndarray) -> np.ndarray:
         """Await the pipeline on this actor's event loop."""
+        await self._weights()
         return await self._request(x)  # type: ignore[no-any-return]
 
 

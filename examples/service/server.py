@@ -52,7 +52,7 @@ HEARTBEAT_S = 0.005
 
 def await_counts() -> dict[str, int]:
     """deviceop's await counters (awaits, parks, polls), where deviceop is loaded."""
-    m = sys.modules.get("deviceop.executors._await")
+    m = sys.modules.get("deviceop._core._completion")
     return m.stats() if m is not None else {}
 
 
