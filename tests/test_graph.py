@@ -102,7 +102,7 @@ async def test_replay_awaited(backend, anyio_backend) -> None:
     await g.launch().wait(timeout=30)
     fut = g.launch().submit()
     await fut
-    np.testing.assert_allclose(y.numpy(), x0 * 4, rtol=1e-6)
+    np.testing.assert_allclose((await do.to_numpy(y)), x0 * 4, rtol=1e-6)
 
 
 def test_empty_scope_replays_nothing(backend) -> None:
@@ -610,7 +610,7 @@ def test_cache_awaited(backend) -> None:
         outs = []
         for n in (5, 7, 2):
             t = await do.full((n, 16), float(n), do.float32)
-            outs.append((await c(t)).numpy())
+            outs.append(await do.to_numpy(await c(t)))
         return outs
 
     for n, o in zip((5, 7, 2), anyio.run(main)):

@@ -79,7 +79,7 @@ async def _many(n: int, seconds: float = 0.0) -> list[float]:
     async with anyio.create_task_group() as tg:
         for i in range(n):
             tg.start_soon(one, i)
-    return [float(t.numpy()[-1]) for t in ts]
+    return [float((await do.to_numpy(t))[-1]) for t in ts]
 
 
 # -- behaviour -----------------------------------------------------------------------------------
@@ -288,7 +288,7 @@ def test_awaits_from_several_loops_in_threads(backend) -> None:
             vals = []
             for i in range(30):
                 await K.fill(t.partition((128,)), float(k * 100 + i)).wait(stream=pool[k])
-                vals.append(float(t.numpy()[0]))
+                vals.append(float((await do.to_numpy(t))[0]))
             return vals
 
         try:
@@ -314,7 +314,7 @@ def test_cancelled_await_gives_its_slot_back_once_done(backend) -> None:
             await slow_fill(t, 5.0, 0.2).wait(stream=s)
         assert _reactor.stats()["pending"] >= 1  # still armed: the GPU has not written it
         await do.value(t).then(lambda x: K.scale(x.partition((128,)), x, 2.0)).wait(stream=s)
-        assert float(t.numpy()[0]) == 10.0  # ordered after the cancelled fill
+        assert float((await do.to_numpy(t))[0]) == 10.0  # ordered after the cancelled fill
 
     # slots are process-wide: start once no earlier test's work holds one, then every slot
     # this test armed, the cancelled await's included, must come back
@@ -336,7 +336,7 @@ def test_timeout_then_await_again(backend) -> None:
         with pytest.raises(TimeoutError):
             await fut.wait(timeout=0.01)
         await fut
-        return float(t.numpy()[0])
+        return float((await do.to_numpy(t))[0])
 
     assert asyncio.run(main()) == 7.0
 
@@ -355,7 +355,7 @@ async def main():
     async def one(i):
         await slow_fill(ts[i], float(i), 0.02).wait(stream=streams[i % len(streams)])
     await asyncio.gather(*(one(i) for i in range(24)))
-    return [float(t.numpy()[0]) for t in ts]
+    return [float((await do.to_numpy(t))[0]) for t in ts]
 assert asyncio.run(main()) == [float(i) for i in range(24)]
 st = _reactor.stats()
 assert st["slots"] == 2 and st["exhausted"] > 0, st
@@ -376,7 +376,7 @@ async def main():
     t = await do.zeros(128, do.float32)
     for i in range(20):
         await K.fill(t.partition((128,)), float(i))
-    return float(t.numpy()[0])
+    return float((await do.to_numpy(t))[0])
 assert asyncio.run(main()) == 19.0
 st = _reactor.stats()
 assert not st["memops"] and st["memop"] == 0 and st["host_function"] >= 20, st
@@ -467,7 +467,7 @@ def test_fork_after_the_scanner_started() -> None:
 async def main():
     t = await do.zeros(128, do.float32)
     await K.fill(t.partition((128,)), 3.0)
-    return float(t.numpy()[0])
+    return float((await do.to_numpy(t))[0])
 assert asyncio.run(main()) == 3.0
 assert _reactor.stats()["scanner"]
 pid = os.fork()
@@ -528,7 +528,7 @@ def test_long_waits_are_pre_woken(backend) -> None:
         vals = []
         for i in range(8):
             await slow_fill(t, float(i), 0.03).wait(stream=s)
-            vals.append(float(t.numpy()[0]))
+            vals.append(float((await do.to_numpy(t))[0]))
         return vals
 
     before = _reactor.stats()["prewakes"]

@@ -1,5 +1,4 @@
 cpdef int refuse_in_capture(str what) except -1
 cpdef object check_timeout(object timeout)
 cpdef str loop_here()
-cpdef int warn_on_loop(str what, str instead) except -1
 cpdef int refuse_on_loop(str what) except -1

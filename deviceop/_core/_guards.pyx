@@ -8,12 +8,11 @@ import math
 import numbers
 import sys
 import threading
-import warnings
 
-from .._errors import CaptureError, DeviceOpWarning, UsageError
+from .._errors import CaptureError, UsageError
 from ._capture import CAPTURE
 
-__all__ = ["blocking_allowed", "check_timeout", "loop_here", "refuse_in_capture", "refuse_on_loop", "warn_on_loop"]
+__all__ = ["blocking_allowed", "check_timeout", "loop_here", "refuse_in_capture", "refuse_on_loop"]
 
 
 cpdef int refuse_in_capture(str what) except -1:
@@ -69,26 +68,6 @@ cpdef str loop_here():
     if sn is not None and sn.thread_local.name == "trio":
         return "trio"
     return None
-
-
-#: the blocking calls already warned about on an event loop's thread (each warns once)
-cdef set _warned = set()
-
-
-cpdef int warn_on_loop(str what, str instead) except -1:
-    """Warn once per ``what`` (a blocking call documented as allowed on a loop, such as
-    ``Tensor.numpy()`` of a tensor whose work completed) when an event loop runs on this thread;
-    ``instead``: the awaitable to use. The warning points at the line that called ``what``."""
-    if what in _warned or loop_here() is None:
-        return 0
-    _warned.add(what)
-    warnings.warn(
-        f"{what} blocks the running event loop while it copies; {instead} does the same without "
-        "blocking (this warning is shown once)",
-        DeviceOpWarning,
-        stacklevel=2,
-    )
-    return 0
 
 
 class _Blocking(threading.local):

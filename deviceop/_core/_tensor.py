@@ -18,7 +18,7 @@ from ._base import (
     plain_shape,
     remember_partition,
 )
-from ._guards import warn_on_loop
+from ._guards import refuse_on_loop
 from ._ledger import in_flight, lost
 from ._op import run_sync
 from ._regions import export
@@ -190,11 +190,11 @@ class Tensor(TensorBase):
 
     def numpy(self) -> np.ndarray:
         """Copy to a new numpy array (blocking), on a stream of the tensor's own device (whatever
-        device is selected). Raises BorrowError while the tensor is in flight. On a thread that
-        runs an event loop it warns once (the copy blocks the loop): ``await do.to_numpy(t)``
-        does not."""
+        device is selected). Raises BorrowError while the tensor is in flight, and UsageError on
+        a thread that runs an event loop (the copy waits behind whatever its stream runs):
+        ``await do.to_numpy(t)`` there."""
         self.check_host_access()
-        warn_on_loop("Tensor.numpy()", "'await do.to_numpy(t)'")
+        refuse_on_loop(f"{self!r}.numpy()")
         be = self.buffer.backend
         op = ToNumpy(self)
         op._take("numpy()")
