@@ -345,9 +345,9 @@ def test_an_execution_dropped_while_this_thread_records_a_graph(backend):
         gc.collect()  # the execution's finaliser runs here, during the recording
         fut.done()  # looks at nothing while recording
         s.record(do.kernels.scale(y.partition((128,)), x, 3.0))
+    _held_until_done(refs[0], 0.4)  # (first: a replay on the fill's stream would wait for it)
     s.graph.launch().sync()
     assert y.numpy().tolist() == [3.0] * 256
-    _held_until_done(refs[0], 0.4)
 
 
 def test_await_a_future_of_a_replaced_host_device(host_backend):
