@@ -706,7 +706,7 @@ def test_the_poll_after_a_pre_wake_lasts_past_the_prediction_whatever_the_budget
         monkeypatch.setattr(_await, "_poll", poll)
         do.set_poll_budget(1e-6)
         try:
-            for _ in range(3):  # work that ends before its pre-wake (a loaded host) polls nothing
+            for _ in range(8):  # work that ends before its pre-wake (a loaded host) polls nothing
                 await slow_fill(t, 2.0, 0.1).wait(stream=s)
                 if polls:
                     break
