@@ -5,16 +5,17 @@ each into buffers allocated for the request, then ``to_numpy``. Weights are shar
 work in PyTorch (``torch.matmul``, ``F.gelu(approximate="tanh")``, ``.cpu()``) in the same
 process. Measured for S in {1, 8, 32}:
 
-  one at a time   deviceop ``request(x).sync()`` / PyTorch with a ``.cpu()`` per request
-  64 in flight    deviceop: 64 asyncio tasks (uvloop) awaiting ``request(x)``; PyTorch: the
-                  64 requests' work enqueued, each copied to pinned memory without blocking,
-                  one synchronize per round (PyTorch's cheapest host path)
+  one at a time   deviceop ``request(x).sync()``, and ``await request(x)`` in turn in one
+                  loop (uvloop); PyTorch with a ``.cpu()`` per request
+  64 in flight    deviceop: 64 requests gathered in that loop (``asyncio.gather``, a task
+                  each); PyTorch: the 64 requests' work enqueued, each copied to pinned memory
+                  without blocking, one synchronize per round (PyTorch's cheapest host path)
 
 Host CPU is the process's CPU time (every thread: the driver's, deviceop's, PyTorch's) per
-request; wall time per request too. Rounds alternate deviceop and PyTorch; medians over
---rounds after a warm-up round (by default as many as fill about 3 s, 15 to 61: the host's speed
-moves within seconds, and one round of a 1-step request lasts 25 ms); results are checked
-against each other.
+request; wall time per request too. Rounds run every variant in turn; medians over --rounds
+after a warm-up round (by default as many as fill about 3 s, 15 to 61: the host's speed moves
+within seconds); the ratios of the gathered requests' CPU to the others' are taken per round,
+then the median. Results are checked against PyTorch's.
 
     python experiments/pipeline_cost.py --out pipeline_cost.json
 """
@@ -88,84 +89,82 @@ def _cpu_wall(fn) -> tuple[float, float]:
     return time.process_time() - c0, time.perf_counter() - t0
 
 
-def one_at_a_time(request, torch_request, xs, rounds: int) -> dict:
+def variants(request, torch_work, torch_request, xs, width: int) -> tuple[dict, asyncio.AbstractEventLoop]:
+    """The five ways to serve ``xs``, each a callable that serves them all: deviceop synchronous
+    one at a time, awaited one at a time and ``width`` gathered in one loop (uvloop where
+    installed); PyTorch one at a time and ``width`` in flight."""
     import torch
 
-    def dev() -> None:
-        for x in xs:
-            request(x).sync()
-
-    def tor() -> None:
-        for x in xs:
-            torch_request(x)
-        torch.cuda.synchronize()
-
-    return _alternate(dev, tor, rounds, len(xs))
-
-
-def _alternate(dev, tor, rounds: int, n: int) -> dict:
-    """Warm up, then ``rounds`` rounds of ``dev`` and ``tor`` in turn (0: as many as fill about
-    3 s, from 15 to 61: on a host whose speed moves within seconds, short rounds need many, and
-    long ones enough for a steady median)."""
-    dev(), tor()  # warm-up: plans, cuBLAS heuristics, pools
-    if rounds <= 0:
-        t0 = time.perf_counter()
-        dev(), tor()
-        rounds = min(61, max(15, math.ceil(3.0 / (time.perf_counter() - t0))))
-    d, t = [], []
-    for _ in range(rounds):
-        d.append(_cpu_wall(dev))
-        t.append(_cpu_wall(tor))
-    return _summarize(d, t, n)
-
-
-def in_flight(request, torch_work, xs, rounds: int, width: int) -> dict:
-    import torch
-
-    loop_policy = None
     try:
         import uvloop
 
-        loop_policy = uvloop.EventLoopPolicy()
+        loop = uvloop.new_event_loop()
     except ImportError:
-        pass
-    if loop_policy is not None:
-        asyncio.set_event_loop_policy(loop_policy)
+        loop = asyncio.new_event_loop()
 
-    async def serve() -> None:
+    def sync_one() -> None:
+        for x in xs:
+            request(x).sync()
+
+    async def awaited() -> None:
+        for x in xs:
+            await request(x)
+
+    async def gathered() -> None:
         for i in range(0, len(xs), width):
             await asyncio.gather(*(request(x) for x in xs[i : i + width]))
 
     pinned = [torch.empty((B, D), dtype=torch.float16).pin_memory() for _ in range(width)]
 
-    def tor() -> None:
+    def torch_one() -> None:
+        for x in xs:
+            torch_request(x)
+        torch.cuda.synchronize()
+
+    def torch_in_flight() -> None:
         for i in range(0, len(xs), width):
             for k, x in enumerate(xs[i : i + width]):
                 pinned[k].copy_(torch_work(x), non_blocking=True)
             torch.cuda.synchronize()
             _ = [p.numpy() for p in pinned]
 
-    loop = asyncio.new_event_loop()
-    try:
-        return _alternate(lambda: loop.run_until_complete(serve()), tor, rounds, len(xs))
-    finally:
-        loop.close()
-
-
-def _summarize(d: list, t: list, n: int) -> dict:
-    dc = [c / n * 1e6 for c, _ in d]
-    tc = [c / n * 1e6 for c, _ in t]
     return {
-        "requests_per_round": n,
-        "rounds": len(d),
-        "deviceop_cpu_us": statistics.median(dc),
-        "torch_cpu_us": statistics.median(tc),
-        "cpu_ratio_median_of_rounds": statistics.median(a / b for a, b in zip(dc, tc)),
-        "deviceop_wall_us": statistics.median(w / n * 1e6 for _, w in d),
-        "torch_wall_us": statistics.median(w / n * 1e6 for _, w in t),
-        "deviceop_cpu_us_rounds": dc,
-        "torch_cpu_us_rounds": tc,
-    }
+        "deviceop_sync_one_at_a_time": sync_one,
+        "deviceop_awaited_one_at_a_time": lambda: loop.run_until_complete(awaited()),
+        "deviceop_gathered": lambda: loop.run_until_complete(gathered()),
+        "torch_one_at_a_time": torch_one,
+        "torch_in_flight": torch_in_flight,
+    }, loop
+
+
+def measure(fns: dict, rounds: int, n: int) -> dict:
+    """Warm up, then ``rounds`` rounds of every variant in turn (0: as many as fill about 3 s,
+    from 15 to 61: on a host whose speed moves within seconds, short rounds need many, and
+    long ones enough for a steady median). Per request: CPU and wall medians; ratios of the
+    gathered requests' CPU to the one-at-a-time variants', per round, then the median."""
+    for f in fns.values():  # warm-up: plans, cuBLAS heuristics, pools
+        f()
+    if rounds <= 0:
+        t0 = time.perf_counter()
+        for f in fns.values():
+            f()
+        rounds = min(61, max(15, math.ceil(3.0 / (time.perf_counter() - t0))))
+    got: dict[str, list[tuple[float, float]]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            c, w = _cpu_wall(f)
+            got[k].append((c / n * 1e6, w / n * 1e6))
+    out: dict = {"requests_per_round": n, "rounds": rounds}
+    for k, v in got.items():
+        out[k] = {
+            "cpu_us": statistics.median(c for c, _ in v),
+            "wall_us": statistics.median(w for _, w in v),
+            "cpu_us_min_max": [min(c for c, _ in v), max(c for c, _ in v)],
+        }
+    g = [c for c, _ in got["deviceop_gathered"]]
+    for base in ("deviceop_awaited_one_at_a_time", "deviceop_sync_one_at_a_time", "torch_in_flight"):
+        out[f"gathered_cpu_over_{base}"] = statistics.median(a / b for a, (b, _) in zip(g, got[base]))
+    return out
 
 
 def check(request, torch_request) -> float:
@@ -181,7 +180,7 @@ def check(request, torch_request) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", default="1,8,32")
-    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument(
         "--rounds", type=int, default=0, help="rounds per measurement (0: enough for about 3 s, at least 15)"
@@ -203,16 +202,24 @@ def main(argv: list[str] | None = None) -> int:
     for steps in [int(v) for v in a.steps.split(",") if v]:
         request, torch_work, torch_request = build(steps)
         err = check(request, torch_request)
-        one = one_at_a_time(request, torch_request, xs[: max(a.requests // 4, 16)], a.rounds)
-        many = in_flight(request, torch_work, xs, a.rounds, a.width)
-        doc["results"].append({"steps": steps, "max_rel_err_vs_torch": err, "one_at_a_time": one, "in_flight": many})
-        for name, r in (("one at a time", one), (f"{a.width} in flight", many)):
-            print(
-                f"steps={steps:<3} {name:<14} deviceop {r['deviceop_cpu_us']:8.1f} us CPU/req  "
-                f"torch {r['torch_cpu_us']:8.1f}  ratio {r['cpu_ratio_median_of_rounds']:.3f}x  "
-                f"(wall {r['deviceop_wall_us']:.1f} vs {r['torch_wall_us']:.1f} us/req)",
-                flush=True,
-            )
+        fns, loop = variants(request, torch_work, torch_request, xs, a.width)
+        try:
+            r = measure(fns, a.rounds, len(xs))
+        finally:
+            loop.close()
+        from deviceop.kernels._gemm import GEMM  # (what the GEMM replay table learned, for the record)
+
+        rp = GEMM.replays
+        r["gemm_replays"] = {"recorded": rp.recorded, "replays": rp.replays, "cost": rp.cost}
+        doc["results"].append({"steps": steps, "max_rel_err_vs_torch": err, **r})
+        line = "  ".join(f"{k.replace('deviceop_', '')} {r[k]['cpu_us']:.0f}" for k in fns)
+        print(f"steps={steps:<3} CPU us/request: {line}", flush=True)
+        print(
+            f"          gathered / awaited one at a time {r['gathered_cpu_over_deviceop_awaited_one_at_a_time']:.3f}x"
+            f"  / sync one at a time {r['gathered_cpu_over_deviceop_sync_one_at_a_time']:.3f}x"
+            f"  / torch in flight {r['gathered_cpu_over_torch_in_flight']:.3f}x",
+            flush=True,
+        )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

@@ -342,3 +342,29 @@ def test_gemm_row_results_do_not_depend_on_the_other_rows(backend, m, k, n):
         outs.append(c.numpy()[place : place + 16])
     for place, o in zip(range(0, m, 16), outs):
         assert np.array_equal(o, outs[0]), f"rows at {place} differ from rows at 0"
+
+
+def test_gemm_replays_price_recordings_by_measured_host_times():
+    # the cost of a recording, in replays, is measured: its host time over what a replay saves;
+    # where replays save nothing no hot call is recorded any more
+    from deviceop.kernels._gemm_replay import COST, HOT, Replays
+
+    be = _stand_in_backend()
+    r = Replays()
+    assert r.cost == COST  # nothing measured yet
+    r.get("warm", be, None, lambda s: 0)  # (a recording measures its own time)
+    for _ in range(HOT):
+        r.get("first", be, None, lambda s: 0)
+    assert r.recorded == 1 and r.record_s > 0
+    r.observe(False, 10e-6)
+    r.observe(True, 2e-6)
+    assert r.cost == pytest.approx(r.record_s / 8e-6)
+    for _ in range(100):
+        r.observe(True, 10e-6)  # replays come to cost what a direct call does
+    assert r.cost == float("inf")
+    r.credit = 1e9
+    for _ in range(HOT + 2):
+        assert r.get("second", be, None, lambda s: 0) == 0
+    assert r.recorded == 1 and r.credit == 1e9  # never recorded, and the credit untouched
+    r.clear()
+    assert r.cost == COST and r.direct_s == r.replay_s == r.record_s == 0.0

@@ -233,3 +233,30 @@ def test_closed_host_device_finishes_queued_work_then_refuses(host_backend: str)
         do.to_numpy(t).sync()
     with pytest.raises(do.BackendError, match="replaced"):
         K.fill(t.partition((1 << 12,)), 1.0).sync_on(s)
+
+
+def test_process_state_is_renewed_after_fork_in_one_place() -> None:
+    # one after_in_child handler (deviceop._process) renews every module's state, the core's
+    # locks first, then its services, then the layers above; no module registers its own
+    import pathlib
+    import re
+
+    import deviceop.executors
+    import deviceop.kernels  # (their renewals register at import)
+    from deviceop._process import renewals
+
+    root = pathlib.Path(do.__file__).parent
+    own = [
+        str(p.relative_to(root))
+        for p in sorted(root.rglob("*"))
+        if p.suffix in (".py", ".pyx", ".pxi")
+        and re.search(r"register_at_fork|pthread_atfork", p.read_text())
+        and p.name != "_process.py"
+    ]
+    assert own == [], f"modules that renew state after fork outside deviceop._process: {own}"
+    got = renewals()
+    stages = [r.split(":")[0] for r in got]
+    assert stages == sorted(stages, key=("CORE", "SERVICES", "LIBRARIES").index), got
+    for name in ("_core._base", "_core._reactor", "_core._select", "_core._watch", "_core._wake", "kernels._nvrtc"):
+        assert sum(name in r for r in got) == 1, (name, got)
+    assert deviceop.executors is not None

@@ -117,11 +117,18 @@ cdef int _host_alloc(void** ptr, size_t n) noexcept nogil:
 
 cdef void* _entry(const char* name, unsigned long long flags, void* fallback) noexcept:
     """``name``'s entry point in the driver library, for the CUDA version cydriver declares
-    (the signatures this module calls it with); ``fallback`` if the driver does not give it."""
+    (the signatures this module calls it with) or the driver's own where that is older (a
+    version newer than the driver's is refused with CUDA_ERROR_INVALID_VALUE, and every call
+    would then take cydriver's longer path); ``fallback`` if the driver does not give it."""
     cdef void* fn = NULL
     cdef cydriver.CUdriverProcAddressQueryResult status
+    cdef int version = 0
     try:
-        err = cydriver.cuGetProcAddress(name, &fn, cydriver.CUDA_VERSION, flags, &status)
+        if cydriver.cuDriverGetVersion(&version) != cydriver.CUDA_SUCCESS or version <= 0:
+            return fallback
+        if version > cydriver.CUDA_VERSION:
+            version = cydriver.CUDA_VERSION
+        err = cydriver.cuGetProcAddress(name, &fn, version, flags, &status)
     except Exception:  # a driver without cuGetProcAddress
         return fallback
     if err != cydriver.CUDA_SUCCESS or status != cydriver.CU_GET_PROC_ADDRESS_SUCCESS or fn == NULL:

@@ -23,9 +23,9 @@ from libc.errno cimport errno, EINTR, EAGAIN
 from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy
 from libc.stdint cimport uint64_t
-import os
 
 from .._errors import UsageError
+from .._process import CORE, at_fork_child
 
 cdef extern from "<unistd.h>" nogil:
     ssize_t write(int, const void*, size_t)
@@ -160,7 +160,7 @@ def _after_fork_in_child():
     dvo_current_ctx = NULL
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_child(_after_fork_in_child, CORE)
 
 
 cdef Py_ssize_t block_size(Py_ssize_t n) noexcept:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._process import renew_at_fork
+from .._process import CORE, renew_at_fork
 from ._base import count_recording
 
 __all__ = ["CAPTURE", "StreamPool", "begin", "end", "flush", "release"]
@@ -28,7 +28,7 @@ class _CaptureState(threading.local):
 CAPTURE = _CaptureState()
 
 _count_lock = threading.Lock()
-renew_at_fork(globals(), _count_lock=threading.Lock)  # a thread may hold it at fork()
+renew_at_fork(globals(), CORE, _count_lock=threading.Lock)  # a thread may hold it at fork()
 
 
 def begin(scope: Any) -> None:

@@ -46,7 +46,9 @@ __all__ = [
     "await_op",
     "completed",
     "enqueue_slice",
+    "park_until",
     "poll_budget",
+    "poll_until",
     "set_enqueue_slice",
     "set_poll_budget",
     "set_wait_policy",
@@ -255,12 +257,18 @@ async def _park(
     cx: Any,
     timeout: float | None,
     h: int = -1,
+    watch: Callable[[], bool] | None = None,
+    wakers: list[Any] | None = None,
 ) -> bool:
     """Wait for ``tok`` on ``d``'s channel until ``done()``; ``check()`` (a query of the stream,
     or of the event where every slot is armed) is the re-check that raises CudaError on a
-    context error. ``h``: the reactor slot, whose pre-wake
-    (the token before the flag) starts a poll until the predicted completion. True if the task
-    saw the completion while polling (the moment it saw it is the completion's)."""
+    context error (or, for several executions, finishes the failed ones and says so). ``h``:
+    the reactor slot, whose pre-wake (the token before the flag) starts a poll until the
+    predicted completion. ``watch()``: has the reactor wake this token at the completion of
+    whatever ``done()`` waits for (several slots); True if one is complete already.
+    ``wakers``: a list the current waker joins while parked, so that others can wake the
+    task too (a new item for a queue). True if the task saw the completion while polling (the
+    moment it saw it is the completion's)."""
 
     clock = time.perf_counter
     interval = _RECHECK[0]
@@ -271,17 +279,23 @@ async def _park(
     while True:
         waker = new_event()
         d.waiters[tok] = waker
-        if done():
-            return False
-        limit = interval
-        if deadline is not None:
-            left = deadline - clock()
-            if left <= 1e-3:  # loop timers are good to a millisecond
-                if check():
-                    return False
-                raise _timed_out(cx, timeout)  # type: ignore[arg-type]
-            limit = min(limit, left)
-        timed_out = await sleep_or_wake(lib, waker, limit)
+        if wakers is not None:
+            wakers.append(waker)
+        try:
+            if done() or (watch is not None and watch()):
+                return False
+            limit = interval
+            if deadline is not None:
+                left = deadline - clock()
+                if left <= 1e-3:  # loop timers are good to a millisecond
+                    if check():
+                        return False
+                    raise _timed_out(cx, timeout)  # type: ignore[arg-type]
+                limit = min(limit, left)
+            timed_out = await sleep_or_wake(lib, waker, limit)
+        finally:
+            if wakers is not None and waker in wakers:
+                wakers.remove(waker)
         if done() or check():
             if h >= 0:
                 _reactor.resumed(h)  # a pre-wake this task answers only now: its loop's lateness
@@ -328,6 +342,12 @@ async def _poll(lib: str, done: Callable[[], bool], budget: float, deadline: flo
         now = clock()
         if now - t0 >= budget or (deadline is not None and now >= deadline):
             return False
+
+
+# the loop-side wait's two phases, for a waiter of several executions at once (a WorkQueue's
+# driver): the same poll and the same park, re-check and back-off as every other await's
+poll_until = _poll
+park_until = _park
 
 
 async def _enqueue_rest(lib: str, cx: Any, stream: Any, rest: Any) -> Any:
@@ -457,21 +477,23 @@ async def completed(cx: Any, timeout: float | None = None) -> None:
 
 def wait_completed(cx: Any, timeout: float | None = None) -> bool:
     """The blocking twin of :func:`completed`, for threads: True once ``cx``'s work is complete,
-    False if ``timeout`` seconds passed first. Waits on the execution's completion event (one is
-    recorded after its work so far if it has none), sleeping in the driver without a timeout."""
+    False if ``timeout`` seconds passed first. Without a timeout the thread sleeps in the driver
+    (``ExecutionContext.block_c``: the execution's event, or its stream); with one, it checks
+    the execution's completion event (one is recorded after its work so far if it has none)
+    with growing pauses."""
     timeout = check_timeout(timeout)
     if cx.done:
         return True
     if timeout != 0:
         refuse_on_loop(f"{cx.describe()}: wait_completed()")
+    if timeout is None:
+        cx._block()
+        return True
     ev = cx._event if cx._sealed else None
     if ev is None:
         if cx.done:
             return True
         ev = cx.seal()
-    if timeout is None:
-        ev.synchronize()
-        return True
     deadline = time.perf_counter() + timeout
     pause = 20e-6
     while not ev.query():

@@ -30,9 +30,17 @@ class Replays:
     recorded: int
     replays: int
     credit: float
+    direct_s: float
+    replay_s: float
+    record_s: float
 
     def __init__(self, record: Callable[[Any, Any, Callable[[int], int]], Any]) -> None: ...
     def __len__(self) -> int: ...
+    @property
+    def cost(self) -> float:
+        """What one recording costs, in replays (``COST`` until measured)."""
+    def observe(self, replayed: bool, seconds: float) -> None:
+        """Count the host time of one call: a replay or a direct call."""
     def get(self, key: Any, backend: Any, stream: Any, call: Callable[[int], int]) -> int: ...
     def executables(self) -> list[Any]: ...
     def clear(self) -> None: ...

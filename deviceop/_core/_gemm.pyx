@@ -10,7 +10,8 @@ and enqueues the call (or its recorded graph) under the ledger lock.
 """
 
 from libc.float cimport FLT_MAX
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport int64_t, uintptr_t
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from ._base cimport _LOCK as LOCK, Driver, PartitionBase, TensorBase
 from ._launch cimport PlanCache
@@ -22,8 +23,15 @@ __all__ = ["COST", "GemmCall", "GemmLauncher", "GemmPlan", "HOT", "MAX", "Replay
 #: calls of one exact problem before it is recorded (a problem seen once or twice is not worth it)
 HOT = 3
 MAX = 1024
-#: replays a recording must be worth (a record + instantiate costs about this many replays' saving)
+#: replays a recording must be worth until the table has measured its own (a record + instantiate
+#: costs about this many replays' saving on a typical host)
 COST = 16.0
+
+
+cdef inline int64_t _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 ctypedef int (*ltmatmul_t)(void*, void*, const void*, const void*, void*, const void*, void*,
                            const void*, const void*, void*, void*, void*, const void*, void*,
@@ -63,6 +71,10 @@ cdef class Replays:
 
     ``record(backend, stream, call)`` records ``call(stream_handle)`` into an executable graph
     (None on failure); see ``deviceop.kernels._gemm_replay``. Call with the ledger lock held.
+
+    What a recording costs, in replays' savings, is measured as calls run (:meth:`observe`): the
+    host time of a recording, of a direct call and of a replay. Until all three are known it is
+    ``COST``; where a replay saves nothing, nothing more is recorded.
     """
 
     cdef dict _seen
@@ -71,39 +83,69 @@ cdef class Replays:
     cdef public Py_ssize_t recorded
     cdef public Py_ssize_t replays
     cdef public double credit
+    # host seconds (moving averages; 0: not measured yet)
+    cdef public double direct_s, replay_s, record_s
 
     def __init__(self, record):
         self._seen = {}
         self._execs = {}
         self._record = record
         self.credit = 4 * COST  # a few recordings up front: a queue's first problems pay back at once
+        self.direct_s = self.replay_s = self.record_s = 0.0
 
     def __len__(self):
         return len(self._execs)
+
+    @property
+    def cost(self):
+        """What one recording costs, in replays: its host time over what a replay saves against
+        a direct call (``COST`` until measured; infinite where a replay saves nothing)."""
+        return self.cost_c()
+
+    cdef double cost_c(self) noexcept:
+        cdef double saving
+        if self.record_s == 0.0 or self.direct_s == 0.0 or self.replay_s == 0.0:
+            return COST
+        saving = self.direct_s - self.replay_s
+        if saving <= self.direct_s / 64:
+            return float("inf")
+        return self.record_s / saving
+
+    cpdef observe(self, bint replayed, double seconds):
+        """Count the host time of one call: a replay (``replayed``) or a direct call."""
+        if replayed:
+            self.replay_s = seconds if self.replay_s == 0.0 else self.replay_s + (seconds - self.replay_s) / 16
+        else:
+            self.direct_s = seconds if self.direct_s == 0.0 else self.direct_s + (seconds - self.direct_s) / 16
 
     cdef inline uintptr_t find(self, key) except? 0:
         ex = self._execs.get(key)
         if ex is None:  # not recorded, or its recording failed (miss() tells them apart)
             return 0
         self.replays += 1
-        if self.credit < 8 * COST:
+        if self.credit < 8 * self.cost_c():
             self.credit += 1.0
         return <uintptr_t>ex.handle_int
 
     cdef uintptr_t miss(self, key, backend, stream, call) except? 0:
+        cdef double cost = self.cost_c()
+        cdef int64_t t0
         if key in self._execs:
             return 0  # recording this one failed before: stay direct
         n = self._seen.get(key, 0) + 1
-        if n < HOT or self.credit < COST:
-            if n >= HOT:
-                self.credit += 1.0 / COST  # hot, but recordings have not paid lately
+        if n < HOT or self.credit < cost:
+            if n >= HOT and cost < float("inf"):
+                self.credit += 1.0 / cost  # hot, but recordings have not paid lately
             if len(self._seen) >= 4 * MAX:
                 self._seen.clear()
             self._seen[key] = n
             return 0
         self._seen.pop(key, None)
-        self.credit -= COST
+        self.credit -= cost
+        t0 = _now_ns()
         ex = self._record(backend, stream, call)
+        t = (_now_ns() - t0) * 1e-9
+        self.record_s = t if self.record_s == 0.0 else self.record_s + (t - self.record_s) / 4
         if len(self._execs) >= MAX:
             self._execs.pop(next(iter(self._execs)))
         self._execs[key] = ex
@@ -126,10 +168,11 @@ cdef class Replays:
         return [e for e in self._execs.values() if e is not None]
 
     def clear(self):
-        """Forget every recording and hot count; the credit starts again."""
+        """Forget every recording, hot count and measurement; the credit starts again."""
         self._execs.clear()
         self._seen.clear()
         self.credit = 4 * COST
+        self.direct_s = self.replay_s = self.record_s = 0.0
 
 
 cdef class _LtCall:
@@ -207,6 +250,7 @@ cdef class GemmLauncher:
         cdef int err = 0, status = 0
         cdef Driver d = cx.drv
         cdef _LtCall call
+        cdef int64_t t0
         if p.lt[0] == 0 or d is None:
             raise TypeError("run_lt: this GEMM has no plain cuBLASLt plan, or the execution no driver")
         LOCK.take()
@@ -223,10 +267,14 @@ cdef class GemmLauncher:
                     call.alpha, call.beta = alpha, beta
                     ex = self.replays.miss(key, cx.backend, cx.stream, call)
             with nogil:
+                t0 = _now_ns()
                 if ex:
                     err = d.graph_launch(<void*>ex, <void*>sh)
                 else:
                     status = _lt(p, pa, pb, pc, alpha, beta, ws, self.ws_bytes, sh)
+                t0 = _now_ns() - t0
+            if self.mode == 0 and cx.captured is None:  # what a replay saves decides whether recordings pay (Replays.cost)
+                self.replays.observe(ex != 0, t0 * 1e-9)
         finally:
             LOCK.drop()
         if err:

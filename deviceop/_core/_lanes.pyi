@@ -68,9 +68,11 @@ class Lanes:
         """Finish every execution whose completion is flagged; True if any did."""
     def issue(self, slice_s: float) -> bool:
         """Enqueue new work, each lane up to two executions; True if anything moved."""
+    def ready(self) -> bool:
+        """True if a pass would move something (a completion flagged, a chain under way, an item with room)."""
     def watch_all(self) -> bool:
         """Have the reactor wake the loop at each execution's completion; True at the first complete."""
-    def check_all(self) -> None:
-        """The parked re-check: an execution whose context failed is finished with its error."""
+    def check_all(self) -> bool:
+        """The parked re-check: an execution whose context failed is finished with its error; True if any was."""
     def abandon_all(self) -> None:
         """The queue is cancelled: the streams' watchers finish the work in flight."""

@@ -412,6 +412,23 @@ cdef class Lanes:
             b.append(items.popleft())
         return b
 
+    def ready(self):
+        """True if a pass would move something: an execution's completion is flagged (or its
+        stream's context failed), a chain's enqueue is under way, or an item waits while a lane
+        has room. (A queue's driver polls and parks on this.)"""
+        cdef list q
+        cdef Py_ssize_t lane
+        cdef bint room = False
+        if self.slicing:
+            return True
+        for lane in range(self.n):
+            q = <list>self.runs[lane]
+            if q and (<Run>q[0]).complete():
+                return True
+            if len(q) + <Py_ssize_t>self.held[lane] < _DEPTH:
+                room = True
+        return room and len(self.items) > 0
+
     def watch_all(self):
         """Have the reactor wake the loop at each execution's completion; True (and stop) at
         the first that is complete already."""
@@ -425,13 +442,16 @@ cdef class Lanes:
 
     def check_all(self):
         """The parked re-check: an execution whose stream's context failed is finished with
-        its error."""
+        its error; True if any was."""
         cdef list q
         cdef Run r
+        cdef bint any_failed = False
         for q in self.runs:
             for r in [r for r in q if not r.check()]:
                 q.remove(r)
                 self._finish(r, perf_counter(), False)
+                any_failed = True
+        return any_failed
 
     def abandon_all(self):
         """The queue is cancelled: the streams' watchers finish the work in flight."""

@@ -252,8 +252,36 @@ cdef class ExecutionContext:
 
     def wait_completed(self, timeout=None):
         """The blocking twin of :meth:`completed`, for threads: True once the work is complete,
-        False if ``timeout`` seconds passed first."""
+        False if ``timeout`` seconds passed first. Without a timeout the thread sleeps in the
+        driver (the GIL released) until then. Finishes nothing, as :meth:`completed`."""
         return wait_completed(self, timeout)
+
+    cdef int block_c(self) except -1:
+        """Block, without the GIL, until the work is complete: on the completion event where the
+        execution was sealed, else on its stream (which completes once this work and whatever
+        was enqueued on the stream after it have). The one blocking wait of every thread that
+        waits for an execution (``sync``, a future's ``result``, a ThreadedQueue); raises the
+        stream's CudaError where its context failed."""
+        cdef Driver d = self.drv
+        cdef int err
+        cdef void* sh = <void*>self.sh
+        if self.done:
+            return 0
+        ev = self._event if self._sealed else None
+        if ev is not None:
+            ev.synchronize()
+        elif d is not None and d.stream_sync != NULL:
+            with nogil:
+                err = d.stream_sync(sh)
+            if err:
+                raise d.error(err, "cuStreamSynchronize")
+        else:
+            self.stream.synchronize()
+        return 0
+
+    def _block(self):
+        """:meth:`block_c`, for the core's Python modules (``wait_completed``)."""
+        self.block_c()
 
     def __del__(self):
         # The invariant, held here rather than at each exception site: an execution ends only by

@@ -68,20 +68,6 @@ cpdef object as_stream(object stream):
     )
 
 
-cdef int _wait_stream(ExecutionContext cx) except -1:
-    cdef Driver d = cx.drv
-    cdef int err
-    cdef void* sh = <void*>cx.sh
-    if d is not None and d.stream_sync != NULL:
-        with nogil:
-            err = d.stream_sync(sh)
-        if err:
-            raise d.error(err, "cuStreamSynchronize")
-    else:
-        cx.stream.synchronize()
-    return 0
-
-
 cdef inline int _make_current(ExecutionContext cx) except -1:
     if cx.drv is not None:
         make_current(cx.drv)
@@ -103,7 +89,7 @@ cdef int _finish_when_done(ExecutionContext cx, object stream) except -1:
     failed, off any event loop: a host read right after sees the work complete). Interrupted,
     or after an error of the wait itself, the watcher finishes it instead."""
     try:
-        _wait_stream(cx)
+        cx.block_c()  # the execution's one blocking wait (see ExecutionContext.block_c)
     except CudaError as e:
         if not sticky(e):
             hand_over(cx, stream)
@@ -152,7 +138,7 @@ cpdef object run_sync(DeviceOp op, object stream, str label):
         _finish_when_done(cx, stream)  # (blocking terminal: it waits, as it would have)
         raise
     try:
-        _wait_stream(cx)
+        cx.block_c()  # the execution's one blocking wait (see ExecutionContext.block_c)
     except CudaError as e:
         if sticky(e):
             cx.finish_c(False)  # the context is lost: nothing more of it runs

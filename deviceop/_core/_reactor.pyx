@@ -53,6 +53,8 @@ from ._base cimport (
 
 import os
 
+from .._process import CORE, at_fork_child
+
 __all__ = [
     "arm", "watch", "done", "expected", "prewoken", "overdue", "resumed", "retire", "disown", "fail_context", "set_policy", "policy", "stats", "capacity",
     "Signal", "POLICIES",
@@ -103,12 +105,6 @@ cdef extern from *:
         pthread_attr_destroy(&a);
         return r;
     }
-    static void (*dvo_child_hook)(void);
-    static void dvo_atfork_child(void) { if (dvo_child_hook) dvo_child_hook(); }
-    static int dvo_register_atfork(void (*fn)(void)) {
-        dvo_child_hook = fn;
-        return pthread_atfork(NULL, NULL, dvo_atfork_child);
-    }
     """
     uint32_t dvo_load32(uint32_t* p) nogil
     void dvo_store32(uint32_t* p, uint32_t v) nogil
@@ -120,7 +116,6 @@ cdef extern from *:
     void dvo_timer_slack() nogil
     ctypedef void* (*dvo_thread_fn)(void*) noexcept nogil
     int dvo_start_thread(dvo_thread_fn fn) nogil
-    int dvo_register_atfork(void (*fn)() noexcept nogil) nogil
 
 cdef extern from "<stdlib.h>" nogil:
     int posix_memalign(void** p, size_t align, size_t n)
@@ -242,8 +237,6 @@ cdef int _init() except -1:
     pthread_mutex_init(&MU, NULL)
     if dvo_cv_init() != 0:
         PyErr_SetFromErrno(OSError)
-    if dvo_register_atfork(_after_fork_child) != 0:
-        PyErr_SetFromErrno(OSError)
     READY = True
     return 0
 
@@ -265,6 +258,15 @@ cdef void _after_fork_child() noexcept nogil:
     REGISTERED = False
     MEMOPS = True
     DADDR = 0
+
+
+def _renew_after_fork():
+    # (a child made by fork() before the reactor was first used has nothing of it to renew)
+    if READY:
+        _after_fork_child()
+
+
+at_fork_child(_renew_after_fork, CORE)
 
 
 cdef pred_t* _pred(uint64_t key) noexcept nogil:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import UsageError
-from .._process import renew_at_fork
+from .._process import CORE, renew_at_fork
 from ._base import LOCK, Buffer, PartitionBase, TensorBase
 from ._dlpack import capsule
 from ._dlstructs import describe_dlpack
@@ -76,7 +76,7 @@ class _Region:
 _tables: dict[int, tuple[list[int], dict[int, _Region]]] = {}
 _lock = threading.Lock()
 _inserts = [0]
-renew_at_fork(globals(), _lock=threading.Lock)  # a thread may hold it at fork()
+renew_at_fork(globals(), CORE, _lock=threading.Lock)  # a thread may hold it at fork()
 
 
 def _table(be: Any) -> tuple[list[int], dict[int, _Region]]:

@@ -18,6 +18,7 @@ import weakref
 from typing import Any
 
 from .._errors import BackendError, DeviceOpWarning, UsageError
+from .._process import SERVICES, at_fork_child
 from ._base import STREAM_TYPES
 from ._ledger import abandon
 
@@ -73,7 +74,7 @@ def _after_fork_in_child() -> None:
     )
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_child(_after_fork_in_child, SERVICES)
 
 
 def _pool_size() -> int:

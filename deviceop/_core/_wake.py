@@ -12,7 +12,6 @@ await path itself is one anyio code path.
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import threading
 import weakref
@@ -21,6 +20,7 @@ from typing import Any
 import sniffio
 
 from .._errors import UsageError
+from .._process import SERVICES, at_fork_child
 from ._base import Channel
 
 __all__ = ["Dispatcher", "current_lib", "dispatcher", "loop_dispatcher"]
@@ -85,7 +85,7 @@ def _after_fork_in_child() -> None:
     _trio.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_child(_after_fork_in_child, SERVICES)
 
 
 def dispatcher(lib: str | None = None) -> Dispatcher:

@@ -18,13 +18,13 @@ context's ``finish(ok)``; what it waits on is any object with ``query()`` and ``
 (an event, or the stream itself where no event could be recorded).
 """
 
-import os
 import queue
 import threading
 import time
 from collections import deque
 
 from .._errors import CudaError
+from .._process import SERVICES, at_fork_child
 from ._capture import CAPTURE
 from ._reactor import fail_context
 
@@ -295,4 +295,4 @@ def _after_fork_in_child():
     _start_janitor()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_child(_after_fork_in_child, SERVICES)

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any
 
-from .._core._completion import COUNTS, RECHECK, SLICE, sleep_or_wake, waker_class, yielder
+from .._core._completion import COUNTS, SLICE, park_until, poll_until, waker_class, yielder
 from .._core._lanes import Lanes, resolve
 from .._core._select import current
 from .._core._wake import current_lib, event_class, loop_dispatcher
@@ -233,9 +233,11 @@ class WorkQueue:
     async def _drive(self) -> None:
         """The queue's one driver task: keeps up to two executions in flight per lane (one
         running, the next queued behind it), notices their completions by the reactor's flags,
-        and waits only when nothing can move: polling (yielding to the loop) while completions
-        are due soon, parked on the reactor's wake-up or a new item otherwise. The passes
-        themselves (finishing what completed, issuing what fits) are the compiled lanes'."""
+        and waits only when nothing can move, as every await waits (the core's poll and park):
+        polling (yielding to the loop) while completions are due soon, parked on the reactor's
+        wake-up or a new item otherwise, with the same backing-off re-check for a faulted
+        context. The passes themselves (finishing what completed, issuing what fits) are the
+        compiled lanes'."""
         lib, d = loop_dispatcher()
         tok = d.register(None)
         clock = time.perf_counter
@@ -244,7 +246,6 @@ class WorkQueue:
         lanes = self._lanes
         items = self._items
         last = clock()  # the last completion, issue or wake-up: polling counts from here
-        interval = RECHECK[0]
         seen = True  # completions are seen while polling (not after a park): their moment is known
         # item factories run with their lane's device selected: where every lane is on the
         # device selected already, nothing is selected around each execution
@@ -257,7 +258,6 @@ class WorkQueue:
                 seen = True
                 if moved:
                     last = clock()
-                    interval = RECHECK[0]
                     await y()  # the producer, and the loop's other tasks, get a turn
                     continue
                 if not lanes.in_flight:  # nothing on the GPU: wait for an item, a hook, or the end
@@ -269,31 +269,29 @@ class WorkQueue:
                     last = clock()
                     continue
                 budget = self.poll if self.poll is not None else min(max(2e-3, 3.0 * lanes.lat), 20e-3)
-                if clock() - last < budget:
-                    COUNTS["polls"] += 1
-                    await y()
+                left = budget - (clock() - last)
+                if left > 0 and await poll_until(lib, lanes.ready, left, None):
                     continue
-                # park: the reactor wakes the loop once a watched flag is written; a new item or
-                # a returned on_done hook wakes it too
-                COUNTS["parks"] += 1
-                w = new_waker()
-                d.waiters[tok] = w
-                self._idle.append(w)
-                if lanes.watch_all():
-                    last = clock()  # completed meanwhile
-                    continue
-                timed_out = await sleep_or_wake(lib, w, interval)
-                d.waiters.pop(tok, None)
-                if w in self._idle:
-                    self._idle.remove(w)
+                # park: the reactor wakes the loop once a watched flag is written, a new item or a
+                # returned on_done hook wakes it too; a faulted context never writes its flags,
+                # and the re-check (its stream's query) finishes its executions with the error
+                try:
+                    await park_until(
+                        lib,
+                        d,
+                        tok,
+                        lanes.ready,
+                        lanes.check_all,
+                        None,
+                        "a WorkQueue",
+                        None,
+                        watch=lanes.watch_all,
+                        wakers=self._idle,
+                    )
+                finally:
+                    d.waiters.pop(tok, None)
                 seen = False
-                if timed_out:
-                    interval = min(interval * 2, RECHECK[1])
-                else:
-                    last = clock()
-                # a faulted context never writes its flags (the reactor wakes its waiters, or
-                # the timer ends the park): its stream's query raises then
-                lanes.check_all()
+                last = clock()
         except BaseException:
             # cancelled (or a BaseException from a factory): the GPU work keeps running, and the
             # streams' watchers keep its buffers alive until it completes

@@ -12,11 +12,13 @@ the same call. Memory freed and reused at the same address is the same computati
 tensor. At most ``MAX`` graphs are kept; the oldest is dropped first (the driver frees a graph
 that is still running once it ends).
 
-Recording costs about as much as ``COST`` replays save. Calls that do not repeat (fresh
-buffers per request, addresses that recur only now and then) must not pay it again and again,
-so recordings draw on a credit that replays earn back: each recording spends ``COST``, each
-replay earns 1, and while the credit is short no call is recorded (a hot call that goes
-direct then earns ``1 / COST``, so recording resumes slowly if the pattern changes).
+Recording costs what many replays save. Calls that do not repeat (fresh buffers per request,
+addresses that recur only now and then) must not pay it again and again, so recordings draw on
+a credit that replays earn back: each replay earns 1, each recording spends its cost in replays
+(``Replays.cost``: the host time of a recording over what a replay saves against a direct
+call, both measured as calls run; ``COST`` until they are), and while the credit is short no
+call is recorded (a hot call that goes direct then earns ``1 / cost``, so recording resumes
+slowly if the pattern changes). Where a replay saves nothing, nothing more is recorded.
 """
 
 from __future__ import annotations
