@@ -17,6 +17,11 @@ Messages say what happened and what to do instead.
 
 from __future__ import annotations
 
+import os
+import sys
+import types
+import warnings
+
 __all__ = [
     "BackendError",
     "BorrowError",
@@ -26,11 +31,15 @@ __all__ = [
     "DTypeError",
     "DeviceOpError",
     "DeviceOpWarning",
+    "NotATensorError",
     "SettingError",
     "ShapeError",
     "TensorIndexError",
     "UsageError",
+    "warn_user",
 ]
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class DeviceOpError(Exception):
@@ -90,5 +99,25 @@ class TensorIndexError(ShapeError, IndexError):
     """An index outside a tensor's dimension (an IndexError, so iteration stops at the end)."""
 
 
+class NotATensorError(UsageError, AttributeError):
+    """A Tensor's attribute (``partition``, ``numpy``, ``shape``...) asked of an op that has not
+    run yet; also an ``AttributeError``, so ``hasattr`` and ``getattr(op, name, default)`` work."""
+
+
 class SettingError(UsageError, ValueError):
     """A setting (a ``set_*`` call or an environment variable) given a value it does not accept."""
+
+
+def warn_user(message: str, category: type[Warning] = DeviceOpWarning) -> None:
+    """Warn, attributed to the first caller outside deviceop (the user's line that set it off,
+    not deviceop's own source), as ``warnings.warn`` with ``skip_file_prefixes`` does on
+    Python 3.12."""
+    level = 2  # our caller's frame
+    f: types.FrameType | None = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith((_PACKAGE, "<frozen")):
+            break
+        f = f.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)

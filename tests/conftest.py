@@ -115,3 +115,20 @@ def cache_root() -> str:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    """Skipped tests counted by reason, one line each (a machine without a GPU skips every cuda
+    case for one reason); ``-rs`` lists each skipped test as pytest does."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped or "s" in (config.option.reportchars or "") or "a" in (config.option.reportchars or ""):
+        return
+    counts: dict[str, int] = {}
+    for rep in skipped:
+        lr = rep.longrepr
+        reason = str(lr[2] if isinstance(lr, tuple) and len(lr) == 3 else lr)
+        reason = reason.removeprefix("Skipped: ")
+        counts[reason] = counts.get(reason, 0) + 1
+    terminalreporter.write_sep("=", f"{len(skipped)} skipped, by reason (-rs lists each test)")
+    for reason, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{n:6d}  {reason}")

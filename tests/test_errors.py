@@ -303,3 +303,21 @@ def test_host_kernel_failure_fails_the_future(host_backend):
         assert isinstance(fut.exception(timeout=1), do.CudaError)
     finally:
         do.use_backend("host")
+
+
+def test_the_host_fallback_warning_names_the_users_line(tmp_path):
+    # with no driver, the first use of deviceop warns once, attributed to the user's own line
+    # (not to deviceop's source)
+    import subprocess
+    import sys
+
+    script = tmp_path / "user_program.py"
+    script.write_text("import deviceop as do\nx = do.zeros(4, do.float32).sync()  # first use\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("DEVICEOP_BACKEND", "DEVICEOP_STUB_DRIVER")}
+    env["LD_LIBRARY_PATH"] = str(tmp_path)  # (no stub driver found here)
+    r = subprocess.run([sys.executable, "-W", "always", str(script)], capture_output=True, text=True, env=env)
+    if "no CUDA driver found" not in r.stderr:
+        pytest.skip("a CUDA driver is present: no fallback warning")
+    assert r.returncode == 0, r.stderr
+    assert f"{script}:2: DeviceOpWarning" in r.stderr, r.stderr
+    assert "deviceop/" not in r.stderr.split("DeviceOpWarning")[0], r.stderr

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, needs_gpu
+from conftest import ROOT, STUB_DRIVER, needs_gpu
 
 import deviceop as do
 
@@ -213,8 +213,13 @@ def test_ray_serve_deployment(backend, tmp_path) -> None:
 
 def test_ray_replicas_refuses_more_gpus_than_there_are(backend) -> None:
     n = len(do.devices())
-    r = _run(backend, [os.path.join(EXAMPLES, "ray_replicas", "run.py"), "--no-ray", "--replicas", str(n + 1)], 120)
-    assert r.returncode == 2 and f"{n} are visible" in r.stderr, r.stderr[-2000:]
+    args = [os.path.join(EXAMPLES, "ray_replicas", "run.py"), "--no-ray", "--replicas", str(n + 1)]
+    r = _run(backend, [*args, "--gpus-per-replica", "1"], 120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    if backend == "cuda":
+        assert f"{n} {'is' if n == 1 else 'are'} visible" in r.stderr, r.stderr[-2000:]
+    else:  # no GPU at all: the advice is to run without one
+        assert "no GPU is visible" in r.stderr and "--gpus-per-replica 0" in r.stderr, r.stderr[-2000:]
 
 
 def test_ray_replicas_stops_when_a_replica_cannot_start(backend) -> None:
@@ -224,3 +229,48 @@ def test_ray_replicas_stops_when_a_replica_cannot_start(backend) -> None:
     args += ["--requests", "8", "--width", "64", "--steps", "1", "--rows", "4"]
     r = _run(env_backend, args, 120)
     assert r.returncode == 1 and "replica 0 did not start" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def _small_commands() -> list[str]:
+    """The commands of examples/README.md marked ``# small``: what a user runs first, on any machine."""
+    import re
+
+    with open(os.path.join(EXAMPLES, "README.md")) as f:
+        text = f.read()
+    return [m.group(1).strip() for m in re.finditer(r"^(python examples/\S+.*?)\s+# small\b", text, re.M)]
+
+
+def test_the_readme_marks_a_small_command_for_every_example() -> None:
+    got = {c.split()[1].split("/")[1] for c in _small_commands()}
+    have = {
+        d for d in os.listdir(EXAMPLES) if os.path.isdir(os.path.join(EXAMPLES, d)) and not d.startswith((".", "_"))
+    }
+    assert got == have, f"examples without a '# small' command in examples/README.md: {sorted(have - got)}"
+
+
+@pytest.mark.parametrize("command", _small_commands())
+def test_documented_small_command_finishes_on_the_host_within_a_minute(command: str) -> None:
+    import shlex
+
+    if STUB_DRIVER:
+        pytest.skip("a host-backend command: the host run of the suite runs it")
+    args = shlex.split(command)[1:]
+    script = args[0]
+    if "ray_replicas" in script:
+        pytest.importorskip("ray")
+    if "asr_stream" in script or "torch-blocking" in command:
+        pytest.importorskip("torch")
+    pytest.importorskip("aiohttp")
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=ROOT,
+        env={**os.environ, "DEVICEOP_BACKEND": "host", "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    took = time.monotonic() - t0
+    assert r.returncode == 0, f"{command}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    assert took < 60, f"{command} took {took:.0f} s on the host"
+    assert "not what a GPU does" in r.stdout, r.stdout[-2000:]  # host figures are said to be host figures

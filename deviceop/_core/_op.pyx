@@ -34,7 +34,7 @@ from ._future import DeviceFuture, watch_future
 from ._watch cimport hand_over
 from ._watch import device_failed, sticky
 
-from .._errors import CaptureError, CudaError, UsageError
+from .._errors import CaptureError, CudaError, NotATensorError, UsageError
 from ._select import current, next_stream, stream_of
 
 __all__ = [
@@ -153,10 +153,18 @@ cpdef object run_sync(DeviceOp op, object stream, str label):
     return out
 
 
+# what a Tensor or Partition has and an op does not (see DeviceOp.__getattr__)
+_TENSOR_ATTRS = frozenset((
+    "T", "addr", "buffer", "device", "dtype", "is_contiguous", "nbytes", "ndim", "numpy", "offset",
+    "partition", "ptr", "shape", "size", "span", "strides", "view", "grid", "tensor", "tile",
+))
+
+
 cdef class DeviceOp:
     """A description of GPU work whose output is a ``T``.
 
-    Ops are single-use values, like the paper's Rust ops that move into what consumes them:
+    Ops are single-use values, like the Rust ops of cuTile Rust (Elibol et al., "Fearless
+    Concurrency on the GPU", arXiv:2606.15991) that move into what consumes them:
     composing an op (``then``, ``zip``, as a kernel argument...) or driving it with a terminal
     (``sync``, ``sync_on``, ``submit``, ``await``) consumes it, and using it again raises
     :class:`UsageError`. ``shared()`` makes an op that any number of consumers may use; it
@@ -166,6 +174,17 @@ cdef class DeviceOp:
     # (_used starts as None: Cython initializes object fields so, with no __cinit__ to pay for)
     def __init__(self):
         pass
+
+    def __getattr__(self, name):
+        # only for names normal lookup did not find: a tensor's attribute asked of the op that
+        # will make the tensor (a missing .sync() or await) gets advice, not a bare AttributeError
+        if name in _TENSOR_ATTRS:
+            raise NotATensorError(
+                f"{type(self).__name__} is an op (a description of GPU work that has not run), not a "
+                f"Tensor, so it has no .{name}. Run it first to get its result (t = op.sync(), or "
+                f"t = await op), or use the result inside the pipeline: op.map(lambda t: t.{name}...)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def __class_getitem__(cls, item):

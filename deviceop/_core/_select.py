@@ -13,11 +13,10 @@ import contextvars
 import itertools
 import os
 import threading
-import warnings
 import weakref
 from typing import Any
 
-from .._errors import BackendError, DeviceOpWarning, UsageError
+from .._errors import BackendError, DeviceOpWarning, UsageError, warn_user
 from .._process import SERVICES, at_fork_child
 from ._base import STREAM_TYPES
 from ._ledger import abandon
@@ -183,11 +182,10 @@ def _default() -> Any:
                 try:
                     _state["backend"] = _make("cuda", n)
                 except BackendError as e:
-                    warnings.warn(
+                    warn_user(
                         f"deviceop: {e}; using the host backend (an emulated device). "
                         "Set DEVICEOP_BACKEND=host to choose it explicitly and silence this.",
                         DeviceOpWarning,
-                        stacklevel=3,
                     )
                     _state["backend"] = _make("host", n)
             made: Any = _state["backend"]

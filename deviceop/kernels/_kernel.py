@@ -93,7 +93,14 @@ def check_tensor(x: Any, dtype: DType, what: str, contiguous: bool = True) -> Te
     if type(x) is not Tensor:
         raise UsageError(f"{what} must be a Tensor, got {type(x).__name__}")
     if x.dtype is not dtype:
-        raise DTypeError(f"{what} has dtype {x.dtype.name} but {dtype.name} is required; convert it first")
+        host = "ml_dtypes.bfloat16" if dtype.name == "bfloat16" else f"np.{dtype.name}"
+        raise DTypeError(
+            f"{what} has dtype {x.dtype.name} but {dtype.name} is required. Make it {dtype.name} "
+            f"where it is made (do.zeros(..., do.{dtype.name}); on the host before upload: "
+            f"do.from_numpy(a.astype({host}))), or convert it inside the pipeline with "
+            f"a kernel of your own (do.kernels.Kernel) or PyTorch (do.interop.torch(lambda t: "
+            f"t.to(torch.{dtype.name}), x))"
+        )
     if contiguous and not x.is_contiguous():
         raise ShapeError(
             f"{what} is a non-contiguous view (shape {x.shape}, strides {x.strides}); this kernel "

@@ -20,11 +20,10 @@ import os
 import re
 import stat
 import threading
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._errors import CompileError
+from .._errors import CompileError, DeviceOpWarning, warn_user
 from .._process import renew_at_fork
 
 __all__ = ["cache_dir", "cache_stats", "compile_cubin", "nvrtc_version"]
@@ -168,9 +167,7 @@ def _folder_key(d: Path) -> bytes | str:
         first = k not in _keys
         got = _keys.setdefault(k, got)
     if first and untrusted and isinstance(got, str):
-        from .._errors import DeviceOpWarning
-
-        warnings.warn(f"deviceop: {got}; compiling in memory instead", DeviceOpWarning, stacklevel=4)
+        warn_user(f"deviceop: {got}; compiling in memory instead", DeviceOpWarning)
     return got
 
 

@@ -281,17 +281,31 @@ def measure(a: argparse.Namespace, xs: list[np.ndarray], call: Any, where: list[
     }
 
 
-def parse(doc: str, argv: list[str] | None, extra: Any = None) -> argparse.Namespace:
-    """The replicas' command line (shared with ``serve.py``), checked; ``extra(ap)`` adds options."""
+def parse(doc: str, argv: list[str] | None, extra: Any = None, needs_ray: bool = True) -> argparse.Namespace:
+    """The replicas' command line (shared with ``serve.py``), checked; ``extra(ap)`` adds options.
+
+    Without a GPU (the host backend) the defaults are no GPU per replica and a small
+    configuration, said once, so the command finishes within a minute."""
+    import deviceop as do
+
+    try:
+        gpu = do.backend_name() == "cuda"
+    except do.DeviceOpError:  # (no usable backend here: each replica reports its own error)
+        gpu = False
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--gpus-per-replica", type=float, default=1.0, help="0: no GPU (the host backend)")
-    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument(
+        "--gpus-per-replica",
+        type=float,
+        default=1.0 if gpu else 0.0,
+        help="0: no GPU (the host backend); default 1 with a GPU, else 0",
+    )
+    ap.add_argument("--requests", type=int, default=2000 if gpu else 200)
     ap.add_argument("--in-flight", type=int, default=32, help="outstanding requests per replica")
     ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--width", type=int, default=2048)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--width", type=int, default=2048 if gpu else 128)
+    ap.add_argument("--steps", type=int, default=8 if gpu else 2)
+    ap.add_argument("--repeats", type=int, default=3 if gpu else 1)
     ap.add_argument("--check", type=int, default=16, help="answers checked against numpy")
     ap.add_argument("--out", default=None)
     if extra is not None:
@@ -301,16 +315,36 @@ def parse(doc: str, argv: list[str] | None, extra: Any = None) -> argparse.Names
         ap.error(
             "need --replicas >= 1, --requests >= --replicas, --in-flight >= 1, --repeats >= 1, --gpus-per-replica >= 0"
         )
+    if needs_ray and not getattr(a, "no_ray", False):
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            ap.error(
+                "Ray is not installed: python -m pip install --group ray (or pip install 'ray[serve]')"
+                + ("; or run the replicas as plain processes with --no-ray" if extra is not None else "")
+            )
+    if a.gpus_per_replica and not gpu:
+        ap.error(
+            f"--gpus-per-replica {a.gpus_per_replica:g}: no GPU is visible (deviceop runs on the "
+            "host backend); give --gpus-per-replica 0 to run the replicas there"
+            + (", or --no-ray" if extra is not None else "")
+        )
     if a.gpus_per_replica:
-        import deviceop as do
-
         have = len(do.devices())
         need = a.replicas * a.gpus_per_replica
         if need > have + 1e-9:  # Ray would wait for the missing GPUs for ever
             ap.error(
-                f"{a.replicas} replicas of {a.gpus_per_replica:g} GPU need {need:g} GPUs; {have} are visible: "
-                "give fewer --replicas, or a fraction such as --gpus-per-replica 0.5 to share a GPU"
+                f"{a.replicas} replicas of {a.gpus_per_replica:g} GPU need {need:g} GPUs, and "
+                f"{have} {'is' if have == 1 else 'are'} visible: give fewer --replicas, or a fraction "
+                f"such as --gpus-per-replica {have / a.replicas:g} to share {'it' if have == 1 else 'them'}"
             )
+    if not gpu:
+        print(
+            f"no GPU: the replicas run on the {os.environ.get('DEVICEOP_BACKEND') or 'host'} backend (an emulated device) with a small "
+            f"configuration (--requests {a.requests} --width {a.width} --steps {a.steps} --repeats {a.repeats}); "
+            "its figures show that the program works, not what a GPU does",
+            flush=True,
+        )
     return a
 
 

@@ -14,6 +14,11 @@ that server's first answer to the same input.
     python examples/service/loadtest.py                       # every variant, the H100 model
     python examples/service/loadtest.py --impls deviceop-batch,torch-blocking --seconds 5
     python examples/service/loadtest.py --width 128 --steps 2 --seconds 2 --rounds 1  # small
+
+Without a GPU (the host backend) the defaults are a small configuration (the small model,
+short rounds, fewer clients), so the command finishes within a minute; its figures show that
+the service works, not what a GPU does. Without PyTorch the PyTorch variants are left out, and
+it says so.
 """
 
 from __future__ import annotations
@@ -196,17 +201,22 @@ def machine() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import deviceop as do
+
+    # on a GPU the measured configuration; on the host backend a small one that finishes within a
+    # minute (numpy GEMMs of 2048 wide take milliseconds each)
+    gpu = do.backend_name() == "cuda"
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impls", default="all", help=f"comma-separated, of {', '.join(IMPLS)}; all: those that can run")
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--warmup", type=float, default=3.0)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--procs", type=int, default=4)
-    ap.add_argument("--inputs", type=int, default=64, help="distinct request inputs, sent in turn")
+    ap.add_argument("--seconds", type=float, default=10.0 if gpu else 1.0)
+    ap.add_argument("--warmup", type=float, default=3.0 if gpu else 0.5)
+    ap.add_argument("--rounds", type=int, default=3 if gpu else 1)
+    ap.add_argument("--clients", type=int, default=64 if gpu else 16)
+    ap.add_argument("--procs", type=int, default=4 if gpu else 2)
+    ap.add_argument("--inputs", type=int, default=64 if gpu else 16, help="distinct request inputs, sent in turn")
     ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--width", type=int, default=2048)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--width", type=int, default=2048 if gpu else 128)
+    ap.add_argument("--steps", type=int, default=8 if gpu else 2)
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--max-delay", type=float, default=0.001)
     ap.add_argument(
@@ -217,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         "saturated throughput (of the slowest variant's without PyTorch); -1: no open-loop rounds",
     )
     ap.add_argument(
-        "--server-warmup", type=int, default=32, metavar="N", help="rounds each server warms itself up with (0: none)"
+        "--server-warmup",
+        type=int,
+        default=32 if gpu else 4,
+        metavar="N",
+        help="rounds each server warms itself up with (0: none)",
     )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--profile", default=None, help="profile each server's event loop into PREFIX.IMPL.prof")
@@ -229,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         help="diagnostic: each server samples what holds its loop for MS ms or more (see server.py)",
     )
     a = ap.parse_args(argv)
+    if not gpu:
+        print(
+            f"no GPU: the servers run on the {do.backend_name()} backend (an emulated device) with a small "
+            f"configuration (--width {a.width} --steps {a.steps} --seconds {a.seconds} --rounds {a.rounds} "
+            f"--clients {a.clients}); its figures show that the service works, not what a GPU does",
+            flush=True,
+        )
     if a.impls == "all":
         impls = list(IMPLS)
         try:
@@ -236,8 +257,16 @@ def main(argv: list[str] | None = None) -> int:
 
             if not torch.cuda.is_available():
                 impls.remove("torch-streams")
+                print("torch-streams is left out: it needs a CUDA device for PyTorch", flush=True)
         except ImportError:
+            left = [i for i in impls if i.startswith("torch")]
             impls = [i for i in impls if not i.startswith("torch")]
+            print(
+                f"PyTorch is not installed: the PyTorch variants ({', '.join(left)}) are left out, and "
+                "deviceop's variants are compared with each other only; pip install torch to compare "
+                "with PyTorch",
+                flush=True,
+            )
     else:
         impls = [i for i in a.impls.split(",") if i]
         bad = [i for i in impls if i not in IMPLS]
@@ -249,15 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     if a.trace_stalls:
         model_args += ["--trace-stalls", str(a.trace_stalls)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    if not gpu:
+        env["DEVICEOP_BACKEND"] = "host"  # (said above, once: not again by every server)
 
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal((a.rows, a.width)).astype(np.float16) for _ in range(a.inputs)]
     inputs = [x.tobytes() for x in xs]
+    print(f"starting {len(impls)} servers ({', '.join(impls)})...", flush=True)
     servers = {impl: start_server(impl, model_args, env, a.profile) for impl in impls}
     doc: dict[str, Any] = {"experiment": "service", "machine": machine(), "config": vars(a), "impls": impls}
     try:
         # every server answers every input once: its digests (for the identity check) and its
         # agreement with the reference (PyTorch's answer if it runs, else the first server's)
+        print("checking that they agree on every input...", flush=True)
         answers = {i: [_post(u + "/infer", b) for b in inputs] for i, (_, u) in servers.items()}
         ref_impl = next((i for i in impls if i.startswith("torch")), impls[0])
         ref = [np.frombuffer(b, np.float16).astype(np.float32) for b in answers[ref_impl]]
@@ -269,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             if not err < 2e-2:
                 raise SystemExit(f"{impl} disagrees with {ref_impl}: relative max error {err:.3g}")
         digests = {i: [hashlib.sha1(b).hexdigest() for b in bs] for i, bs in answers.items()}
+        print(f"warm-up under load, {a.warmup} s each...", flush=True)
         for impl, (_, u) in servers.items():  # warm-up under load: pools, plans, graphs, allocators
             load(u, inputs, digests[impl], a.clients, a.procs, a.warmup)
         rows = []
