@@ -110,13 +110,19 @@ class SettingError(UsageError, ValueError):
 
 def warn_user(message: str, category: type[Warning] = DeviceOpWarning) -> None:
     """Warn, attributed to the first caller outside deviceop (the user's line that set it off,
-    not deviceop's own source), as ``warnings.warn`` with ``skip_file_prefixes`` does on
-    Python 3.12."""
+    not deviceop's source): ``warnings.warn``'s ``skip_file_prefixes`` on Python 3.12 and later,
+    the same count by hand before."""
+    if sys.version_info >= (3, 12):
+        warnings.warn(message, category, stacklevel=2, skip_file_prefixes=(_PACKAGE,))
+        return
     level = 2  # our caller's frame
     f: types.FrameType | None = sys._getframe(1)
     while f is not None:
         name = f.f_code.co_filename
-        if not name.startswith((_PACKAGE, "<frozen")):
+        if "importlib" in name and "_bootstrap" in name:
+            f = f.f_back  # (warnings skips import machinery's frames without counting them)
+            continue
+        if not name.startswith(_PACKAGE):
             break
         f = f.f_back
         level += 1

@@ -17,6 +17,7 @@ Within a stage, renewals run in the order they were registered.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -34,8 +35,9 @@ def at_fork_child(fn: Callable[[], None], stage: int, name: str | None = None) -
     if stage not in (CORE, SERVICES, LIBRARIES):
         raise ValueError(f"stage must be CORE, SERVICES or LIBRARIES, got {stage!r}")
     label = name or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-    _renewals.append((stage, len(_renewals), label, fn))
-    _renewals.sort(key=lambda r: (r[0], r[1]))
+    # in place, in one step (a fork on another thread never sees the list half sorted); the
+    # registration number is unique, so the label and function are never compared
+    bisect.insort(_renewals, (stage, len(_renewals), label, fn))
 
 
 def renew_at_fork(namespace: dict[str, Any], stage: int = LIBRARIES, **factories: Callable[[], Any]) -> None:

@@ -121,8 +121,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
     """Skipped tests counted by reason, one line each (a machine without a GPU skips every cuda
     case for one reason); ``-rs`` lists each skipped test as pytest does."""
     skipped = terminalreporter.stats.get("skipped", [])
-    if not skipped or "s" in (config.option.reportchars or "") or "a" in (config.option.reportchars or ""):
-        return
+    chars = config.option.reportchars or ""
+    if not skipped or any(c in chars for c in "saA"):
+        return  # (pytest lists them itself)
     counts: dict[str, int] = {}
     for rep in skipped:
         lr = rep.longrepr

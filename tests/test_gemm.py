@@ -346,8 +346,8 @@ def test_gemm_row_results_do_not_depend_on_the_other_rows(backend, m, k, n):
 
 def test_gemm_replays_price_recordings_by_measured_host_times():
     # the cost of a recording, in replays, is measured: its host time over what a replay saves;
-    # where replays save nothing no hot call is recorded any more
-    from deviceop.kernels._gemm_replay import COST, HOT, Replays
+    # where replays save nothing recordings are priced at the most, and the credit stays bounded
+    from deviceop.kernels._gemm_replay import COST, COST_MAX, HOT, Replays
 
     be = _stand_in_backend()
     r = Replays()
@@ -361,10 +361,13 @@ def test_gemm_replays_price_recordings_by_measured_host_times():
     assert r.cost == pytest.approx(r.record_s / 8e-6)
     for _ in range(100):
         r.observe(True, 10e-6)  # replays come to cost what a direct call does
-    assert r.cost == float("inf")
-    r.credit = 1e9
+    assert r.cost == COST_MAX
+    r.credit = COST_MAX - 1  # short of one recording: a hot call goes direct, earning 1/COST_MAX
     for _ in range(HOT + 2):
         assert r.get("second", be, None, lambda s: 0) == 0
-    assert r.recorded == 1 and r.credit == 1e9  # never recorded, and the credit untouched
+    assert r.recorded == 1 and r.credit > COST_MAX - 1
+    for _ in range(10000):
+        r.get("first", be, None, lambda s: 0)  # replays earn credit, up to 8 recordings' worth
+    assert r.credit <= 8 * COST_MAX + 1
     r.clear()
     assert r.cost == COST and r.direct_s == r.replay_s == r.record_s == 0.0

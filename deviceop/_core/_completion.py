@@ -259,6 +259,7 @@ async def _park(
     h: int = -1,
     watch: Callable[[], bool] | None = None,
     wakers: list[Any] | None = None,
+    any_wake: bool = False,
 ) -> bool:
     """Wait for ``tok`` on ``d``'s channel until ``done()``; ``check()`` (a query of the stream,
     or of the event where every slot is armed) is the re-check that raises CudaError on a
@@ -267,8 +268,9 @@ async def _park(
     predicted completion. ``watch()``: has the reactor wake this token at the completion of
     whatever ``done()`` waits for (several slots); True if one is complete already.
     ``wakers``: a list the current waker joins while parked, so that others can wake the
-    task too (a new item for a queue). True if the task saw the completion while polling (the
-    moment it saw it is the completion's)."""
+    task too (a new item for a queue). ``any_wake``: return at any wake-up but the re-check
+    timer's (a waiter of several slots polls after the reactor's pre-wake itself). True if the
+    task saw the completion while polling (the moment it saw it is the completion's)."""
 
     clock = time.perf_counter
     interval = _RECHECK[0]
@@ -301,6 +303,8 @@ async def _park(
                 _reactor.resumed(h)  # a pre-wake this task answers only now: its loop's lateness
             if timed_out and limit == interval:
                 _COUNTS["late"] += 1
+            return False
+        if any_wake and not timed_out:
             return False
         # woken, yet not done: by a pre-wake, or by the re-check timer (which may fire together
         # with the pre-wake, or before it, when the work takes about as long as the interval);
@@ -478,7 +482,7 @@ async def completed(cx: Any, timeout: float | None = None) -> None:
 def wait_completed(cx: Any, timeout: float | None = None) -> bool:
     """The blocking twin of :func:`completed`, for threads: True once ``cx``'s work is complete,
     False if ``timeout`` seconds passed first. Without a timeout the thread sleeps in the driver
-    (``ExecutionContext.block_c``: the execution's event, or its stream); with one, it checks
+    (``ExecutionContext.block_c`` on the execution's event, recorded now if it has none); with one, it checks
     the execution's completion event (one is recorded after its work so far if it has none)
     with growing pauses."""
     timeout = check_timeout(timeout)

@@ -13,6 +13,7 @@ from ._op import DeviceOp
 HOT: int
 MAX: int
 COST: float
+COST_MAX: float
 
 class GemmPlan:
     """A GEMM problem's layout (no addresses): what its compiled call reads."""
@@ -38,7 +39,7 @@ class Replays:
     def __len__(self) -> int: ...
     @property
     def cost(self) -> float:
-        """What one recording costs, in replays (``COST`` until measured)."""
+        """What one recording costs, in replays (``COST`` until measured, at most ``COST_MAX``)."""
     def observe(self, replayed: bool, seconds: float) -> None:
         """Count the host time of one call: a replay or a direct call."""
     def get(self, key: Any, backend: Any, stream: Any, call: Callable[[int], int]) -> int: ...

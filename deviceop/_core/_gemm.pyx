@@ -18,7 +18,7 @@ from ._launch cimport PlanCache
 from ._ledger cimport ExecutionContext, check_backend, order_tensor
 from ._op cimport DeviceOp
 
-__all__ = ["COST", "GemmCall", "GemmLauncher", "GemmPlan", "HOT", "MAX", "Replays"]
+__all__ = ["COST", "COST_MAX", "GemmCall", "GemmLauncher", "GemmPlan", "HOT", "MAX", "Replays"]
 
 #: calls of one exact problem before it is recorded (a problem seen once or twice is not worth it)
 HOT = 3
@@ -26,6 +26,9 @@ MAX = 1024
 #: replays a recording must be worth until the table has measured its own (a record + instantiate
 #: costs about this many replays' saving on a typical host)
 COST = 16.0
+#: the most a recording is priced at, measured or not: where replays save (almost) nothing,
+#: recordings become rare but never stop, so a pattern that starts to repeat is caught again
+COST_MAX = 64 * COST
 
 
 cdef inline int64_t _now_ns() noexcept nogil:
@@ -74,7 +77,8 @@ cdef class Replays:
 
     What a recording costs, in replays' savings, is measured as calls run (:meth:`observe`): the
     host time of a recording, of a direct call and of a replay. Until all three are known it is
-    ``COST``; where a replay saves nothing, nothing more is recorded.
+    ``COST``; where a replay saves (almost) nothing it is ``COST_MAX``, and recordings become
+    rare.
     """
 
     cdef dict _seen
@@ -99,17 +103,19 @@ cdef class Replays:
     @property
     def cost(self):
         """What one recording costs, in replays: its host time over what a replay saves against
-        a direct call (``COST`` until measured; infinite where a replay saves nothing)."""
+        a direct call (``COST`` until measured; at most ``COST_MAX``, which is also the price
+        where a replay saves next to nothing)."""
         return self.cost_c()
 
     cdef double cost_c(self) noexcept:
-        cdef double saving
+        cdef double saving, c
         if self.record_s == 0.0 or self.direct_s == 0.0 or self.replay_s == 0.0:
             return COST
         saving = self.direct_s - self.replay_s
         if saving <= self.direct_s / 64:
-            return float("inf")
-        return self.record_s / saving
+            return COST_MAX
+        c = self.record_s / saving
+        return c if c < COST_MAX else COST_MAX
 
     cpdef observe(self, bint replayed, double seconds):
         """Count the host time of one call: a replay (``replayed``) or a direct call."""
@@ -134,7 +140,7 @@ cdef class Replays:
             return 0  # recording this one failed before: stay direct
         n = self._seen.get(key, 0) + 1
         if n < HOT or self.credit < cost:
-            if n >= HOT and cost < float("inf"):
+            if n >= HOT:
                 self.credit += 1.0 / cost  # hot, but recordings have not paid lately
             if len(self._seen) >= 4 * MAX:
                 self._seen.clear()

@@ -29,7 +29,7 @@ cdef class ExecutionContext:
     cdef int wait_for_c(self, ExecutionContext other) except -1
     cdef object seal_c(self)
     cdef int finish_c(self, bint ok) except -1
-    cdef int block_c(self) except -1
+    cdef int block_c(self, bint seal) except -1
 
 
 cdef ExecutionContext new_context(object stream, object label, object op)

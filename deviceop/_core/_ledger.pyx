@@ -256,18 +256,22 @@ cdef class ExecutionContext:
         driver (the GIL released) until then. Finishes nothing, as :meth:`completed`."""
         return wait_completed(self, timeout)
 
-    cdef int block_c(self) except -1:
+    cdef int block_c(self, bint seal) except -1:
         """Block, without the GIL, until the work is complete: on the completion event where the
-        execution was sealed, else on its stream (which completes once this work and whatever
-        was enqueued on the stream after it have). The one blocking wait of every thread that
-        waits for an execution (``sync``, a future's ``result``, a ThreadedQueue); raises the
-        stream's CudaError where its context failed."""
+        execution was sealed (or ``seal``: one is recorded after its work so far), else on its
+        stream, which completes once this work and whatever was enqueued on the stream after it
+        have (the cheapest wait, for a terminal whose thread enqueued the work just now). The
+        one blocking wait of every thread that waits for an execution (``sync``,
+        ``wait_completed``, a future's ``result``, a ThreadedQueue); raises the stream's
+        CudaError where its context failed."""
         cdef Driver d = self.drv
         cdef int err
         cdef void* sh = <void*>self.sh
         if self.done:
             return 0
         ev = self._event if self._sealed else None
+        if ev is None and seal:
+            ev = self.seal_c()
         if ev is not None:
             ev.synchronize()
         elif d is not None and d.stream_sync != NULL:
@@ -280,8 +284,9 @@ cdef class ExecutionContext:
         return 0
 
     def _block(self):
-        """:meth:`block_c`, for the core's Python modules (``wait_completed``)."""
-        self.block_c()
+        """:meth:`block_c` on the execution's own event (sealed now if it was not), for the
+        core's Python modules (``wait_completed``): later work on its stream is not waited for."""
+        self.block_c(True)
 
     def __del__(self):
         # The invariant, held here rather than at each exception site: an execution ends only by

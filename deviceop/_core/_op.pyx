@@ -89,7 +89,7 @@ cdef int _finish_when_done(ExecutionContext cx, object stream) except -1:
     failed, off any event loop: a host read right after sees the work complete). Interrupted,
     or after an error of the wait itself, the watcher finishes it instead."""
     try:
-        cx.block_c()  # the execution's one blocking wait (see ExecutionContext.block_c)
+        cx.block_c(False)  # the execution's one blocking wait (see ExecutionContext.block_c)
     except CudaError as e:
         if not sticky(e):
             hand_over(cx, stream)
@@ -138,7 +138,7 @@ cpdef object run_sync(DeviceOp op, object stream, str label):
         _finish_when_done(cx, stream)  # (blocking terminal: it waits, as it would have)
         raise
     try:
-        cx.block_c()  # the execution's one blocking wait (see ExecutionContext.block_c)
+        cx.block_c(False)  # the execution's one blocking wait (see ExecutionContext.block_c)
     except CudaError as e:
         if sticky(e):
             cx.finish_c(False)  # the context is lost: nothing more of it runs
@@ -179,12 +179,16 @@ cdef class DeviceOp:
         # only for names normal lookup did not find: a tensor's attribute asked of the op that
         # will make the tensor (a missing .sync() or await) gets advice, not a bare AttributeError
         if name in _TENSOR_ATTRS:
+            if name == "numpy":  # (a host copy inside the pipeline would wait on its own work)
+                how = "or have the pipeline copy it to the host: do.to_numpy(op).sync() (or await it)"
+            else:
+                how = f"or use the result inside the pipeline: op.map(lambda t: t.{name}...)"
             raise NotATensorError(
                 f"{type(self).__name__} is an op (a description of GPU work that has not run), not a "
                 f"Tensor, so it has no .{name}. Run it first to get its result (t = op.sync(), or "
-                f"t = await op), or use the result inside the pipeline: op.map(lambda t: t.{name}...)"
+                f"t = await op), {how}"
             )
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
 
     @classmethod
     def __class_getitem__(cls, item):

@@ -287,6 +287,7 @@ class WorkQueue:
                         None,
                         watch=lanes.watch_all,
                         wakers=self._idle,
+                        any_wake=True,  # a pre-wake: the driver polls until the completion
                     )
                 finally:
                     d.waiters.pop(tok, None)

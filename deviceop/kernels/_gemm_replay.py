@@ -16,9 +16,11 @@ Recording costs what many replays save. Calls that do not repeat (fresh buffers 
 addresses that recur only now and then) must not pay it again and again, so recordings draw on
 a credit that replays earn back: each replay earns 1, each recording spends its cost in replays
 (``Replays.cost``: the host time of a recording over what a replay saves against a direct
-call, both measured as calls run; ``COST`` until they are), and while the credit is short no
-call is recorded (a hot call that goes direct then earns ``1 / cost``, so recording resumes
-slowly if the pattern changes). Where a replay saves nothing, nothing more is recorded.
+call, both measured as calls run; ``COST`` until they are, at most ``COST_MAX``), and while the
+credit is short no call is recorded (a hot call that goes direct then earns ``1 / cost``, so
+recording resumes slowly if the pattern changes). Where a replay saves next to nothing a
+recording costs ``COST_MAX``: recordings become rare, but a pattern that starts to repeat is
+still caught.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._core._gemm import COST, HOT, MAX
+from .._core._gemm import COST, COST_MAX, HOT, MAX
 from .._core._gemm import Replays as _Table
 
-__all__ = ["COST", "HOT", "MAX", "Replays"]
+__all__ = ["COST", "COST_MAX", "HOT", "MAX", "Replays"]
 
 
 class Replays(_Table):

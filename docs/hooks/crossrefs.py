@@ -33,9 +33,16 @@ class SphinxRoles(griffe.Extension):
             for part in rest.split(".") if rest else []:
                 try:
                     obj = obj.members[part]
-                except (KeyError, AttributeError):
+                except Exception:  # not there, or an alias Griffe cannot resolve: no link
                     return None
             return obj
+
+        def same(a: Any, b: Any) -> bool:
+            # one object under two names (a public re-export of a private module's object)
+            try:
+                return bool(getattr(a, "target_path", a.path) == getattr(b, "target_path", b.path))
+            except Exception:
+                return False
 
         def public(path: str) -> bool:
             # documented on the API pages: a public subpackage or a public member of one
@@ -54,8 +61,12 @@ class SphinxRoles(griffe.Extension):
                     return cand
                 # a private module's object re-exported by a public package: link the public name
                 last = name.rsplit(".", 1)[-1]
+                here = find(cand)
+                if here is None:
+                    continue
                 for p in _PUBLIC:
-                    if find(cand) is not None and find(f"{p}.{last}") is not None:
+                    pub = find(f"{p}.{last}")
+                    if pub is not None and same(pub, here):
                         return f"{p}.{last}"
             return None
 

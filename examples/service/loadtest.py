@@ -200,12 +200,23 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def main(argv: list[str] | None = None) -> int:
-    import deviceop as do
+def _backend() -> str:
+    """The backend deviceop chooses here, asked of a short-lived process: the load generator
+    itself keeps no device context on the GPU it measures."""
+    r = subprocess.run(
+        [sys.executable, "-c", "import deviceop as do; print(do.backend_name())"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    return r.stdout.strip().rsplit("\n", 1)[-1] if r.returncode == 0 else "host"
 
+
+def main(argv: list[str] | None = None) -> int:
     # on a GPU the measured configuration; on the host backend a small one that finishes within a
     # minute (numpy GEMMs of 2048 wide take milliseconds each)
-    gpu = do.backend_name() == "cuda"
+    backend = _backend()
+    gpu = backend == "cuda"
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impls", default="all", help=f"comma-separated, of {', '.join(IMPLS)}; all: those that can run")
     ap.add_argument("--seconds", type=float, default=10.0 if gpu else 1.0)
@@ -245,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not gpu:
         print(
-            f"no GPU: the servers run on the {do.backend_name()} backend (an emulated device) with a small "
+            f"no GPU: the servers run on the {backend} backend (an emulated device) with a small "
             f"configuration (--width {a.width} --steps {a.steps} --seconds {a.seconds} --rounds {a.rounds} "
             f"--clients {a.clients}); its figures show that the service works, not what a GPU does",
             flush=True,
