@@ -258,8 +258,8 @@ def test_spin_policy_burns_what_adaptive_saves(backend, policy) -> None:
 def test_the_spin_policy_pre_wakes_a_long_await_too(backend, policy) -> None:
     """Under "spin" the scanner sees a flag at once, but a loop parked on a long await wakes
     only when its token comes, tens to hundreds of µs later on a server: the spin policy
-    pre-wakes the awaiting task before the predicted completion, as "adaptive" does (before,
-    its long awaits were 35 to 250 µs slower than adaptive's on an H100 host)."""
+    pre-wakes the awaiting task before the predicted completion, as "adaptive" does (without
+    it, its long awaits were slower than adaptive's: the loop's own wake-up came late)."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs two cores: the spinning scanner and the loop")
     s = pool_of(4)[1]

@@ -43,8 +43,8 @@ class CudaEvent:
 
     ``host_wait=True``: BLOCKING_SYNC, for an event a host thread blocks on (a future's
     watcher sleeps in the driver instead of spinning). Such an event makes the GPU interrupt
-    the host when it completes, which the driver's event-handler thread then serves: on an H100
-    host that costs several microseconds of CPU per event. Every other event (ordering one
+    the host when it completes, which the driver's event-handler thread then serves: host CPU for
+    every such event. Every other event (ordering one
     stream after another, a completion looked at with ``query``) is a plain one.
 
     Handles are reused: a dropped event's handle goes to its kind's free list and the next event

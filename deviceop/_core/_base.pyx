@@ -683,7 +683,7 @@ cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nb
 
     A fresh block is allocated on the driver's allocation stream (``d.alloc_stream``) where it
     has one, not on ``stream``: a stream that served a stream-ordered allocation launches and
-    synchronizes more slowly from then on (about 0.15 µs per graph replay on an H100), and the
+    synchronizes more slowly from then on (every later graph replay on it pays), and the
     block cache, not the driver's stream order, is what keeps blocks from being reused while in
     use. The block is ready for ``stream`` once the allocation stream has passed the allocation;
     where the pool made it wait on other work (memory another stream freed), ``stream`` is

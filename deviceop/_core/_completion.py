@@ -65,8 +65,8 @@ _POLL = [1e-3]
 #: a stream whose durations are not learned yet: poll this long, then park
 _POLL_UNKNOWN = 20e-6
 #: work predicted to complete within this long, with no other await's work pending, is looked
-#: for without yielding to the loop for up to that long + _SPIN_SLACK (a yield costs 1.4 µs
-#: under uvloop and 5.5 µs under trio, measured on a 2-core workstation)
+#: for without yielding to the loop for up to that long + _SPIN_SLACK (a yield to the loop and
+#: back costs about as much as this wait, more under trio than under uvloop)
 _SPIN = 10e-6
 _SPIN_SLACK = 5e-6
 #: polling goes on this long past the predicted completion before the task parks
@@ -152,8 +152,8 @@ def set_wait_policy(policy: str) -> None:
 
     ``"adaptive"`` (default): it learns each stream's execution times and how late sleeping
     threads wake, sleeps, and pre-wakes the awaiting task shortly before the predicted
-    completion so that the task polls around it (about 1.5 % of a core while a 200 ms op runs,
-    measured on an H100 host). ``"spin"``: it spins while anything is awaited (one core busy
+    completion so that the task polls around it (a percent or two of a core while a long op
+    runs; the benchmarks page has the figures). ``"spin"``: it spins while anything is awaited (one core busy
     meanwhile) and pre-wakes awaiting tasks as ``"adaptive"`` does (a parked loop's own
     wake-up is what a long await would otherwise wait for). ``"block"``: it never polls; each
     awaited execution ends with a host function that wakes it (slowest wake-ups, no polling
@@ -228,8 +228,8 @@ async def sleep_or_wake(lib: str, waker: Any, limit: float) -> bool:
 
 def waker_class(lib: str) -> Any:
     """What a parked await waits on: trio's Event, or under asyncio a bare future with the
-    Event's ``set`` (one wait, one waiter: an ``asyncio.Event`` costs about 2.5 µs more per park
-    under uvloop, measured on a 2-core workstation)."""
+    Event's ``set`` (one wait, one waiter: an ``asyncio.Event``'s waiter list and extra future
+    make every park dearer)."""
     return event_class(lib) if lib == "trio" else _future_waker()
 
 

@@ -224,10 +224,8 @@ class Elementwise(BuiltinFront):
         if be.driver is not None and t.size:
             fn = FUNCS.get(be, f"{self.name}_{SFX[t.dtype.name]}")
             # 16-byte accesses need every array at the same offset within 16 bytes, and pay only
-            # on tiles larger than one element per thread of a block: on a small tile one element
-            # per thread finishes sooner (H100, a graph of 128-element-tile nodes: 1.108 us per
-            # node vectorized, 1.009 us per element), and small tiles are latency-, not
-            # bandwidth-bound
+            # on tiles larger than one element per thread of a block: small tiles are latency-,
+            # not bandwidth-bound, and there one element per thread finishes sooner
             aligns = {t.addr % 16, *(a.addr % 16 for a in args[1 : self.n_tensors])}
             vec = int(tile > _SMALL_TILE and len(aligns) == 1)
             per = (tile + 7) // 8 if vec else tile

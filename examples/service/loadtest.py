@@ -11,7 +11,7 @@ load (medians over rounds): requests per second, latency p50 / p99, the server's
 p50 / p99, its CPU time per request (all its threads), errors, and responses that differ from
 that server's first answer to the same input.
 
-    python examples/service/loadtest.py                       # every variant, the H100 model
+    python examples/service/loadtest.py                       # every variant, the full-size model
     python examples/service/loadtest.py --impls deviceop-batch,torch-blocking --seconds 5
     python examples/service/loadtest.py --width 128 --steps 2 --seconds 2 --rounds 1  # small
 
