@@ -396,7 +396,7 @@ async def await_op(op: Any, stream: Any, label: str, timeout: float | None = Non
         await _wait(cx, stream, lib, d, deadline, timeout, poll, cx)
     except BaseException:
         # cancelled, timed out or failed: the work may still run; the watcher finishes it
-        hand_over(cx, stream, cx._event if cx._sealed else None)
+        hand_over(cx, stream)
         raise
     cx.finish()
     return out
@@ -423,11 +423,9 @@ async def _wait(
             # every slot is armed: the stream's host function wakes this loop, the execution's
             # event says when it is done (no event otherwise: an event a thread could block on
             # costs the host an interrupt)
-            ev = cx._event if cx._sealed else None
+            ev = cx.sealed_event()
             if ev is None:
-                if cx.done:
-                    return
-                ev = cx.seal()
+                return  # finished meanwhile
             stream.notify(d.channel, tok)
             done: Callable[[], bool] = ev.query
             check: Callable[[], bool] = done
@@ -493,11 +491,9 @@ def wait_completed(cx: Any, timeout: float | None = None) -> bool:
     if timeout is None:
         cx._block()
         return True
-    ev = cx._event if cx._sealed else None
+    ev = cx.sealed_event()
     if ev is None:
-        if cx.done:
-            return True
-        ev = cx.seal()
+        return True  # finished meanwhile
     deadline = time.perf_counter() + timeout
     pause = 20e-6
     while not ev.query():

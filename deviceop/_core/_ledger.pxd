@@ -30,6 +30,7 @@ cdef class ExecutionContext:
     cdef object seal_c(self)
     cdef int finish_c(self, bint ok) except -1
     cdef int block_c(self, bint seal) except -1
+    cpdef object sealed_event(self)
 
 
 cdef ExecutionContext new_context(object stream, object label, object op)

@@ -23,6 +23,8 @@ class ExecutionContext:
         """``await cx.completed(timeout)``: resume once the work is complete, without blocking the loop."""
     def wait_completed(self, timeout: float | None = None) -> bool:
         """The blocking twin of :meth:`completed`, for threads: True once complete, False on timeout."""
+    def sealed_event(self) -> Any:
+        """Its completion event (sealed now if it was not); None once finished."""
     def finish(self, ok: bool = True) -> None:
         """Mark complete: run completion callbacks, drop buffers."""
     def __getattr__(self, name: str) -> Any: ...

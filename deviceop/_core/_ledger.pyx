@@ -180,6 +180,15 @@ cdef class ExecutionContext:
         event a host thread may block on)."""
         return self.seal_c()
 
+    cpdef object sealed_event(self):
+        """Its completion event, one a host thread may block on: the one recorded when it was
+        sealed, else one recorded now after its work so far; None once it is finished."""
+        if self._sealed:
+            return self._event
+        if self.done:
+            return None
+        return self.seal_c()
+
     def poll(self):
         """True once the execution is known to be complete."""
         if self.done:
@@ -269,9 +278,7 @@ cdef class ExecutionContext:
         cdef void* sh = <void*>self.sh
         if self.done:
             return 0
-        ev = self._event if self._sealed else None
-        if ev is None and seal:
-            ev = self.seal_c()
+        ev = self.sealed_event() if seal or self._sealed else None
         if ev is not None:
             ev.synchronize()
         elif d is not None and d.stream_sync != NULL:

@@ -221,9 +221,12 @@ cpdef int hand_over(object cx, object stream, object ev=None) except -1:
     """Its terminal stops waiting while the work may still run (an interrupt, a cancelled or
     timed-out await, a failed enqueue): the stream's watcher finishes the execution once the
     work is really done, so its buffers and ledger entries hold until then. ``ev``: its
-    completion event if one was recorded; otherwise one is recorded now (after the work
-    enqueued so far: this execution's, perhaps later work too). Never blocks."""
+    completion event if one was recorded (by default the one it was sealed with); otherwise one
+    is recorded now (after the work enqueued so far: this execution's, perhaps later work too).
+    Never blocks."""
     if not cx.done:
+        if ev is None and cx._sealed:
+            ev = cx._event
         give(stream, cx, ev)
     return 0
 
@@ -265,7 +268,7 @@ def _janitor():
         try:
             if not cx.done:
                 cx.backend.make_current()
-                give(cx.stream, cx, cx._event if cx._sealed else None)
+                hand_over(cx, cx.stream)
         except BaseException:
             pass  # (a device that cannot record any more: nothing to wait for there)
         cx = None
