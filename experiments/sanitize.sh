@@ -25,6 +25,9 @@
 # suite under synccheck), not a hazard; they are NVIDIA's kernels, and memcheck still covers them.
 # Tests that need work to be still in flight can fail under a sanitizer, which serialises
 # launches: those failures are listed in the logs and are not sanitizer errors.
+# Every tool runs with --show-backtrace device: the host backtrace the sanitizer takes at each
+# API call materialises the calling Python frames and never releases them, so their locals (the
+# tensors a launch was given) stay alive and the tests that count memory going back fail.
 # Usage: bash experiments/sanitize.sh [memcheck|synccheck|racecheck ...]
 set -u -o pipefail
 OUT=${OUT:-/tmp/deviceop-out}
@@ -36,6 +39,7 @@ status=0
 tools=("$@")
 [ ${#tools[@]} = 0 ] && tools=(memcheck synccheck racecheck)
 NVJET=(--kernel-name-exclude kns=nvjet)
+BT=(--show-backtrace device)
 # what racecheck runs: the cuda tests, less those that launch from several host threads and
 # those whose cuBLAS kernels the sanitizer cannot run (see above)
 RACE_K='cuda and not thread and not test_service_load_test and not test_gemm_queue and not test_asr_stream'
@@ -46,7 +50,7 @@ racecheck_file() {  # one test file under racecheck: its log, then its summary l
     echo "$f: no cuda tests to run" | tee "$log"
     return
   fi
-  timeout "${SAN_TIMEOUT:-540}" "$CS" --tool racecheck --kernel-name-exclude kns=nvjet --kernel-name-exclude kns=gemm \
+  timeout "${SAN_TIMEOUT:-540}" "$CS" --tool racecheck --show-backtrace device --kernel-name-exclude kns=nvjet --kernel-name-exclude kns=gemm \
     --kernel-name-exclude kns=xmma --kernel-name-exclude kns=cutlass --kernel-name-exclude kns=splitKreduce \
     --kernel-name-exclude kns=slow_ \
     --print-limit 50 python3 -m pytest -q -p no:cacheprovider "$f" -k "$RACE_K" >"$log" 2>&1
@@ -76,7 +80,7 @@ for tool in "${tools[@]}"; do
   fi
   extra=()
   [ "$tool" = synccheck ] && extra=("${NVJET[@]}")
-  timeout "${SAN_TIMEOUT:-540}" "$CS" --tool "$tool" "${extra[@]}" --print-limit 50 python3 -m pytest -q -p no:cacheprovider tests -k cuda \
+  timeout "${SAN_TIMEOUT:-540}" "$CS" --tool "$tool" "${BT[@]}" "${extra[@]}" --print-limit 50 python3 -m pytest -q -p no:cacheprovider tests -k cuda \
     >"$log" 2>&1
   echo "$tool: exit $? ($(grep -c '^FAILED' "$log") tests failed); $(grep -E 'ERROR SUMMARY' "$log" | tail -1)"
   grep -qE 'ERROR SUMMARY: 0 errors' "$log" || status=1

@@ -303,6 +303,20 @@ def test_a_finished_execution_holds_no_buffer(backend):
     assert r() is None and cx.buffers is None
 
 
+def test_a_callback_added_after_finish_runs_at_once(backend):
+    # a buffer dropped while its execution finishes on another thread asks to be released "once
+    # that execution is done": added after the finish, the callback must run, not wait for good
+    from deviceop._core._ledger import ExecutionContext
+
+    cx = ExecutionContext(pool_of(1)[0], "finished")
+    ran: list[int] = []
+    cx.on_done(lambda: ran.append(1))
+    cx.finish()
+    assert ran == [1]
+    cx.on_done(lambda: ran.append(2))
+    assert ran == [1, 2]
+
+
 def test_views_named_in_turn_keep_the_access_list_short(backend):
     """One execution writing two halves of a buffer in turn: each half is registered once, and
     the buffer's in-flight list stays short (it grew with every step before)."""

@@ -202,12 +202,18 @@ cdef class ExecutionContext:
         return False
 
     def on_done(self, cb):
-        """Run ``cb`` (on the thread that observes completion) once the work has completed."""
+        """Run ``cb`` (on the thread that observes completion) once the work has completed; at
+        once, on this thread, where it has finished already."""
         if self.capturing:  # a replay would not run it: refuse instead of returning stale results
             raise CaptureError(
                 "this work needs a host step when the work completes (a staging copy to or from "
                 "host memory), which a graph replay cannot run; copy before or after the scope"
             )
+        if self.done:
+            # (finished since the caller looked, on another thread: its callbacks ran already,
+            # and one added now would never run, holding what it releases for good)
+            cb()
+            return
         if self._done_cbs is None:
             self._done_cbs = []
         self._done_cbs.append(cb)
