@@ -71,8 +71,8 @@ extensions = [
 # Python modules on the path of foreign work (do.external, do.interop.torch), compiled from their
 # source as it is (the .py stays the one implementation: a checkout without the build runs it as
 # it is). Annotations are read as Python's, not as C types. The await path's modules stay
-# interpreted: compiled so, awaits of 2 ms and 20 ms of GPU work came back 5 to 20 µs later on
-# an H100 (experiments/results/h100-2026-11-25, call 14).
+# interpreted: compiled so, long awaits resumed measurably later (the compiled coroutines resume
+# through a slower path of the event loop).
 compiled_py = [
     Extension(f"deviceop.{m.replace('/', '.')}", [f"deviceop/{m}.py"], extra_compile_args=_FLAGS)
     for m in ("interop/_external", "_core/_regions", "interop/_torch")

@@ -1,41 +1,236 @@
-"""experiments/bench.py's guard rails and the experiments' figures (drawn from small documents)."""
+"""The benchmark suite's harness (``python -m benchmarks``): its refusals, its timer and
+summaries, its result schema, the comparison, the README's figures drawn from the curated
+baseline, and the benchmarks' figures (drawn from small documents)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
+from conftest import _cuda_skip_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
+sys.path.append(os.path.join(ROOT, "benchmarks"))  # (plots.py; appended: its script names shadow nothing)
+sys.path.insert(0, ROOT)
+
+from benchmarks._harness import SCHEMA, Metric, Stats, Timer, check_document, compare, kind_of  # noqa: E402
+from benchmarks._suite import BASELINES, BENCHMARKS, readme_table  # noqa: E402
 
 
-def test_bench_refuses_without_a_gpu(tmp_path):
-    env = dict(os.environ, DEVICEOP_BACKEND="host", PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "kernels", "--out", str(tmp_path / "b")],
+def _bench(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
         capture_output=True,
         text=True,
-        env=env,
-        timeout=120,
+        cwd=ROOT,
+        env=dict(os.environ, **(env or {})),
+        timeout=timeout,
     )
-    assert r.returncode == 2
-    assert "needs a CUDA device" in r.stderr or "pip install" in r.stderr
-    assert not (tmp_path / "b").exists(), "nothing is written when the bench cannot run"
 
 
-def test_bench_rejects_unknown_names():
-    r = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "nope"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
-        timeout=120,
+def test_benchmarks_refuse_without_a_gpu(tmp_path):
+    r = _bench("startup", "--out", str(tmp_path / "b.json"), env={"DEVICEOP_BACKEND": "host"})
+    assert r.returncode == 2, r.stderr
+    assert "need a CUDA device" in r.stderr
+    assert not (tmp_path / "b.json").exists(), "nothing is written when the benchmarks cannot run"
+
+
+def test_benchmarks_reject_unknown_names():
+    r = _bench("nope")
+    assert r.returncode == 2 and "unknown benchmark(s) nope" in r.stderr
+
+
+def test_every_benchmark_has_a_script_and_a_headline():
+    from benchmarks._headlines import HEADLINES
+
+    assert set(HEADLINES) == set(BENCHMARKS)
+    assert len(BENCHMARKS) <= 15
+    for b in BENCHMARKS.values():
+        assert (Path(ROOT) / "benchmarks" / b.script).resolve().is_file(), b.script
+        assert b.vs, f"{b.name} names what it is measured against"
+
+
+def test_timer_counts_wall_and_cpu_time():
+    with Timer() as t:
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:
+            pass
+    assert 0.05 <= t.wall_s < 5
+    assert 0.02 <= t.cpu_s <= t.wall_s + 0.05
+
+
+def test_stats_summarise_repeats():
+    s = Stats.of([3.0, 1.0, 2.0, 10.0])
+    assert (s.median, s.low, s.high, s.n) == (2.5, 1.0, 10.0, 4)
+    with pytest.raises(ValueError):
+        Stats.of([])
+    with pytest.raises(ValueError, match="better"):
+        Metric("x", 1.0, "x", "bigger")
+
+
+def _doc(metrics: list[dict]) -> dict:
+    return {
+        "schema": SCHEMA,
+        "machine": {"device": "NVIDIA H200", "devices": 1, "backend": "cuda"},
+        "commit": "0" * 40,
+        "environment": {},
+        "benchmarks": {"queue": {"status": "ok", "metrics": metrics}},
+    }
+
+
+def test_compare_judges_changes_by_the_base_spread_and_direction():
+    base = _doc(
+        [
+            {"name": "throughput", "value": 100.0, "unit": "x", "better": "higher", "low": 95.0, "high": 105.0},
+            {"name": "cost", "value": 10.0, "unit": "us", "better": "lower"},
+            {"name": "lag", "value": 1.0, "unit": "ms", "better": "lower"},
+        ]
     )
-    assert r.returncode == 2 and "invalid choice" in r.stderr
+    new = _doc(
+        [
+            {"name": "throughput", "value": 104.0, "unit": "x", "better": "higher"},  # within the spread
+            {"name": "cost", "value": 12.0, "unit": "us", "better": "lower"},  # > 5 %, the wrong way
+            {"name": "lag", "value": 0.5, "unit": "ms", "better": "lower"},  # better
+        ]
+    )
+    check_document(base)
+    verdicts = {r["metric"]: r["verdict"] for r in compare(base, new)}
+    assert verdicts == {"throughput": "same", "cost": "worse", "lag": "better"}
+    with pytest.raises(ValueError, match="schema"):
+        check_document({**base, "schema": "other/1"})
+    assert kind_of(base["machine"]) == "nvidia-h200"
+    assert kind_of({"device": "NVIDIA H200", "devices": 2}) == "nvidia-h200-x2"
+
+
+def test_compare_two_documents_from_the_command_line(tmp_path):
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps(_doc([{"name": "cost", "value": 10.0, "unit": "us", "better": "lower"}])))
+    r = _bench("--compare", str(a), str(a))
+    assert r.returncode == 0, r.stderr
+    assert "queue: cost" in r.stdout and "1 metrics: 0 better, 0 worse, 1 within the spread" in r.stdout
+
+
+def test_readme_figures_come_from_the_curated_baseline():
+    # the README's figures table is the one `python -m benchmarks --readme` makes from the baseline
+    baselines = sorted(BASELINES.glob("*.json"))
+    assert baselines, "a curated baseline exists for at least one machine kind"
+    readme = (Path(ROOT) / "README.md").read_text()
+    begin, end = "<!-- figures: begin", "<!-- figures: end -->"
+    assert begin in readme and end in readme
+    section = readme[readme.index(begin) : readme.index(end)]
+    name = re.match(r"<!-- figures: begin \(python -m benchmarks --readme (\S+)\) -->", section)[1]  # type: ignore[index]
+    doc = json.loads((Path(ROOT) / name).read_text())
+    check_document(doc)
+    assert readme_table(doc) in section
+
+
+def test_compare_says_what_it_could_not_compare():
+    base = _doc([{"name": "cost", "value": 0.0, "unit": "us", "better": "lower"}])
+    base["profile"] = "full"
+    new = _doc([{"name": "other", "value": 1.0, "unit": "us", "better": "lower"}])
+    new["profile"] = "quick"
+    new["machine"] = {"device": "NVIDIA H100 80GB HBM3", "devices": 1}
+    new["benchmarks"]["kernels"] = {"status": "failed", "why": "exit 1: boom"}
+    from benchmarks._harness import format_comparison
+
+    text = format_comparison(compare(base, new), base, new)
+    assert "different kinds of machine" in text and "full profile" in text
+    assert "only in the base: queue: cost" in text and "only in the new: queue: other" in text
+    assert "new kernels: failed: exit 1: boom" in text
+    # a zero base is compared without dividing by it
+    same = compare(base, _doc([{"name": "cost", "value": 0.0, "unit": "us", "better": "lower"}]))
+    assert same[0]["ratio"] == 1.0 and same[0]["verdict"] == "same"
+
+
+def test_every_headline_reads_the_baseline_it_made():
+    from benchmarks.__main__ import headlines
+
+    for path in sorted(BASELINES.glob("*.json")):
+        doc = json.loads(path.read_text())
+        check_document(doc)
+        assert kind_of(doc["machine"]) == path.stem, "a baseline is named by the kind of machine it ran on"
+        for name, e in doc["benchmarks"].items():
+            assert name in BENCHMARKS
+            if e["status"] != "ok":
+                assert e.get("why"), f"{path.name}: {name} says why it did not run"
+                continue
+            assert [m["name"] for m in headlines(name, e["raw"])] == [m["name"] for m in e["metrics"]]
+
+
+def _fake(tmp_path: Path, body: str, timeout_s: float = 60):
+    from benchmarks._harness import Benchmark
+
+    script = tmp_path / "fake.py"
+    script.write_text(
+        "import argparse, json, sys, time\n"
+        "ap = argparse.ArgumentParser(); ap.add_argument('--out'); a = ap.parse_args()\n" + body
+    )
+    return Benchmark("startup", str(script), "a fake", "nothing", timeout_s=timeout_s)
+
+
+def test_a_failing_or_hanging_benchmark_is_reported_and_ended(tmp_path):
+    from benchmarks.__main__ import run_one
+
+    e = run_one(_fake(tmp_path, "print('about to fail'); sys.exit(3)\n"), False, tmp_path, tmp_path / "a.log")
+    assert e["status"] == "failed" and e["why"].startswith("exit 3") and "about to fail" in e["why"]
+    e = run_one(
+        _fake(tmp_path, "json.dump({'experiment': 'x'}, open(a.out, 'w'))\n"), False, tmp_path, tmp_path / "b.log"
+    )
+    assert e["status"] == "failed" and "no headline figure" in e["why"]
+    t0 = time.monotonic()
+    e = run_one(
+        _fake(
+            tmp_path,
+            "import subprocess; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)\n",
+            1.0,
+        ),
+        False,
+        tmp_path,
+        tmp_path / "c.log",
+    )
+    assert e["status"] == "failed" and e["why"].startswith("timed out after 1 s")
+    assert time.monotonic() - t0 < 30
+    e = run_one(
+        _fake(
+            tmp_path,
+            "json.dump({'import_ms': 1.0, 'import_ms_all': [1.0], 'bare_start_ms': 2.0, 'first_op_ms': 3.0, 'first_all': [[2.0, 3.0]]}, open(a.out, 'w'))\n",
+        ),
+        False,
+        tmp_path,
+        tmp_path / "d.log",
+    )
+    assert e["status"] == "ok" and e["metrics"][0] == {
+        "name": "import deviceop",
+        "value": 1.0,
+        "unit": "ms",
+        "better": "lower",
+        "vs": "",
+        "low": 1.0,
+        "high": 1.0,
+    }
+    assert e["command"][1:] == [str(tmp_path / "fake.py")]
+
+
+def test_a_benchmark_runs_end_to_end(tmp_path):
+    # (in its own process: the cuda backend on the stub driver in CI, on the GPU there)
+    reason = _cuda_skip_reason()
+    if reason:
+        pytest.skip(f"runs a benchmark, which needs the cuda backend: {reason}")
+    out = tmp_path / "b.json"
+    r = _bench("startup", "--quick", "--out", str(out), env={"DEVICEOP_BACKEND": "cuda"}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    check_document(doc)
+    e = doc["benchmarks"]["startup"]
+    assert e["status"] == "ok" and e["wall_s"] > 0 and e["raw"]["experiment"] == "startup"
+    assert {m["name"] for m in e["metrics"]} >= {"import deviceop", "bare driver start"}
+    assert "startup: import deviceop:" in r.stdout
 
 
 def _bimodal_row(v: float) -> dict:

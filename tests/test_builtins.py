@@ -194,7 +194,7 @@ def test_warmup(backend) -> None:
 
 
 def test_racecheck_scope() -> None:
-    """experiments/sanitize.sh runs racecheck over the whole cuda suite but leaves out kernels by
+    """tests/sanitize.sh runs racecheck over the whole cuda suite but leaves out kernels by
     name (cuBLAS's, and the tests' spin kernels, which the sanitizer cannot run or which only
     slow it down); none of those names may match a kernel of deviceop's own, or racecheck would
     silently stop checking it. racecheck sees shared-memory hazards only; the row-wise
@@ -204,7 +204,7 @@ def test_racecheck_scope() -> None:
 
     from deviceop.kernels._builtins import builtin_names
 
-    script = (pathlib.Path(__file__).parents[1] / "experiments" / "sanitize.sh").read_text()
+    script = (pathlib.Path(__file__).parents[1] / "tests" / "sanitize.sh").read_text()
     left_out = set(re.findall(r"--kernel-name-exclude kns=(\w+)", script))
     assert {"nvjet", "slow_"} <= left_out, left_out
     names = builtin_names()
@@ -219,5 +219,5 @@ def test_racecheck_scope() -> None:
     )
     assert with_shared == ["kernels/_rowwise.py"], (
         f"kernels with shared memory in {with_shared}: check that their tests run under racecheck "
-        "(experiments/sanitize.sh leaves out tests by name), then update this list"
+        "(tests/sanitize.sh leaves out tests by name), then update this list"
     )

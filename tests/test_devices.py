@@ -326,7 +326,7 @@ def test_multi_device_experiment_runs_on_two_emulated_devices(tmp_path) -> None:
     }
     args = ["--items", "60", "--small", "16", "--large", "32", "--sizes-mib", "0.1", "--reps", "1", "--out", str(out)]
     r = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "experiments", "multi_device.py"), *args],
+        [sys.executable, os.path.join(ROOT, "benchmarks", "multi_device.py"), *args],
         capture_output=True,
         text=True,
         env=env,

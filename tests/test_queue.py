@@ -16,7 +16,7 @@ import deviceop as do
 from deviceop.executors import ItemResult, QueueCancelled, ThreadedQueue, WorkQueue
 
 K = do.kernels
-# under compute-sanitizer (experiments/sanitize.sh sets this) each enqueue takes longer than the
+# under compute-sanitizer (tests/sanitize.sh sets this) each enqueue takes longer than the
 # tests' short kernels run, so a queue rightly keeps its work on the first lanes that come free:
 # the tests that check the work spreads over every lane check it only at the GPU's own speed
 SANITIZED = bool(os.environ.get("DEVICEOP_SANITIZER"))

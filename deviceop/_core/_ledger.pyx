@@ -203,7 +203,8 @@ cdef class ExecutionContext:
 
     def on_done(self, cb):
         """Run ``cb`` (on the thread that observes completion) once the work has completed; at
-        once, on this thread, where it has finished already."""
+        once, on this thread, where it has finished already (then an exception ``cb`` raises
+        reaches this caller, where :meth:`finish` would have collected it)."""
         if self.capturing:  # a replay would not run it: refuse instead of returning stale results
             raise CaptureError(
                 "this work needs a host step when the work completes (a staging copy to or from "

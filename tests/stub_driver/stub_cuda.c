@@ -22,7 +22,7 @@
 // DEVICEOP_STUB_INLINE=1 runs each item when it is enqueued, on the calling thread, instead of on
 // the stream's worker: every stream then completes in issue order and a synchronize returns at
 // once, so the host cost of deviceop's own paths can be timed and profiled without the workers'
-// wake-ups (experiments/host_cost.py). Tests never set it: it hides missing dependencies.
+// wake-ups (docs/internals.md, host_cost.py). Tests never set it: it hides missing dependencies.
 //
 // Build:  cc -O2 -shared -fPIC -Wl,-soname,libcuda.so.1 -o libcuda.so.1 stub_cuda.c -ldl -lpthread
 #define _GNU_SOURCE

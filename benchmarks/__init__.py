@@ -1,0 +1,1 @@
+"""deviceop's maintained benchmarks: ``python -m benchmarks`` (see benchmarks/README.md)."""
