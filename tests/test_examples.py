@@ -24,10 +24,9 @@ def _run(backend: str, args: list[str], timeout: float) -> subprocess.CompletedP
 
 def test_service_load_test(backend, tmp_path) -> None:
     pytest.importorskip("aiohttp")
-    needs_gpu(backend, "the service's model runs cuBLAS GEMMs")
-    impls = ["deviceop-batch", "deviceop"]
-    if importlib.util.find_spec("torch") is not None:
-        impls.append("torch-blocking")
+    pytest.importorskip("torch")  # (the model is a PyTorch module in every variant)
+    needs_gpu(backend, "the service's encoder runs PyTorch's kernels on deviceop's stream")
+    impls = ["deviceop-batch", "deviceop", "torch-batch", "torch-blocking"]
     out = tmp_path / "service.json"
     r = _run(
         backend,
@@ -37,8 +36,10 @@ def test_service_load_test(backend, tmp_path) -> None:
             ",".join(impls),
             "--width",
             "64",
-            "--steps",
+            "--layers",
             "2",
+            "--heads",
+            "4",
             "--rows",
             "4",
             "--inputs",

@@ -1,6 +1,6 @@
 """deviceop in a Ray Serve deployment: replicas whose async methods await deviceop ops.
 
-The deployment wraps the same ``Replica`` as ``run.py`` (the service's MLP: upload, 8 blocks of
+The deployment wraps the same ``Replica`` as ``run.py`` (an MLP: upload, 8 blocks of
 gemm, gelu and gemm, download). Each Serve replica is an actor with ``--gpus-per-replica`` GPUs
 (Ray hands it its GPU through ``CUDA_VISIBLE_DEVICES``, so deviceop sees it as ``cuda:0``).
 Its ``async def infer`` awaits the deviceop pipeline on the replica's event loop, so one

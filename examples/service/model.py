@@ -1,17 +1,31 @@
-"""The service's model, an MLP of ``steps`` blocks of (gemm, gelu, gemm) over ``width`` features,
-written three ways over one set of weights:
+"""The service's model: a transformer encoder of BERT-base size (PyTorch's
+``nn.TransformerEncoder``: 12 layers, 12 heads, 768 features, 3072 in the feed-forward; random
+weights, seeded: no trained weights ship with the example), serving contextual embeddings. A
+request is a sequence of ``rows`` token embeddings of ``width`` features (float16); the answer
+is the encoder's output for it, the same shape.
 
-- ``DeviceopModel.forward(x)``: a deviceop op per request, fresh buffers for every result;
-- ``DeviceopModel.batched(max_batch)``: a ``Batcher`` whose batches are copied into a recorded
-  CUDA graph (``GraphCache``, one bucket of ``max_batch * rows`` rows, several copies) and replayed;
-- ``TorchModel``: the same model in PyTorch, for the PyTorch variants of the service.
+Run five ways over one model object:
 
-Weights are random (seeded), in float16; the requests are ``(rows, width)`` float16 arrays.
+- ``DeviceopModel.request(x)``: one op per request, the encoder run by ``do.interop.torch`` on
+  the op's stream;
+- ``DeviceopModel.batched(...)``: a ``Batcher`` whose batches, padded to ``max_batch``
+  sequences, replay the encoder recorded once into a CUDA graph (``GraphCache``, a copy per
+  stream);
+- ``TorchModel.request(x)``: the encoder in PyTorch, blocking, one request at a time;
+- ``TorchModel.batched(...)``: the same padded batches behind :class:`MicroBatcher`, the
+  40-line asyncio batcher a PyTorch service author writes (as Ray Serve's ``@serve.batch``
+  does), blocking in the loop, in a thread, or replaying PyTorch's own CUDA graph of the padded
+  batch (``torch.cuda.graph``).
+
+Every batched variant pads to the one size ``max_batch``, so a request's output does not depend
+on the batch it ran in. Without a GPU the encoder runs on the CPU in float32 (its inputs and
+outputs stay float16).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,98 +33,163 @@ import numpy as np
 import deviceop as do
 from deviceop.executors import Batcher
 
-K = do.kernels
+
+def encoder(width: int, layers: int, heads: int, device: str, seed: int = 0) -> Any:
+    """The encoder (``nn.TransformerEncoder``, ``batch_first``, GELU, ``4 * width`` feed-forward),
+    in eval mode: on the GPU in float16, or on the CPU in float32."""
+    import torch
+
+    torch.manual_seed(seed)
+    layer = torch.nn.TransformerEncoderLayer(
+        width, heads, dim_feedforward=4 * width, dropout=0.0, activation="gelu", batch_first=True
+    )
+    enc = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).eval()
+    return enc.to("cuda", torch.float16) if device == "cuda" else enc
 
 
-def weights(width: int, steps: int, seed: int = 0) -> list[np.ndarray]:
-    """The 2 * steps weight matrices, (width, width) float16, scaled to keep activations O(1)."""
-    rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float16) for _ in range(2 * steps)]
+class Encoder:
+    """The encoder as a function of a float16 batch ``(n, rows, width)`` (or one sequence
+    ``(rows, width)``), whatever device and dtype it runs in: ``device`` "cuda" or "cpu" (None:
+    the GPU where PyTorch has one)."""
+
+    def __init__(self, width: int, layers: int, heads: int, seed: int = 0, device: str | None = None) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.module = encoder(width, layers, heads, self.device, seed)
+
+    def __call__(self, x: Any) -> Any:
+        torch = self.torch
+        with torch.inference_mode():
+            if x.dim() == 2:
+                return self(x[None])[0]
+            if self.device == "cpu":
+                return self.module(x.float()).half()
+            return self.module(x)
+
+
+def pad(xs: Sequence[np.ndarray], size: int) -> np.ndarray:
+    """The requests stacked into a batch of ``size`` sequences (zeros after the last request)."""
+    out = np.zeros((size, *xs[0].shape), xs[0].dtype)
+    for i, x in enumerate(xs):
+        out[i] = x
+    return out
 
 
 class DeviceopModel:
-    """The MLP on deviceop: weights uploaded once, on the first pool stream."""
+    """The encoder served through deviceop: ``do.interop.torch`` runs it on the op's stream."""
 
-    def __init__(self, width: int, steps: int, seed: int = 0) -> None:
-        self.width = width
-        self.steps = steps
-        self.w = [do.from_numpy(w).sync() for w in weights(width, steps, seed)]
-
-    def _block(self, x: do.Tensor, w1: do.Tensor, w2: do.Tensor) -> do.DeviceOp[do.Tensor]:
-        rows, d = x.shape
-        return (
-            do.empty((rows, d), do.float16)
-            .then(lambda h: K.gemm(h, x, w1))
-            .then(lambda r: do.empty((rows, d), do.float16).then(lambda g: K.gelu(g.partition((1, d)), r[0])))
-            .then(lambda r: do.empty((rows, d), do.float16).then(lambda y: K.gemm(y, r[0].tensor, w2)))
-            .map(lambda r: r[0])
-        )
-
-    def forward(self, x: do.Tensor) -> do.DeviceOp[do.Tensor]:
-        """The model on ``x``, every intermediate in a fresh buffer (as a request handler does)."""
-        op: do.DeviceOp[do.Tensor] = do.value(x)
-        for i in range(self.steps):
-            op = op.then(lambda t, i=i: self._block(t, self.w[2 * i], self.w[2 * i + 1]))
-        return op
-
-    def forward_into(self, x: do.Tensor) -> do.DeviceOp[do.Tensor]:
-        """The model on ``x`` into buffers allocated now: an op that allocates nothing, which a
-        graph can record (``GraphCache`` calls this with its static input)."""
-        rows, d = x.shape
-        op: do.DeviceOp[Any] = do.value(x)
-        for i in range(self.steps):
-            h, g, y = (do.empty((rows, d), do.float16).sync() for _ in range(3))
-            w1, w2 = self.w[2 * i], self.w[2 * i + 1]
-            op = (
-                op.then(lambda t, h=h, w1=w1: K.gemm(h, t, w1))
-                .then(lambda r, g=g: K.gelu(g.partition((1, d)), r[0]))
-                .then(lambda r, y=y, w2=w2: K.gemm(y, r[0].tensor, w2))
-                .map(lambda r: r[0])
-            )
-        return op
+    def __init__(self, width: int, layers: int, heads: int, seed: int = 0) -> None:
+        # where deviceop runs: do.interop.torch gives the encoder CUDA tensors on the cuda
+        # backend and CPU tensors on the host backend
+        self.enc = Encoder(width, layers, heads, seed, device="cuda" if do.backend_name() == "cuda" else "cpu")
 
     def request(self, x: np.ndarray) -> do.DeviceOp[np.ndarray]:
-        """One request, unbatched: upload, the model, download."""
-        return do.to_numpy(do.from_numpy(x).then(self.forward))
+        """One request, unbatched: upload, the encoder, download."""
+        return do.to_numpy(do.from_numpy(x).then(lambda t: do.interop.torch(self.enc, t)))
 
-    def batched(self, rows: int, max_batch: int, max_delay: float, copies: int) -> Batcher[np.ndarray, np.ndarray]:
-        """A Batcher running up to ``max_batch`` requests of ``rows`` rows as one replay.
+    def record(self, x: do.Tensor) -> do.DeviceOp[do.Tensor]:
+        """The encoder on the static input ``x`` into an output allocated now: the op that
+        ``GraphCache`` records, once per copy."""
+        y = do.empty(x.shape, do.float16).sync()
+        enc = self.enc
+        return do.interop.torch(lambda a, b: b.copy_(enc(a)), x, y, writes=(y,)).map(lambda _: y)
 
-        Every batch is padded to the one bucket of ``max_batch * rows`` rows, so every request
-        runs the same GEMM shapes whatever its batch: identical inputs give identical outputs.
-        """
-        cache = do.graph.GraphCache(self.forward_into, buckets=[max_batch * rows], copies=copies)
+    def batched(self, max_batch: int, max_delay: float, copies: int) -> Batcher[np.ndarray, np.ndarray]:
+        """A Batcher running up to ``max_batch`` requests as one replay of the recorded encoder."""
+        cache = do.graph.GraphCache(self.record, buckets=[max_batch], copies=copies)
 
         def run(xs: list[np.ndarray]) -> do.DeviceOp[Sequence[np.ndarray]]:
-            x = np.concatenate(xs) if len(xs) > 1 else xs[0]
             n = len(xs)
-            return do.to_numpy(do.from_numpy(x).then(cache)).map(lambda y: np.split(y, n))
+            return do.to_numpy(do.from_numpy(pad(xs, max_batch)).then(cache)).map(lambda y: list(y[:n]))
 
         self.cache = cache
         return Batcher(run, max_batch=max_batch, max_delay=max_delay)
 
 
+class MicroBatcher:
+    """What a PyTorch service author writes to batch requests (as Ray Serve's ``@serve.batch``
+    does): requests wait in a queue; one task takes up to ``max_batch`` of them, waiting at most
+    ``max_delay`` seconds for more once it has one, runs ``fn`` on the list and answers each."""
+
+    def __init__(self, fn: Callable[[list[Any]], Awaitable[list[Any]]], max_batch: int, max_delay: float) -> None:
+        self.fn, self.max_batch, self.max_delay = fn, max_batch, max_delay
+        self.queue: asyncio.Queue[tuple[Any, asyncio.Future[Any]]] | None = None
+        self.batches = 0
+
+    async def __call__(self, x: Any) -> Any:
+        if self.queue is None:
+            self.queue = asyncio.Queue()
+            asyncio.get_running_loop().create_task(self._run())
+        fut = asyncio.get_running_loop().create_future()
+        await self.queue.put((x, fut))
+        return await fut
+
+    async def _run(self) -> None:
+        assert self.queue is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self.queue.get()]
+            deadline = loop.time() + self.max_delay
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(await asyncio.wait_for(self.queue.get(), deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    break
+            self.batches += 1
+            try:
+                ys = await self.fn([x for x, _ in batch])
+            except Exception as e:
+                for _, f in batch:
+                    if not f.done():
+                        f.set_exception(e)
+                continue
+            for (_, f), y in zip(batch, ys):
+                if not f.done():
+                    f.set_result(y)
+
+
 class TorchModel:
-    """The same MLP in PyTorch (on the GPU if there is one, else on the CPU)."""
+    """The encoder served by PyTorch alone."""
 
-    def __init__(self, width: int, steps: int, seed: int = 0) -> None:
-        import torch
+    def __init__(self, width: int, layers: int, heads: int, seed: int = 0) -> None:
+        self.enc = Encoder(width, layers, heads, seed)
+        self.torch = self.enc.torch
+        self.device = self.enc.device
 
-        self.torch = torch
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.w = [torch.from_numpy(w).to(self.device) for w in weights(width, steps, seed)]
-
-    def work(self, x_np: np.ndarray) -> Any:
-        """Enqueue one request's work on the current stream; returns the device tensor."""
-        import torch.nn.functional as F
-
-        x = self.torch.from_numpy(x_np).to(self.device, non_blocking=True)
-        for i in range(len(self.w) // 2):
-            h = x @ self.w[2 * i] if self.device == "cuda" else (x.float() @ self.w[2 * i].float()).half()
-            g = F.gelu(h, approximate="tanh") if self.device == "cuda" else F.gelu(h.float(), approximate="tanh").half()
-            x = g @ self.w[2 * i + 1] if self.device == "cuda" else (g.float() @ self.w[2 * i + 1].float()).half()
-        return x
-
-    def request(self, x_np: np.ndarray) -> np.ndarray:
+    def request(self, x: np.ndarray) -> np.ndarray:
         """One request, blocking until its result is on the host."""
-        return self.work(x_np).cpu().numpy()  # type: ignore[no-any-return]
+        return self.enc(self.torch.from_numpy(x).to(self.device)).cpu().numpy()  # type: ignore[no-any-return]
+
+    def work(self, x: np.ndarray) -> Any:
+        """One request's work enqueued on the current stream; the device tensor."""
+        return self.enc(self.torch.from_numpy(x).to(self.device, non_blocking=True))
+
+    def run_batch(self, xs: list[np.ndarray], max_batch: int) -> list[np.ndarray]:
+        """A padded batch through the encoder, blocking; each request's output."""
+        y = self.enc(self.torch.from_numpy(pad(xs, max_batch)).to(self.device)).cpu().numpy()
+        return list(y[: len(xs)])
+
+    def graphed(self, rows: int, width: int, max_batch: int) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+        """The padded batch captured once into PyTorch's own CUDA graph (``torch.cuda.graph``,
+        warmed up on a side stream as its documentation asks); each call copies the batch into
+        the captured input, replays and copies the output back."""
+        torch = self.torch
+        static_in = torch.zeros((max_batch, rows, width), dtype=torch.float16, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self.enc(static_in)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = self.enc(static_in)
+
+        def run(xs: list[np.ndarray]) -> list[np.ndarray]:
+            static_in.copy_(torch.from_numpy(pad(xs, max_batch)))
+            g.replay()
+            return list(static_out.cpu().numpy()[: len(xs)])
+
+        return run

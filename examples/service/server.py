@@ -1,21 +1,29 @@
-"""An HTTP inference service (aiohttp on uvloop) whose handler runs the model of ``model.py``.
+"""An HTTP inference service (aiohttp on uvloop) whose handler runs the transformer encoder of
+``model.py``.
 
-``POST /infer`` takes a request's ``(rows, width)`` float16 array as raw bytes and answers the
-model's output the same way. ``--impl`` picks how the handler runs the GPU work:
+``POST /infer`` takes a request's ``(rows, width)`` float16 array (a sequence of token
+embeddings) as raw bytes and answers the encoder's output the same way. ``--impl`` picks how the
+handler runs the GPU work:
 
-  deviceop-batch  ``await batcher(x)``: concurrent requests gathered into one op (Batcher),
-                  replayed from a recorded graph (GraphCache with a copy per stream)
-  deviceop        ``await model.request(x)``: one op per request, fresh buffers, no batching
-  torch-blocking  PyTorch in the handler, ``.cpu()`` blocking the event loop
-  torch-thread    ``await asyncio.to_thread(...)`` of the blocking PyTorch request
-  torch-streams   PyTorch on a pool of streams, the result copied to pinned memory, an event
-                  recorded and polled (``event.query()`` every ``--poll`` seconds)
+  deviceop-batch      ``await batcher(x)``: concurrent requests gathered into one op (Batcher),
+                      padded to ``--max-batch`` and replayed from the encoder recorded into a
+                      CUDA graph (GraphCache, a copy per stream)
+  deviceop            ``await model.request(x)``: one op per request (``do.interop.torch``)
+  torch-batch         the same padded batches behind the example's MicroBatcher, the batch run
+                      in the handler, ``.cpu()`` blocking the event loop
+  torch-batch-thread  the same, each batch run in ``asyncio.to_thread``
+  torch-batch-graphs  the same, each batch a replay of PyTorch's own CUDA graph of the padded
+                      batch (``torch.cuda.graph``; CUDA only)
+  torch-blocking      PyTorch per request in the handler, ``.cpu()`` blocking the event loop
+  torch-thread        ``await asyncio.to_thread(...)`` of the blocking PyTorch request
+  torch-streams       PyTorch per request on a pool of streams, the result copied to pinned
+                      memory, an event recorded and polled (every ``--poll`` seconds)
 
 ``GET /stats`` reports, since the last ``POST /reset``: requests, the process's CPU seconds (all
 threads) and the event loop thread's alone, how long that thread waited runnable for a CPU and
 its context switches, the machine's busy and stolen CPU time, deviceop's await counters, the
 event loop's lag (a heartbeat timer every 5 ms; lag is how late it fires), the garbage
-collector's pauses (by generation, with the objects they freed) and the Batcher's counters (and, with ``--trace-stalls MS``, what the loop's thread
+collector's pauses (by generation, with the objects they freed) and the batchers' counters (and, with ``--trace-stalls MS``, what the loop's thread
 was running whenever the loop had not run for MS ms). After start-up the server warms itself up
 (``--warmup`` rounds of concurrent requests) and calls ``gc.freeze()`` (``--no-gc-freeze``
 leaves it out), as services do, for every variant. The server prints ``listening on PORT`` once
@@ -46,7 +54,18 @@ from aiohttp import web
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-IMPLS = ("deviceop-batch", "deviceop", "torch-blocking", "torch-thread", "torch-streams")
+IMPLS = (
+    "deviceop-batch",
+    "deviceop",
+    "torch-batch",
+    "torch-batch-thread",
+    "torch-batch-graphs",
+    "torch-blocking",
+    "torch-thread",
+    "torch-streams",
+)
+#: the variants that need a CUDA device
+CUDA_ONLY = ("torch-batch-graphs", "torch-streams")
 HEARTBEAT_S = 0.005
 
 
@@ -175,7 +194,7 @@ def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[
 
         import deviceop as do
 
-        m = DeviceopModel(a.width, a.steps)
+        m = DeviceopModel(a.width, a.layers, a.heads)
         if a.impl == "deviceop":
 
             async def infer(x: np.ndarray) -> np.ndarray:
@@ -183,7 +202,7 @@ def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[
 
             return infer, lambda: {"backend": do.backend_name()}
         copies = a.copies or len(do.streams())
-        batcher = m.batched(a.rows, a.max_batch, a.max_delay, copies)
+        batcher = m.batched(a.max_batch, a.max_delay, copies)
 
         async def infer_batched(x: np.ndarray) -> np.ndarray:
             return await batcher(x)
@@ -195,9 +214,34 @@ def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[
         }
 
     import torch
-    from model import TorchModel
+    from model import MicroBatcher, TorchModel
 
-    tm = TorchModel(a.width, a.steps)
+    tm = TorchModel(a.width, a.layers, a.heads)
+    if a.impl in CUDA_ONLY and tm.device != "cuda":
+        raise SystemExit(f"{a.impl} needs a CUDA device")
+    if a.impl.startswith("torch-batch"):
+        if a.impl == "torch-batch-graphs":
+            graphed = tm.graphed(a.rows, a.width, a.max_batch)
+
+            async def run(xs: list[np.ndarray]) -> list[np.ndarray]:
+                return graphed(xs)
+
+        elif a.impl == "torch-batch-thread":
+
+            async def run(xs: list[np.ndarray]) -> list[np.ndarray]:
+                return await asyncio.to_thread(tm.run_batch, xs, a.max_batch)
+
+        else:
+
+            async def run(xs: list[np.ndarray]) -> list[np.ndarray]:
+                return tm.run_batch(xs, a.max_batch)
+
+        mb = MicroBatcher(run, a.max_batch, a.max_delay)
+
+        async def infer_micro(x: np.ndarray) -> np.ndarray:
+            return await mb(x.copy())
+
+        return infer_micro, lambda: {"backend": "torch-" + tm.device, "batches": mb.batches}
     info = lambda: {"backend": "torch-" + tm.device}  # noqa: E731
     if a.impl == "torch-blocking":
 
@@ -211,8 +255,6 @@ def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[
             return await asyncio.to_thread(tm.request, x.copy())
 
         return infer_thread, info
-    if tm.device != "cuda":
-        raise SystemExit("torch-streams needs a CUDA device")
     streams = [torch.cuda.Stream() for _ in range(a.streams)]
     turn = itertools.count()
 
@@ -328,11 +370,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--impl", choices=IMPLS, default="deviceop-batch")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
-    ap.add_argument("--rows", type=int, default=16, help="rows of one request")
-    ap.add_argument("--width", type=int, default=2048)
-    ap.add_argument("--steps", type=int, default=8, help="blocks of (gemm, gelu, gemm)")
-    ap.add_argument("--max-batch", type=int, default=16, help="deviceop-batch: requests per batch")
-    ap.add_argument("--max-delay", type=float, default=0.001, help="deviceop-batch: seconds a batch waits")
+    ap.add_argument("--rows", type=int, default=32, help="tokens of one request")
+    ap.add_argument("--width", type=int, default=768, help="features per token (the encoder's width)")
+    ap.add_argument("--layers", type=int, default=12, help="the encoder's layers")
+    ap.add_argument("--heads", type=int, default=12, help="attention heads (a divisor of --width)")
+    ap.add_argument("--max-batch", type=int, default=16, help="batched variants: requests per batch")
+    ap.add_argument("--max-delay", type=float, default=0.001, help="batched variants: seconds a batch waits")
     ap.add_argument("--copies", type=int, default=0, help="deviceop-batch: graph copies (0: one per stream)")
     ap.add_argument("--streams", type=int, default=8, help="torch-streams: streams in the pool")
     ap.add_argument("--poll", type=float, default=0.0002, help="torch-streams: seconds between event polls")
@@ -357,7 +400,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="diagnostic: sample what the loop's thread runs whenever the loop has not run for MS ms "
         "(reported in /stats as 'stalls')",
     )
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    if a.width % a.heads:
+        ap.error(f"--heads {a.heads} must divide --width {a.width} (each head takes width / heads features)")
+    return a
 
 
 PROFILE: list[Any] = []  # the loop thread's profiler (--profile), started again by every reset
