@@ -734,6 +734,53 @@ def test_torch_module_recorded_in_a_graph_and_replayed(backend):
     np.testing.assert_allclose(got, eager(x0), rtol=2e-3, atol=2e-3)
 
 
+def test_torch_graphs_records_a_module_per_bucket_and_replays_it(backend):
+    """do.interop.torch_graphs: one recording per bucket (warmed up first), inputs padded to
+    their bucket, the rows of the input's length back; too large runs eagerly."""
+    torch = pytest.importorskip("torch")
+    if _cuda() and not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    if _cuda() and getattr(torch.cuda, "MemPool", None) is None:
+        pytest.skip("PyTorch without torch.cuda.MemPool")
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    if _cuda():
+        mlp = mlp.cuda()
+
+    def fwd(t):
+        with torch.no_grad():
+            return mlp(t)
+
+    def eager(x0):
+        with torch.no_grad():
+            t = torch.from_numpy(x0)
+            return mlp(t.cuda() if _cuda() else t).cpu().numpy()
+
+    graphs = do.interop.torch_graphs(fwd, buckets=[4, 8])
+    rng = np.random.default_rng(0)
+    for n in (3, 4, 1, 7, 8, 3):
+        x0 = rng.standard_normal((n, 16)).astype(np.float32)
+        got = do.from_numpy(x0).then(graphs).then(do.to_numpy).sync()
+        assert got.shape == (n, 8)
+        np.testing.assert_allclose(got, eager(x0), rtol=2e-3, atol=2e-3)
+    st = graphs.stats()
+    assert st["misses"] == 2 and st["hits"] == 4 and st["eager"] == 0
+    x0 = rng.standard_normal((9, 16)).astype(np.float32)  # larger than every bucket: eager
+    got = do.from_numpy(x0).then(graphs).then(do.to_numpy).sync()
+    np.testing.assert_allclose(got, eager(x0), rtol=2e-3, atol=2e-3)
+    assert graphs.stats()["eager"] == 1
+
+
+def test_torch_graphs_refuses_what_it_cannot_record(host_backend):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(do.UsageError, match="callable"):
+        do.interop.torch_graphs(42)  # type: ignore[arg-type]
+    graphs = do.interop.torch_graphs(lambda t: (t * 2, t), buckets=[4])
+    with pytest.raises(do.UsageError, match="returns one tensor"):
+        do.from_numpy(np.ones((2, 3), np.float32)).then(graphs).sync()
+    assert torch is not None
+
+
 def test_torch_adapter_bad_input(host_backend):
     pytest.importorskip("torch")
     x = do.zeros(4, do.float32).sync()

@@ -18,9 +18,11 @@ from .._core._regions import _is_torch, access_of, buffer_for, register, span
 from .._core._tensor import Partition, Tensor
 from .._dtypes import as_dtype
 from .._errors import CaptureError, DTypeError, UsageError
+from ..graph._cache import GraphCache
+from ..ops._leaf import empty, zeros
 from ._external import call_in_order
 
-__all__ = ["torch"]
+__all__ = ["torch", "torch_graphs"]
 
 # per CUstream handle: its torch.cuda.ExternalStream, stream_id, device_index, device_type
 _streams: dict[int, tuple[Any, int, int, int]] = {}
@@ -98,6 +100,50 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
 
     label = f"do.interop.torch({getattr(fn, '__qualname__', type(fn).__name__)})"
     return External(call, args, reads, writes, post=_outputs, label=label, namer=access_of, host_call=call_in_order)
+
+
+def torch_graphs(
+    fn: Callable[[Any], Any], buckets: Any = None, max_size: int | None = None, copies: int = 1
+) -> GraphCache:
+    """PyTorch code ``fn(x)`` (a function or an ``nn.Module`` of one tensor returning one
+    tensor) recorded into CUDA graphs, one per size bucket of ``x``'s leading dimension, as
+    ``torch.compile(mode="reduce-overhead")`` and serving engines' per-batch-size graphs do, but
+    as an op: ``graphs(x)`` is an op yielding ``fn(x)`` for a deviceop Tensor ``x``, awaitable and
+    ordered by the ledger like any other.
+
+    The first input of a bucket warms ``fn`` up (one eager call on a zero input of the bucket's
+    shape, outside any recording: PyTorch's first calls make plans that cannot be recorded; it
+    also gives the output's shape and dtype), allocates the static input and output, and records
+    ``fn`` between them. Every call copies ``x`` into its bucket's static input (the padding rows
+    zeros), replays, and yields the first ``len(x)`` rows of the output. ``buckets``,
+    ``max_size`` and ``copies`` (recordings per bucket, used in turn, so that concurrent calls
+    on several streams do not wait on one recording's buffers) are
+    :class:`~deviceop.graph.GraphCache`'s, which this returns (``stats()`` counts recordings,
+    replays and padding). An input larger than every bucket runs ``fn`` eagerly.
+
+    ``fn`` must suit a CUDA graph (PyTorch's rules): no host synchronization or copy to the
+    host, no control flow that depends on values, the same shapes at every replay; rows of the
+    output must depend only on the same rows of the input if padding is not to change them
+    (true of a batch dimension). What PyTorch allocates while recording comes from a memory
+    pool the graph keeps (see :func:`torch`). On the host backend a replay calls ``fn`` again.
+    """
+    if not callable(fn):
+        raise UsageError(f"do.interop.torch_graphs(fn, ...) needs a callable or an nn.Module, got {type(fn).__name__}")
+    label = getattr(fn, "__qualname__", type(fn).__name__)
+
+    def build(x: Tensor) -> Any:
+        # the warm-up, on an input of its own: the static input's zeros are written on the
+        # calling execution's stream, which this synchronous op is not ordered after
+        probe = torch(fn, zeros(x.shape, x.dtype)).sync()
+        if type(probe) is not Tensor:
+            raise UsageError(
+                f"do.interop.torch_graphs records code that returns one tensor; {label} returned "
+                f"{type(probe).__name__}: wrap it (lambda x: f(x)[0]) to select the tensor"
+            )
+        y = empty(probe.shape, probe.dtype).sync()
+        return torch(lambda a, b: b.copy_(fn(a)), x, y, writes=(y,)).map(lambda _: y)
+
+    return GraphCache(build, buckets=buckets, max_size=max_size, copies=copies)
 
 
 def _pool_for(th: Any, scope: Any) -> Any:

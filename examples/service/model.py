@@ -9,8 +9,8 @@ Run five ways over one model object:
 - ``DeviceopModel.request(x)``: one op per request, the encoder run by ``do.interop.torch`` on
   the op's stream;
 - ``DeviceopModel.batched(...)``: a ``Batcher`` whose batches, padded to ``max_batch``
-  sequences, replay the encoder recorded once into a CUDA graph (``GraphCache``, a copy per
-  stream);
+  sequences, replay the encoder recorded once into a CUDA graph
+  (``do.interop.torch_graphs``, a copy per stream);
 - ``TorchModel.request(x)``: the encoder in PyTorch, blocking, one request at a time;
 - ``TorchModel.batched(...)``: the same padded batches behind :class:`MicroBatcher`, the
   40-line asyncio batcher a PyTorch service author writes (as Ray Serve's ``@serve.batch``
@@ -89,16 +89,11 @@ class DeviceopModel:
         """One request, unbatched: upload, the encoder, download."""
         return do.to_numpy(do.from_numpy(x).then(lambda t: do.interop.torch(self.enc, t)))
 
-    def record(self, x: do.Tensor) -> do.DeviceOp[do.Tensor]:
-        """The encoder on the static input ``x`` into an output allocated now: the op that
-        ``GraphCache`` records, once per copy."""
-        y = do.empty(x.shape, do.float16).sync()
-        enc = self.enc
-        return do.interop.torch(lambda a, b: b.copy_(enc(a)), x, y, writes=(y,)).map(lambda _: y)
-
     def batched(self, max_batch: int, max_delay: float, copies: int) -> Batcher[np.ndarray, np.ndarray]:
         """A Batcher running up to ``max_batch`` requests as one replay of the recorded encoder."""
-        cache = do.graph.GraphCache(self.record, buckets=[max_batch], copies=copies)
+        # the encoder recorded into a CUDA graph for the padded batch (warmed up, captured and
+        # replayed by do.interop.torch_graphs), one recording per stream
+        cache = do.interop.torch_graphs(self.enc, buckets=[max_batch], copies=copies)
 
         def run(xs: list[np.ndarray]) -> do.DeviceOp[Sequence[np.ndarray]]:
             n = len(xs)
