@@ -132,6 +132,8 @@ def torch_graphs(
     label = getattr(fn, "__qualname__", type(fn).__name__)
 
     def build(x: Tensor) -> Any:
+        if x.shape[0] > cache.buckets[-1]:
+            return torch(fn, x)  # (larger than every bucket: GraphCache runs it eagerly)
         # the warm-up, on an input of its own: the static input's zeros are written on the
         # calling execution's stream, which this synchronous op is not ordered after
         probe = torch(fn, zeros(x.shape, x.dtype)).sync()
@@ -143,7 +145,8 @@ def torch_graphs(
         y = empty(probe.shape, probe.dtype).sync()
         return torch(lambda a, b: b.copy_(fn(a)), x, y, writes=(y,)).map(lambda _: y)
 
-    return GraphCache(build, buckets=buckets, max_size=max_size, copies=copies)
+    cache = GraphCache(build, buckets=buckets, max_size=max_size, copies=copies)
+    return cache
 
 
 def _pool_for(th: Any, scope: Any) -> Any:
@@ -158,6 +161,12 @@ def _pool_for(th: Any, scope: Any) -> Any:
             )
         pool = _pools[scope] = th.cuda.MemPool()
         scope.keep(pool)
+        # PyTorch keeps one cuBLAS workspace per (handle, stream), and recordings share their
+        # stream: dropped now, the workspace this recording uses is allocated again, from its
+        # own pool, so two recordings replayed at once on two streams never share one
+        clear = getattr(th._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
     return pool
 
 

@@ -142,7 +142,7 @@ def _client(
     return asyncio.run(run())
 
 
-_POOL: list[Any] = []  # the client processes, started once and kept for every load
+_POOLS: dict[int, Any] = {}  # the client processes by their number, started once and kept for every load
 
 
 def load(
@@ -153,11 +153,12 @@ def load(
     window opens and read when it closes."""
     per = [clients // procs + (1 if k < clients % procs else 0) for k in range(procs)]
     # the client processes start (the first time) and connect before the window opens
-    t_start = time.time() + (0.5 if _POOL else 2.0)
+    lead = 0.5 if procs in _POOLS else 2.0
+    t_start = time.time() + lead
     t_end = t_start + seconds
-    if not _POOL:
-        _POOL.append(multiprocessing.get_context("spawn").Pool(procs))
-    pool = _POOL[0]
+    if procs not in _POOLS:
+        _POOLS[procs] = multiprocessing.get_context("spawn").Pool(procs)
+    pool = _POOLS[procs]
     active = [n for n in per if n]
     jobs = [pool.apply_async(_client, (url, inputs, digests, n, t_start, t_end, rate / len(active))) for n in active]
     time.sleep(max(0.0, t_start - time.time()))
@@ -181,7 +182,7 @@ def load(
         "server_cpu_cores": server["cpu_s"] / server["seconds"],
         "loop_cpu_us_per_req": 1e6 * server["loop_cpu_s"] / max(1, server["requests"]),
         "loop_cpu_cores": server["loop_cpu_s"] / server["seconds"],
-        "client_cpu_cores": sum(p["cpu_s"] for p in parts) / (seconds + 2.5),
+        "client_cpu_cores": sum(p["cpu_s"] for p in parts) / (seconds + lead + 0.5),
         "server": server,
     }
 
@@ -219,9 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     finally:
-        for pool in _POOL:
+        for pool in _POOLS.values():
             pool.terminate()
-        _POOL.clear()
+        _POOLS.clear()
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -296,6 +297,10 @@ def _main(argv: list[str] | None = None) -> int:
     if a.trace_stalls:
         model_args += ["--trace-stalls", str(a.trace_stalls)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # cuBLAS gives bitwise the same results run after run only with a fixed workspace when several
+    # streams are active (NVIDIA's reproducibility note): every server, so that the check of
+    # answers against each server's first answer holds for all of them
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if not gpu:
         env["DEVICEOP_BACKEND"] = "host"  # (said above, once: not again by every server)
 

@@ -106,43 +106,71 @@ class DeviceopModel:
 class MicroBatcher:
     """What a PyTorch service author writes to batch requests (as Ray Serve's ``@serve.batch``
     does): requests wait in a queue; one task takes up to ``max_batch`` of them, waiting at most
-    ``max_delay`` seconds for more once it has one, runs ``fn`` on the list and answers each."""
+    ``max_delay`` seconds for more once it has one, and has ``fn`` run the list and answer each,
+    with up to ``max_concurrent`` batches running at once."""
 
-    def __init__(self, fn: Callable[[list[Any]], Awaitable[list[Any]]], max_batch: int, max_delay: float) -> None:
+    def __init__(
+        self,
+        fn: Callable[[list[Any]], Awaitable[list[Any]]],
+        max_batch: int,
+        max_delay: float,
+        max_concurrent: int = 1,
+    ) -> None:
         self.fn, self.max_batch, self.max_delay = fn, max_batch, max_delay
         self.queue: asyncio.Queue[tuple[Any, asyncio.Future[Any]]] | None = None
+        self.slots = asyncio.Semaphore(max_concurrent)
         self.batches = 0
+        self.task: asyncio.Task[None] | None = None
+        self.running: set[asyncio.Task[None]] = set()  # (referenced while they run)
 
     async def __call__(self, x: Any) -> Any:
         if self.queue is None:
             self.queue = asyncio.Queue()
-            asyncio.get_running_loop().create_task(self._run())
+            self.task = asyncio.get_running_loop().create_task(self._gather())
         fut = asyncio.get_running_loop().create_future()
-        await self.queue.put((x, fut))
+        self.queue.put_nowait((x, fut))
         return await fut
 
-    async def _run(self) -> None:
+    async def _gather(self) -> None:
         assert self.queue is not None
         loop = asyncio.get_running_loop()
         while True:
             batch = [await self.queue.get()]
             deadline = loop.time() + self.max_delay
             while len(batch) < self.max_batch:
+                if not self.queue.empty():
+                    batch.append(self.queue.get_nowait())
+                    continue
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
                 try:
-                    batch.append(await asyncio.wait_for(self.queue.get(), deadline - loop.time()))
+                    batch.append(await asyncio.wait_for(self.queue.get(), left))
                 except asyncio.TimeoutError:
                     break
+            await self.slots.acquire()
             self.batches += 1
-            try:
-                ys = await self.fn([x for x, _ in batch])
-            except Exception as e:
-                for _, f in batch:
-                    if not f.done():
-                        f.set_exception(e)
-                continue
+            t = loop.create_task(self._run(batch))
+            self.running.add(t)
+            t.add_done_callback(self.running.discard)
+
+    async def _run(self, batch: list[tuple[Any, asyncio.Future[Any]]]) -> None:
+        try:
+            ys = await self.fn([x for x, _ in batch])
+            if len(ys) != len(batch):
+                raise RuntimeError(f"the batch function answered {len(ys)} of {len(batch)} requests")
+        except BaseException as e:  # every request of the batch gets the error; the batcher goes on
+            for _, f in batch:
+                if not f.done():
+                    f.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
+            if not isinstance(e, Exception):
+                raise
+        else:
             for (_, f), y in zip(batch, ys):
                 if not f.done():
                     f.set_result(y)
+        finally:
+            self.slots.release()
 
 
 class TorchModel:
@@ -166,10 +194,14 @@ class TorchModel:
         y = self.enc(self.torch.from_numpy(pad(xs, max_batch)).to(self.device)).cpu().numpy()
         return list(y[: len(xs)])
 
-    def graphed(self, rows: int, width: int, max_batch: int) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    def graphed(
+        self, rows: int, width: int, max_batch: int, poll: float
+    ) -> Callable[[list[np.ndarray]], Awaitable[list[np.ndarray]]]:
         """The padded batch captured once into PyTorch's own CUDA graph (``torch.cuda.graph``,
-        warmed up on a side stream as its documentation asks); each call copies the batch into
-        the captured input, replays and copies the output back."""
+        warmed up on a side stream as its documentation asks). A call pads the batch straight
+        into page-locked memory, copies it into the captured input without blocking, replays,
+        copies the output back into page-locked memory, records an event and polls it every
+        ``poll`` seconds (the loop runs meanwhile): one batch at a time (they share the buffers)."""
         torch = self.torch
         static_in = torch.zeros((max_batch, rows, width), dtype=torch.float16, device="cuda")
         side = torch.cuda.Stream()
@@ -181,10 +213,20 @@ class TorchModel:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             static_out = self.enc(static_in)
+        pin_in = torch.zeros(static_in.shape, dtype=torch.float16).pin_memory()
+        pin_out = torch.empty(static_out.shape, dtype=static_out.dtype).pin_memory()
+        view_in = pin_in.numpy()
 
-        def run(xs: list[np.ndarray]) -> list[np.ndarray]:
-            static_in.copy_(torch.from_numpy(pad(xs, max_batch)))
+        async def run(xs: list[np.ndarray]) -> list[np.ndarray]:
+            view_in[: len(xs)] = np.stack(xs)
+            view_in[len(xs) :] = 0
+            static_in.copy_(pin_in, non_blocking=True)
             g.replay()
-            return list(static_out.cpu().numpy()[: len(xs)])
+            pin_out.copy_(static_out, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            while not ev.query():
+                await asyncio.sleep(poll)
+            return list(pin_out.numpy()[: len(xs)].copy())
 
         return run

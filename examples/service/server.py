@@ -13,7 +13,8 @@ handler runs the GPU work:
                       in the handler, ``.cpu()`` blocking the event loop
   torch-batch-thread  the same, each batch run in ``asyncio.to_thread``
   torch-batch-graphs  the same, each batch a replay of PyTorch's own CUDA graph of the padded
-                      batch (``torch.cuda.graph``; CUDA only)
+                      batch (``torch.cuda.graph``; CUDA only), its copies through page-locked
+                      memory without blocking, the loop polling an event meanwhile
   torch-blocking      PyTorch per request in the handler, ``.cpu()`` blocking the event loop
   torch-thread        ``await asyncio.to_thread(...)`` of the blocking PyTorch request
   torch-streams       PyTorch per request on a pool of streams, the result copied to pinned
@@ -220,13 +221,11 @@ def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[
     if a.impl in CUDA_ONLY and tm.device != "cuda":
         raise SystemExit(f"{a.impl} needs a CUDA device")
     if a.impl.startswith("torch-batch"):
+        concurrent = 1
         if a.impl == "torch-batch-graphs":
-            graphed = tm.graphed(a.rows, a.width, a.max_batch)
-
-            async def run(xs: list[np.ndarray]) -> list[np.ndarray]:
-                return graphed(xs)
-
+            run = tm.graphed(a.rows, a.width, a.max_batch, a.poll)  # (one batch at a time: one capture)
         elif a.impl == "torch-batch-thread":
+            concurrent = 2  # (a batch's host work beside the previous one's GPU work)
 
             async def run(xs: list[np.ndarray]) -> list[np.ndarray]:
                 return await asyncio.to_thread(tm.run_batch, xs, a.max_batch)
@@ -236,7 +235,7 @@ def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[
             async def run(xs: list[np.ndarray]) -> list[np.ndarray]:
                 return tm.run_batch(xs, a.max_batch)
 
-        mb = MicroBatcher(run, a.max_batch, a.max_delay)
+        mb = MicroBatcher(run, a.max_batch, a.max_delay, concurrent)
 
         async def infer_micro(x: np.ndarray) -> np.ndarray:
             return await mb(x.copy())
@@ -378,7 +377,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-delay", type=float, default=0.001, help="batched variants: seconds a batch waits")
     ap.add_argument("--copies", type=int, default=0, help="deviceop-batch: graph copies (0: one per stream)")
     ap.add_argument("--streams", type=int, default=8, help="torch-streams: streams in the pool")
-    ap.add_argument("--poll", type=float, default=0.0002, help="torch-streams: seconds between event polls")
+    ap.add_argument(
+        "--poll", type=float, default=0.0002, help="torch-streams, torch-batch-graphs: seconds between event polls"
+    )
     ap.add_argument(
         "--no-gc-freeze", dest="gc_freeze", action="store_false", help="leave gc.freeze() out after start-up"
     )
