@@ -16,6 +16,7 @@ beside the headline figures read from it. See benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -37,14 +38,8 @@ def _missing(b: Benchmark, machine: dict[str, Any]) -> str | None:
             return f"needs a CUDA device (this machine's backend: {machine.get('backend')})"
         if need == "gpus>=2" and (machine.get("devices") or 0) < 2:
             return "needs two GPUs or more"
-        if need == "torch":
-            try:
-                import importlib.util
-
-                if importlib.util.find_spec("torch") is None:
-                    return "needs PyTorch (its reference)"
-            except (ImportError, ValueError):
-                return "needs PyTorch (its reference)"
+        if need == "torch" and importlib.util.find_spec("torch") is None:
+            return "needs PyTorch (its reference)"
     return None
 
 

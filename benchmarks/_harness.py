@@ -91,20 +91,6 @@ class Stats:
         return cls(statistics.median(v), v[0], v[-1], q[0], q[2], len(v))
 
 
-def repeat(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[Stats, Stats]:
-    """Run ``fn`` ``warmup`` times, then ``repeats`` times under :class:`Timer`: the (wall, CPU)
-    seconds' summaries."""
-    for _ in range(warmup):
-        fn()
-    walls, cpus = [], []
-    for _ in range(repeats):
-        with Timer() as t:
-            fn()
-        walls.append(t.wall_s)
-        cpus.append(t.cpu_s)
-    return Stats.of(walls), Stats.of(cpus)
-
-
 @dataclass
 class Metric:
     """One headline figure of a benchmark."""
@@ -120,6 +106,12 @@ class Metric:
     def __post_init__(self) -> None:
         if self.better not in ("higher", "lower"):
             raise ValueError(f"metric {self.name!r}: better must be 'higher' or 'lower', got {self.better!r}")
+
+    @classmethod
+    def of_runs(cls, name: str, runs: Iterable[float], unit: str, better: str, vs: str = "") -> Metric:
+        """The median of ``runs``, with their spread."""
+        st = Stats.of(runs)
+        return cls(name, st.median, unit, better, vs, low=st.low, high=st.high)
 
     def as_dict(self) -> dict[str, Any]:
         """The metric as the result document holds it (spread left out where there is none)."""

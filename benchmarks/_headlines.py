@@ -229,34 +229,13 @@ def external_cost(d: dict[str, Any]) -> list[Metric]:
 
 
 def startup(d: dict[str, Any]) -> list[Metric]:
+    first = d["first_all"]  # (bare driver start, import and first op) per run, ms
     return [
-        Metric(
-            "import deviceop",
-            d["import_ms"],
-            "ms",
-            "lower",
-            "",
-            low=min(d["import_ms_all"]),
-            high=max(d["import_ms_all"]),
+        Metric.of_runs("import deviceop", d["import_ms_all"], "ms", "lower"),
+        Metric.of_runs(
+            "import and first op on a started driver", [f[1] for f in first], "ms", "lower", "a bare driver start"
         ),
-        Metric(
-            "import and first op on a started driver",
-            d["first_op_ms"],
-            "ms",
-            "lower",
-            "a bare driver start",
-            low=min(f[1] for f in d["first_all"]),
-            high=max(f[1] for f in d["first_all"]),
-        ),
-        Metric(
-            "bare driver start",
-            d["bare_start_ms"],
-            "ms",
-            "lower",
-            "",
-            low=min(f[0] for f in d["first_all"]),
-            high=max(f[0] for f in d["first_all"]),
-        ),
+        Metric.of_runs("bare driver start", [f[0] for f in first], "ms", "lower"),
     ]
 
 
