@@ -1,39 +1,41 @@
 """A streaming speech-recognition loop: audio in real time, a voice-activity detector on the host,
-log-mel features and an acoustic encoder on the GPU per voiced chunk, partial results published,
-and barge-in: an interrupt cancels the chunk work in flight.
+an acoustic model on the GPU per voiced chunk, partial results published, and barge-in: an
+interrupt cancels the chunk work in flight.
 
 The audio (``speech.wav`` here, synthesised with espeak-ng; ``--wav`` takes any 16-bit mono WAV)
 is streamed in ``--chunk`` second chunks at the pace of real time (``--speed`` plays it faster).
 Each chunk is split into 20 ms frames for WebRTC's voice-activity detector (webrtcvad); a chunk
-with enough voiced frames is encoded: the last ``--context`` seconds of audio go through a
-short-time Fourier transform, a mel filterbank and a log, then an encoder of ``--layers``
-residual GELU layers of ``--width`` features, and per-frame logits over 29 symbols, decoded
-greedily (CTC) on the host. The encoder's weights are random (no model ships offline), so the
-text published is not English: the loop, its timing and its cancellations are what is real.
-An interrupt (the user speaking over the system) arrives ``--interrupt-after`` seconds after
-every ``--interrupt-every``-th voiced chunk has arrived, so while that chunk's GPU work runs;
-each cancels the chunk work in flight.
+with enough voiced frames is encoded: the last ``--context`` seconds of audio go through the
+acoustic model (``--model``) to per-frame logits over 29 symbols, decoded greedily (CTC) on the
+host. ``wav2vec2`` (the default): wav2vec 2.0 with a CTC head (transformers'
+``Wav2Vec2ForCTC``, the base model's size on a GPU); ``residual``: log-mel features (a short-time
+Fourier transform, a mel filterbank, a log) and ``--layers`` residual GELU layers of ``--width``
+features, the model whose kernels the ``deviceop`` loop writes. The weights are random (seeded;
+no model ships offline), so the text published is not English: the loop, its timing and its
+cancellations are what is real. An interrupt (the user speaking over the system) arrives
+``--interrupt-after`` seconds after every ``--interrupt-every``-th voiced chunk has arrived, so
+while that chunk's GPU work runs; each cancels the chunk work in flight.
 
 The same loop, six ways, one after the other over the same audio:
 
-  deviceop        one thread, one event loop (uvloop where installed): the encoder in deviceop
-                  kernels over the PyTorch encoder's weights (the log-mel features with the DFT
-                  as a GEMM, the layers and the head: ``do.kernels.gemm`` and a few kernels of
-                  its own, ``KERNELS``); each voiced chunk's op is awaited in a task while the
+  deviceop        (``--model residual``) one thread, one event loop (uvloop where installed):
+                  the encoder in deviceop kernels over the PyTorch encoder's weights (the
+                  log-mel features with the DFT as a GEMM, the layers and the head:
+                  ``do.kernels.gemm`` and a few kernels of its own, ``KERNELS``); each voiced chunk's op is awaited in a task while the
                   next chunk is ingested, and its enqueue gives the loop a turn between kernels
                   once it has held the loop for the enqueue slice (``do.set_enqueue_slice``); an
                   interrupt cancels the awaiting tasks, and the kernels not yet enqueued are
                   dropped
-  deviceop-torch  the same with the PyTorch encoder run through ``do.interop.torch``, in
-                  steps (log-mel, projection, ``--steps`` groups of layers, the head): the loop
-                  gets a turn between steps only, and each step boundary converts PyTorch's
-                  output into a deviceop tensor
-  deviceop-graph  the PyTorch encoder recorded once into a CUDA graph (``do.graph.scope`` around
+  deviceop-torch  the same with the PyTorch model run through ``do.interop.torch``, in
+                  steps (its front: the convolutions or the log-mel energies; the projection,
+                  ``--steps`` groups of layers, the head): the loop gets a turn between steps
+                  only, and each step boundary converts PyTorch's output into a deviceop tensor
+  deviceop-graph  the PyTorch model recorded once into a CUDA graph (``do.graph.scope`` around
                   the ``do.interop.torch`` op); a chunk's op uploads its audio into the
                   recording's input and replays it
   torch-blocking  one thread: PyTorch called in the loop, blocking until each chunk's result is
                   on the host; an interrupt is seen when the call returns
-  torch-graph     the same, with the encoder captured once by PyTorch (``torch.cuda.graph``) and
+  torch-graph     the same, with the model captured once by PyTorch (``torch.cuda.graph``) and
                   replayed per chunk (cuda only)
   torch-threaded  an ingest thread and a GPU thread joined by a queue; an interrupt drops the
                   queued chunks and is acknowledged when the GPU thread's call returns
@@ -42,14 +44,16 @@ Every chunk's context has one length (silence before the audio's start), so one 
 serves all chunks.
 
 The loops run ``--rounds`` times over the audio (default 2), each round starting with the next
-loop, and each loop's figures are over all its rounds. Reported for each: chunk latency (from the moment a chunk's audio has arrived to its result
-published) p50 / p99, its stages (until the encoder is called, the encoder's calls queueing
+loop, and each loop's figures are over all its rounds. Reported for each: chunk latency (from
+the moment a chunk's audio has arrived to its result published) p50 / p99, its stages (until
+the model is called, the model's calls queueing
 the GPU work, the wait for the result), interrupt reaction (from the interrupt to the work in
 flight cancelled and the loop free again) p50 / p99, host CPU time per second of audio, and the
 threads it used.
 
     python examples/asr_stream/run.py
-    python examples/asr_stream/run.py --speed 8 --width 128 --layers 2   # quick, small
+    python examples/asr_stream/run.py --model residual                  # with the kernel loop
+    python examples/asr_stream/run.py --speed 8 --width 64 --layers 1   # quick, small
 """
 
 from __future__ import annotations
@@ -157,8 +161,82 @@ class Encoder:
         """Per-frame logits over the symbols."""
         return (h @ self.w_out).float()
 
+    def front(self, audio: Any) -> Any:
+        """The first step of the encoder: the log-mel energies."""
+        return self.log_mel(audio)
+
     def frames(self, samples: int) -> int:
         return samples // HOP + 1
+
+
+class Wav2Vec2:
+    """The acoustic model of wav2vec 2.0 with a CTC head (transformers' ``Wav2Vec2ForCTC``; at
+    ``width`` 768 and 12 ``layers`` the base model: 7 convolutions over the waveform, then 12
+    transformer layers of 768 features, 12 heads, 3,072 in the feed-forward), random weights
+    (seeded: no trained weights ship offline), in float16 on the GPU, float32 on the CPU. Its
+    steps, as :class:`Encoder`'s: the convolutions (``front``), the projection with the
+    convolutional position embedding (``project``), groups of transformer layers (``block``) and
+    the CTC head (``head``)."""
+
+    def __init__(self, device: str, width: int, layers: int, seed: int = 0) -> None:
+        import torch
+        from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
+
+        self.torch = torch
+        self.device = device
+        self.dtype = torch.float16 if device == "cuda" else torch.float32
+        torch.manual_seed(seed)
+        cfg = Wav2Vec2Config(
+            vocab_size=len(SYMBOLS),
+            hidden_size=width,
+            num_hidden_layers=layers,
+            num_attention_heads=max(1, width // 64),
+            intermediate_size=4 * width,
+            conv_dim=(min(512, width),) * 7,  # (512 in the base model)
+            num_conv_pos_embeddings=128 if width >= 512 else 16,
+            num_conv_pos_embedding_groups=16 if width % 16 == 0 else 1,
+        )
+        # inference only: no autograd bookkeeping in any step, and nothing it would allocate
+        # while a CUDA graph records the model
+        self.model = Wav2Vec2ForCTC(cfg).eval().requires_grad_(False).to(device, self.dtype)
+        w2v = self.model.wav2vec2
+        self.layers = list(w2v.encoder.layers)
+
+    def __call__(self, audio: Any) -> Any:
+        """float32 audio samples (on the model's device) -> (frames, symbols) float32 logits."""
+        return self.head(self.block(self.project(self.front(audio)), 0, len(self.layers)))
+
+    def front(self, audio: Any) -> Any:
+        """The audio normalised (zero mean, unit variance, as wav2vec 2.0 takes it) through the
+        convolutions: (1, frames, channels)."""
+        x = (audio - audio.mean()) / (audio.std() + 1e-5)
+        return self.model.wav2vec2.feature_extractor(x.to(self.dtype)[None]).transpose(1, 2)
+
+    def project(self, feats: Any) -> Any:
+        """The convolutions' features projected to the model's width, plus the convolutional
+        position embedding, normalised: the first transformer layer's input."""
+        w2v = self.model.wav2vec2
+        h, _ = w2v.feature_projection(feats)
+        return w2v.encoder.layer_norm(h + w2v.encoder.pos_conv_embed(h))
+
+    def block(self, h: Any, lo: int, hi: int) -> Any:
+        """Transformer layers ``lo`` to ``hi - 1``."""
+        for layer in self.layers[lo:hi]:
+            out = layer(h)
+            h = out[0] if isinstance(out, tuple) else out  # (a tuple in older transformers)
+        return h
+
+    def head(self, h: Any) -> Any:
+        """Per-frame logits over the symbols."""
+        return self.model.lm_head(h)[0].float()
+
+    def frames(self, samples: int) -> int:
+        return int(self.model.wav2vec2._get_feat_extract_output_lengths(samples))
+
+
+#: the acoustic models of ``--model``
+MODELS = {"wav2vec2": Wav2Vec2, "residual": Encoder}
+Model = Encoder | Wav2Vec2
 
 
 def ctc_greedy(logits: np.ndarray) -> str:
@@ -506,7 +584,7 @@ def _kernel_encoder(
     return chunk_op
 
 
-def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, mode: str = "kernels") -> Report:
+def run_deviceop(st: Stream, enc: Model, a: argparse.Namespace, mode: str = "kernels") -> Report:
     import webrtcvad
 
     rep = Report("deviceop" if mode == "kernels" else f"deviceop-{mode}", threads=1)
@@ -517,12 +595,12 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, mode: str = "k
 
     began = [0.0]  # the start of the chunk's first encoder step
 
-    def log_mel(x: Any) -> Any:
-        # the PyTorch encoder, run by do.interop.torch on the op's stream with the op's tensor
+    def front(x: Any) -> Any:
+        # the PyTorch model, run by do.interop.torch on the op's stream with the op's tensor
         # given as a PyTorch tensor (no copy); its output comes back as a deviceop tensor
         began[0] = time.perf_counter()
         rep.stage("start", began[0] - arrived[0])
-        return enc.log_mel(x)
+        return enc.front(x)
 
     def head(h: Any) -> Any:
         y = enc.head(h)
@@ -535,13 +613,13 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, mode: str = "k
 
     def eager_op(c: Chunk) -> do.DeviceOp[np.ndarray]:
         # the audio's upload is an argument of the first step: it runs first, on the same stream.
-        # The encoder is enqueued in steps (the log-mel energies, their projection, --steps
+        # The model is enqueued in steps (its front, the projection, --steps
         # groups of layers, the head): the await gives the loop a turn between them once the
         # enqueue has held it for the enqueue slice (do.set_enqueue_slice), so an interrupt is
         # seen, and the steps not yet enqueued are dropped, while PyTorch's enqueue of the chunk
         # is still under way. A turn waits for the step under way: the longest step (the first,
         # with the upload and the first PyTorch calls of a chunk, which run cold) bounds it
-        op = do.interop.torch(log_mel, do.from_numpy(c.context)).then(lambda f: do.interop.torch(enc.project, f))
+        op = do.interop.torch(front, do.from_numpy(c.context)).then(lambda f: do.interop.torch(enc.project, f))
         for lo in range(0, n, group):
             op = op.then(lambda h, lo=lo: do.interop.torch(enc.block, h, lo, min(n, lo + group)))
         return op.then(lambda h: do.interop.torch(head, h)).then(do.to_numpy)
@@ -634,7 +712,7 @@ def run_deviceop(st: Stream, enc: Encoder, a: argparse.Namespace, mode: str = "k
 
 
 def _recorded(
-    enc: Encoder, st: Stream, rep: Report, arrived: list[float], enqueued: list[float], stream: Any
+    enc: Model, st: Stream, rep: Report, arrived: list[float], enqueued: list[float], stream: Any
 ) -> Callable[[Chunk], do.DeviceOp[np.ndarray]]:
     """The encoder recorded once into a CUDA graph (``do.graph.scope``); a chunk's op uploads its
     audio into the recording's input and replays the graph: one launch for the encoder's
@@ -669,7 +747,7 @@ def _recorded(
 
 # -- PyTorch, blocking, one thread ---------------------------------------------------------------
 def _torch_chunk(
-    enc: Encoder, c: Chunk, rep: Report | None = None, ready: float = 0.0, captured: tuple[Any, ...] | None = None
+    enc: Model, c: Chunk, rep: Report | None = None, ready: float = 0.0, captured: tuple[Any, ...] | None = None
 ) -> np.ndarray:
     """One chunk through PyTorch, blocking; ``captured`` (input, graph, output): by a replay of
     the encoder's CUDA graph (:func:`_torch_graph_chunk`) instead of its calls."""
@@ -690,7 +768,7 @@ def _torch_chunk(
     return out  # type: ignore[no-any-return]
 
 
-def _torch_graph_chunk(enc: Encoder, st: Stream) -> Callable[..., np.ndarray]:
+def _torch_graph_chunk(enc: Model, st: Stream) -> Callable[..., np.ndarray]:
     """The encoder captured once into a CUDA graph by PyTorch (``torch.cuda.graph``); a chunk
     copies its audio into the captured input, replays, and copies the logits back."""
     torch = enc.torch
@@ -707,7 +785,7 @@ def _torch_graph_chunk(enc: Encoder, st: Stream) -> Callable[..., np.ndarray]:
     return functools.partial(_torch_chunk, captured=(static_in, g, static_out))
 
 
-def run_torch_blocking(st: Stream, enc: Encoder, a: argparse.Namespace, graph: bool = False) -> Report:
+def run_torch_blocking(st: Stream, enc: Model, a: argparse.Namespace, graph: bool = False) -> Report:
     import webrtcvad
 
     rep = Report("torch-graph" if graph else "torch-blocking", threads=1)
@@ -749,7 +827,7 @@ def run_torch_blocking(st: Stream, enc: Encoder, a: argparse.Namespace, graph: b
 
 
 # -- PyTorch, an ingest thread and a GPU thread --------------------------------------------------
-def run_torch_threaded(st: Stream, enc: Encoder, a: argparse.Namespace) -> Report:
+def run_torch_threaded(st: Stream, enc: Model, a: argparse.Namespace) -> Report:
     import webrtcvad
 
     rep = Report("torch-threaded", threads=2)
@@ -819,7 +897,7 @@ def run_torch_threaded(st: Stream, enc: Encoder, a: argparse.Namespace) -> Repor
     return rep
 
 
-LOOPS: dict[str, Callable[[Stream, Encoder, argparse.Namespace], Report]] = {
+LOOPS: dict[str, Callable[[Stream, Any, argparse.Namespace], Report]] = {
     "deviceop": run_deviceop,
     "deviceop-torch": lambda st, enc, a: run_deviceop(st, enc, a, mode="torch"),
     "deviceop-graph": lambda st, enc, a: run_deviceop(st, enc, a, mode="graph"),
@@ -831,13 +909,23 @@ LOOPS: dict[str, Callable[[Stream, Encoder, argparse.Namespace], Report]] = {
 CUDA_ONLY = {"torch-graph"}
 
 
-def _requirements() -> str | None:
+#: the loop that needs the residual encoder (its kernels compute that model)
+KERNEL_LOOPS = {"deviceop"}
+#: --width, --layers by model: on a GPU, and on the host backend (small, so that the command
+#: finishes within a minute)
+SIZES = {"wav2vec2": ((768, 12), (64, 2)), "residual": ((1024, 24), (256, 4))}
+
+
+def _requirements(model: str) -> str | None:
     """What this example needs and is missing, said so that it can be installed (None: nothing)."""
     missing = []
-    for mod, pip, why in (
-        ("torch", "torch", "the encoder is a PyTorch module, in every loop (the deviceop loops run its weights)"),
+    needs = [
+        ("torch", "torch", "the acoustic model is a PyTorch module, in every loop"),
         ("webrtcvad", "webrtcvad-wheels", "the voice-activity detector"),
-    ):
+    ]
+    if model == "wav2vec2":
+        needs.append(("transformers", "transformers", "wav2vec 2.0 (Wav2Vec2ForCTC); or --model residual"))
+    for mod, pip, why in needs:
         try:
             __import__(mod)
         except ImportError:
@@ -852,16 +940,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wav", default=os.path.join(HERE, "speech.wav"))
     ap.add_argument(
+        "--model",
+        choices=MODELS,
+        default="wav2vec2",
+        help="the acoustic model: wav2vec 2.0 (transformers), or the residual encoder whose kernels the "
+        "deviceop loop writes",
+    )
+    ap.add_argument(
         "--loops",
         default=None,
-        help=f"comma-separated, of {', '.join(LOOPS)} (default: all; on the host backend all but {', '.join(CUDA_ONLY)})",
+        help=f"comma-separated, of {', '.join(LOOPS)} (default: all that run the model: {', '.join(KERNEL_LOOPS)} "
+        f"with --model residual only; on the host backend none of {', '.join(CUDA_ONLY)})",
     )
     ap.add_argument("--chunk", type=float, default=0.32, help="seconds of audio per chunk")
     ap.add_argument("--context", type=float, default=2.0, help="seconds of audio the encoder sees per chunk")
-    # on the host backend (no GPU) a small encoder, the audio played 8x faster and one round, so
+    # on the host backend (no GPU) a small model, the audio played 8x faster and one round, so
     # the command finishes within a minute
-    ap.add_argument("--width", type=int, default=1024 if gpu else 256)
-    ap.add_argument("--layers", type=int, default=24 if gpu else 4)
+    ap.add_argument("--width", type=int, default=None, help="the model's width (default: by model, see SIZES)")
+    ap.add_argument("--layers", type=int, default=None, help="the model's layers (default: by model)")
     ap.add_argument(
         "--speed", type=float, default=1.0 if gpu else 8.0, help="audio seconds per wall second (1: real time)"
     )
@@ -884,21 +980,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     a = ap.parse_args(argv)
-    need = _requirements()
+    size = SIZES[a.model][0 if gpu else 1]
+    a.width = size[0] if a.width is None else a.width
+    a.layers = size[1] if a.layers is None else a.layers
+    need = _requirements(a.model)
     if need:
         ap.error(need)
     cuda = gpu
     if not gpu:
         print(
             f"no GPU: the {do.backend_name()} backend (an emulated device) runs a small configuration "
-            f"(--width {a.width} --layers {a.layers} --speed {a.speed} --rounds {a.rounds}); its figures show "
+            f"(--model {a.model} --width {a.width} --layers {a.layers} --speed {a.speed} --rounds {a.rounds}); "
+            "its figures show "
             "that the loops work, not what a GPU does",
             flush=True,
         )
-    loops = [n for n in a.loops.split(",") if n] if a.loops else [n for n in LOOPS if cuda or n not in CUDA_ONLY]
+    kernels = a.model == "residual"
+    loops = (
+        [n for n in a.loops.split(",") if n]
+        if a.loops
+        else [n for n in LOOPS if (cuda or n not in CUDA_ONLY) and (kernels or n not in KERNEL_LOOPS)]
+    )
     bad = [n for n in loops if n not in LOOPS]
     if bad:
         ap.error(f"unknown --loops {bad}; choose from {', '.join(LOOPS)}")
+    if not kernels and KERNEL_LOOPS & set(loops):
+        ap.error(
+            f"--loops {', '.join(sorted(KERNEL_LOOPS & set(loops)))}: its kernels compute the residual encoder; "
+            "add --model residual"
+        )
+    if a.model == "wav2vec2" and (a.width % max(1, a.width // 64) or a.layers < 1):
+        ap.error(
+            "--model wav2vec2 needs --layers >= 1 and a --width that its heads (width // 64) divide, "
+            "such as a multiple of 64"
+        )
     if not cuda and CUDA_ONLY & set(loops):
         ap.error(
             f"--loops {', '.join(sorted(CUDA_ONLY & set(loops)))} need(s) the cuda backend (PyTorch's CUDA graphs)"
@@ -917,7 +1032,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     st = Stream(a)
-    enc = Encoder("cuda" if do.backend_name() == "cuda" else "cpu", a.width, a.layers)
+    enc = MODELS[a.model]("cuda" if do.backend_name() == "cuda" else "cpu", a.width, a.layers)
     for c in st.chunks[:3]:  # warm-up: PyTorch's kernels and allocator, deviceop's pools
         _torch_chunk(enc, c)
     if enc.device == "cuda":

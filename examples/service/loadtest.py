@@ -1,7 +1,7 @@
 """Load test of the inference service: every variant of ``server.py`` under the same HTTP load.
 
 One command starts one server process per variant (``--impls``), checks that they agree (the
-same inputs through each; PyTorch's results are the reference within float16 tolerance) and
+same token ids through each; PyTorch's embeddings are the reference within float16 tolerance) and
 then, in alternating rounds, loads each one from ``--procs`` client processes holding
 ``--clients`` connections in all (aiohttp, keep-alive, loopback), each sending requests back
 to back for ``--seconds`` (closed loop: the saturated throughput), then under one offered load
@@ -44,6 +44,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from server import CUDA_ONLY, IMPLS  # noqa: E402
+
+VOCAB = 30522  # token ids are below it (model.VOCAB, not imported here: the load generator keeps off the GPU)
 
 
 def _post(url: str, data: bytes = b"", timeout: float = 60) -> bytes:
@@ -89,20 +91,27 @@ def _client(
         lat: list[float] = []
         errors = 0
         mismatches = 0
+        unanswered = 0
         cpu0 = time.process_time()
-        conn = aiohttp.TCPConnector(limit=0)
+        # at most ``conns`` connections, kept alive, in both loops: in the open loop a request due
+        # while all are busy waits for one (charged to its latency), as behind a client's pool
+        conn = aiohttp.TCPConnector(limit=conns)
         async with aiohttp.ClientSession(connector=conn) as session:
 
             async def one(i: int, due: float) -> None:
                 """Send input ``i``; count the answer if it was due and answered in the window
                 (latency from ``due``: the send time, or in open loop the scheduled time)."""
-                nonlocal errors, mismatches
+                nonlocal errors, mismatches, unanswered
                 try:
                     async with session.post(url + "/infer", data=inputs[i]) as resp:
                         body = await resp.read()
                         status = resp.status
                 except aiohttp.ClientError:
                     status, body = 0, b""
+                except asyncio.CancelledError:  # (open loop) still unanswered when the window closed
+                    if due >= t_start:
+                        unanswered += 1
+                    raise
                 t1 = time.time()
                 if due < t_start or t1 > t_end:
                     return
@@ -130,14 +139,26 @@ def _client(
                     t.add_done_callback(tasks.discard)
                     k += 1
                     due += 1.0 / rate
-                await asyncio.gather(*tasks)
+                # an answer after the window closes does not count; what is still unanswered a
+                # second later is counted as such and dropped: a server that fell behind is not
+                # left to drain a backlog that would only delay the next load
+                await asyncio.sleep(max(0.0, t_end + 1.0 - time.time()))
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
             await asyncio.sleep(max(0.0, t_start - 0.5 - time.time()))
             if rate:
                 await schedule()
             else:
                 await asyncio.gather(*(loop(k) for k in range(conns)))
-        return {"latencies": lat, "errors": errors, "mismatches": mismatches, "cpu_s": time.process_time() - cpu0}
+        return {
+            "latencies": lat,
+            "errors": errors,
+            "mismatches": mismatches,
+            "unanswered": unanswered,
+            "cpu_s": time.process_time() - cpu0,
+        }
 
     return asyncio.run(run())
 
@@ -175,6 +196,7 @@ def load(
         "ok": n,
         "errors": sum(p["errors"] for p in parts) + server["errors"],
         "mismatches": sum(p["mismatches"] for p in parts),
+        "unanswered": sum(p["unanswered"] for p in parts),
         "lag_ms_p50": server["lag_ms_p50"],
         "lag_ms_p99": server["lag_ms_p99"],
         "lag_ms_max": server["lag_ms_max"],
@@ -237,8 +259,8 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3 if gpu else 1)
     ap.add_argument("--clients", type=int, default=64 if gpu else 16)
     ap.add_argument("--procs", type=int, default=4 if gpu else 2)
-    ap.add_argument("--inputs", type=int, default=64 if gpu else 16, help="distinct request inputs, sent in turn")
-    ap.add_argument("--rows", type=int, default=32 if gpu else 8, help="tokens of one request")
+    ap.add_argument("--inputs", type=int, default=64 if gpu else 16, help="distinct requests, sent in turn")
+    ap.add_argument("--rows", type=int, default=32 if gpu else 8, help="token ids of one request")
     ap.add_argument("--width", type=int, default=768 if gpu else 64, help="the encoder's width")
     ap.add_argument("--layers", type=int, default=12 if gpu else 2, help="the encoder's layers")
     ap.add_argument("--heads", type=int, default=12 if gpu else 4, help="attention heads")
@@ -305,7 +327,7 @@ def _main(argv: list[str] | None = None) -> int:
         env["DEVICEOP_BACKEND"] = "host"  # (said above, once: not again by every server)
 
     rng = np.random.default_rng(1)
-    xs = [rng.standard_normal((a.rows, a.width)).astype(np.float16) for _ in range(a.inputs)]
+    xs = [rng.integers(0, VOCAB, a.rows, dtype=np.int32) for _ in range(a.inputs)]
     inputs = [x.tobytes() for x in xs]
     print(f"starting {len(impls)} servers ({', '.join(impls)})...", flush=True)
     servers = {impl: start_server(impl, model_args, env, a.profile) for impl in impls}
@@ -363,7 +385,7 @@ def _main(argv: list[str] | None = None) -> int:
                         f"p50 {res['latency_ms_p50'] or 0:7.2f} ms  p99 {res['latency_ms_p99'] or 0:7.2f} ms  "
                         f"lag p99 {res['lag_ms_p99']:7.2f} ms  CPU {res['server_cpu_us_per_req']:7.1f} us/req "
                         f"(loop {res['loop_cpu_us_per_req']:6.1f}, {res['loop_cpu_cores']:.2f} cores)  "
-                        f"errors {res['errors']}  mismatches {res['mismatches']}",
+                        f"errors {res['errors']}  mismatches {res['mismatches']}  unanswered {res['unanswered']}",
                         flush=True,
                     )
                     sv, sched, mc = (
@@ -409,6 +431,8 @@ def _main(argv: list[str] | None = None) -> int:
             }
         summary[impl]["errors"] = sum(x["errors"] for x in mine + opened)
         summary[impl]["mismatches"] = sum(x["mismatches"] for x in mine + opened)
+        if opened:  # (requests due in the window and not answered by its end: an overloaded server)
+            summary[impl]["at_rate"]["unanswered"] = sum(x["unanswered"] for x in opened)
     torch_impls = [i for i in impls if i.startswith("torch")]
     for impl in impls:
         if impl.startswith("deviceop") and torch_impls:

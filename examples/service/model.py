@@ -1,8 +1,8 @@
-"""The service's model: a transformer encoder of BERT-base size (PyTorch's
-``nn.TransformerEncoder``: 12 layers, 12 heads, 768 features, 3072 in the feed-forward; random
-weights, seeded: no trained weights ship with the example), serving contextual embeddings. A
-request is a sequence of ``rows`` token embeddings of ``width`` features (float16); the answer
-is the encoder's output for it, the same shape.
+"""The service's model: a sentence-embedding encoder of BERT-base size (token and position
+embeddings, then PyTorch's ``nn.TransformerEncoder``: 12 layers, 12 heads, 768 features, 3072 in
+the feed-forward, then the mean over the tokens; random weights, seeded: no trained weights ship
+with the example). A request is a sequence of ``rows`` token ids (int32, of a 30,522-word
+vocabulary as BERT's); the answer is its embedding, ``width`` float16 values.
 
 Run five ways over one model object:
 
@@ -18,8 +18,8 @@ Run five ways over one model object:
   batch (``torch.cuda.graph``).
 
 Every batched variant pads to the one size ``max_batch``, so a request's output does not depend
-on the batch it ran in. Without a GPU the encoder runs on the CPU in float32 (its inputs and
-outputs stay float16).
+on the batch it ran in. Without a GPU the model runs on the CPU in float32 (its outputs stay
+float16).
 """
 
 from __future__ import annotations
@@ -33,40 +33,57 @@ import numpy as np
 import deviceop as do
 from deviceop.executors import Batcher
 
+#: BERT's vocabulary size; token ids are below it
+VOCAB = 30522
 
-def encoder(width: int, layers: int, heads: int, device: str, seed: int = 0) -> Any:
-    """The encoder (``nn.TransformerEncoder``, ``batch_first``, GELU, ``4 * width`` feed-forward),
-    in eval mode: on the GPU in float16, or on the CPU in float32."""
+
+def encoder(width: int, layers: int, heads: int, rows: int, device: str, seed: int = 0) -> Any:
+    """The embedding model as a PyTorch module of token ids ``(n, rows)`` to embeddings
+    ``(n, width)``: token and learned position embeddings with a layer norm (as BERT's), the
+    encoder (``nn.TransformerEncoder``, ``batch_first``, GELU, ``4 * width`` feed-forward), the
+    mean over the tokens. In eval mode: on the GPU in float16, or on the CPU in float32."""
     import torch
 
+    class Embedder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens = torch.nn.Embedding(VOCAB, width)
+            self.positions = torch.nn.Parameter(torch.randn(rows, width) * 0.02)
+            self.norm = torch.nn.LayerNorm(width)
+            layer = torch.nn.TransformerEncoderLayer(
+                width, heads, dim_feedforward=4 * width, dropout=0.0, activation="gelu", batch_first=True
+            )
+            self.encoder = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+        def forward(self, ids: Any) -> Any:
+            h = self.norm(self.tokens(ids) + self.positions)
+            return self.encoder(h).mean(dim=1)
+
     torch.manual_seed(seed)
-    layer = torch.nn.TransformerEncoderLayer(
-        width, heads, dim_feedforward=4 * width, dropout=0.0, activation="gelu", batch_first=True
-    )
-    enc = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).eval()
+    enc = Embedder().eval()
     return enc.to("cuda", torch.float16) if device == "cuda" else enc
 
 
 class Encoder:
-    """The encoder as a function of a float16 batch ``(n, rows, width)`` (or one sequence
-    ``(rows, width)``), whatever device and dtype it runs in: ``device`` "cuda" or "cpu" (None:
-    the GPU where PyTorch has one)."""
+    """The model as a function of a batch of token ids ``(n, rows)`` (or one sequence
+    ``(rows,)``) to float16 embeddings ``(n, width)`` (or ``(width,)``), whatever device and
+    dtype it runs in: ``device`` "cuda" or "cpu" (None: the GPU where PyTorch has one)."""
 
-    def __init__(self, width: int, layers: int, heads: int, seed: int = 0, device: str | None = None) -> None:
+    def __init__(
+        self, width: int, layers: int, heads: int, rows: int, seed: int = 0, device: str | None = None
+    ) -> None:
         import torch
 
         self.torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.module = encoder(width, layers, heads, self.device, seed)
+        self.module = encoder(width, layers, heads, rows, self.device, seed)
 
-    def __call__(self, x: Any) -> Any:
+    def __call__(self, ids: Any) -> Any:
         torch = self.torch
         with torch.inference_mode():
-            if x.dim() == 2:
-                return self(x[None])[0]
-            if self.device == "cpu":
-                return self.module(x.float()).half()
-            return self.module(x)
+            if ids.dim() == 1:
+                return self(ids[None])[0]
+            return self.module(ids).half()
 
 
 def pad(xs: Sequence[np.ndarray], size: int) -> np.ndarray:
@@ -80,10 +97,10 @@ def pad(xs: Sequence[np.ndarray], size: int) -> np.ndarray:
 class DeviceopModel:
     """The encoder served through deviceop: ``do.interop.torch`` runs it on the op's stream."""
 
-    def __init__(self, width: int, layers: int, heads: int, seed: int = 0) -> None:
+    def __init__(self, width: int, layers: int, heads: int, rows: int, seed: int = 0) -> None:
         # where deviceop runs: do.interop.torch gives the encoder CUDA tensors on the cuda
         # backend and CPU tensors on the host backend
-        self.enc = Encoder(width, layers, heads, seed, device="cuda" if do.backend_name() == "cuda" else "cpu")
+        self.enc = Encoder(width, layers, heads, rows, seed, device="cuda" if do.backend_name() == "cuda" else "cpu")
 
     def request(self, x: np.ndarray) -> do.DeviceOp[np.ndarray]:
         """One request, unbatched: upload, the encoder, download."""
@@ -176,8 +193,8 @@ class MicroBatcher:
 class TorchModel:
     """The encoder served by PyTorch alone."""
 
-    def __init__(self, width: int, layers: int, heads: int, seed: int = 0) -> None:
-        self.enc = Encoder(width, layers, heads, seed)
+    def __init__(self, width: int, layers: int, heads: int, rows: int, seed: int = 0) -> None:
+        self.enc = Encoder(width, layers, heads, rows, seed)
         self.torch = self.enc.torch
         self.device = self.enc.device
 
@@ -195,38 +212,51 @@ class TorchModel:
         return list(y[: len(xs)])
 
     def graphed(
-        self, rows: int, width: int, max_batch: int, poll: float
+        self, rows: int, max_batch: int, poll: float, copies: int = 1
     ) -> Callable[[list[np.ndarray]], Awaitable[list[np.ndarray]]]:
-        """The padded batch captured once into PyTorch's own CUDA graph (``torch.cuda.graph``,
-        warmed up on a side stream as its documentation asks). A call pads the batch straight
-        into page-locked memory, copies it into the captured input without blocking, replays,
-        copies the output back into page-locked memory, records an event and polls it every
-        ``poll`` seconds (the loop runs meanwhile): one batch at a time (they share the buffers)."""
+        """The padded batch captured into PyTorch's own CUDA graph (``torch.cuda.graph``, warmed
+        up on a side stream as its documentation asks), ``copies`` times, each with its own
+        stream, memory pool and buffers, so that up to ``copies`` batches run at once (behind a
+        MicroBatcher with ``max_concurrent=copies``). A call takes a free copy, pads the batch
+        straight into its page-locked input, copies that into the captured input without
+        blocking, replays, copies the output back into page-locked memory, records an event and
+        polls it every ``poll`` seconds (the loop runs meanwhile)."""
         torch = self.torch
-        static_in = torch.zeros((max_batch, rows, width), dtype=torch.float16, device="cuda")
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self.enc(static_in)
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            static_out = self.enc(static_in)
-        pin_in = torch.zeros(static_in.shape, dtype=torch.float16).pin_memory()
-        pin_out = torch.empty(static_out.shape, dtype=static_out.dtype).pin_memory()
-        view_in = pin_in.numpy()
+
+        def capture() -> tuple[Any, ...]:
+            static_in = torch.zeros((max_batch, rows), dtype=torch.int32, device="cuda")
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    self.enc(static_in)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                static_out = self.enc(static_in)
+            pin_in = torch.zeros(static_in.shape, dtype=static_in.dtype).pin_memory()
+            pin_out = torch.empty(static_out.shape, dtype=static_out.dtype).pin_memory()
+            return torch.cuda.Stream(), g, static_in, static_out, pin_in, pin_out
+
+        free = [capture() for _ in range(copies)]
 
         async def run(xs: list[np.ndarray]) -> list[np.ndarray]:
-            view_in[: len(xs)] = np.stack(xs)
-            view_in[len(xs) :] = 0
-            static_in.copy_(pin_in, non_blocking=True)
-            g.replay()
-            pin_out.copy_(static_out, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record()
-            while not ev.query():
-                await asyncio.sleep(poll)
-            return list(pin_out.numpy()[: len(xs)].copy())
+            copy = free.pop()
+            stream, g, static_in, static_out, pin_in, pin_out = copy
+            try:
+                view_in = pin_in.numpy()
+                view_in[: len(xs)] = np.stack(xs)
+                view_in[len(xs) :] = 0
+                with torch.cuda.stream(stream):
+                    static_in.copy_(pin_in, non_blocking=True)
+                    g.replay()
+                    pin_out.copy_(static_out, non_blocking=True)
+                    ev = torch.cuda.Event()
+                    ev.record(stream)
+                while not ev.query():
+                    await asyncio.sleep(poll)
+                return list(pin_out.numpy()[: len(xs)].copy())
+            finally:
+                free.append(copy)
 
         return run

@@ -1,19 +1,21 @@
-"""An HTTP inference service (aiohttp on uvloop) whose handler runs the transformer encoder of
+"""An HTTP embedding service (aiohttp on uvloop) whose handler runs the transformer encoder of
 ``model.py``.
 
-``POST /infer`` takes a request's ``(rows, width)`` float16 array (a sequence of token
-embeddings) as raw bytes and answers the encoder's output the same way. ``--impl`` picks how the
-handler runs the GPU work:
+``POST /infer`` takes a request's ``rows`` token ids (int32) as raw bytes and answers its
+embedding (``width`` float16 values) the same way. ``--impl`` picks how the handler runs the GPU
+work:
 
   deviceop-batch      ``await batcher(x)``: concurrent requests gathered into one op (Batcher),
-                      padded to ``--max-batch`` and replayed from the encoder recorded into a
-                      CUDA graph (GraphCache, a copy per stream)
+                      padded to ``--max-batch`` and replayed from the model recorded into a
+                      CUDA graph (``do.interop.torch_graphs``, ``--copies`` recordings, one
+                      batch at a time each)
   deviceop            ``await model.request(x)``: one op per request (``do.interop.torch``)
   torch-batch         the same padded batches behind the example's MicroBatcher, the batch run
                       in the handler, ``.cpu()`` blocking the event loop
   torch-batch-thread  the same, each batch run in ``asyncio.to_thread``
   torch-batch-graphs  the same, each batch a replay of PyTorch's own CUDA graph of the padded
-                      batch (``torch.cuda.graph``; CUDA only), its copies through page-locked
+                      batch (``torch.cuda.graph``, ``--copies`` captures on their own streams,
+                      one batch at a time each; CUDA only), its copies through page-locked
                       memory without blocking, the loop polling an event meanwhile
   torch-blocking      PyTorch per request in the handler, ``.cpu()`` blocking the event loop
   torch-thread        ``await asyncio.to_thread(...)`` of the blocking PyTorch request
@@ -195,15 +197,14 @@ def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[
 
         import deviceop as do
 
-        m = DeviceopModel(a.width, a.layers, a.heads)
+        m = DeviceopModel(a.width, a.layers, a.heads, a.rows)
         if a.impl == "deviceop":
 
             async def infer(x: np.ndarray) -> np.ndarray:
                 return await m.request(x)
 
             return infer, lambda: {"backend": do.backend_name()}
-        copies = a.copies or len(do.streams())
-        batcher = m.batched(a.max_batch, a.max_delay, copies)
+        batcher = m.batched(a.max_batch, a.max_delay, a.copies)
 
         async def infer_batched(x: np.ndarray) -> np.ndarray:
             return await batcher(x)
@@ -217,13 +218,14 @@ def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[
     import torch
     from model import MicroBatcher, TorchModel
 
-    tm = TorchModel(a.width, a.layers, a.heads)
+    tm = TorchModel(a.width, a.layers, a.heads, a.rows)
     if a.impl in CUDA_ONLY and tm.device != "cuda":
         raise SystemExit(f"{a.impl} needs a CUDA device")
     if a.impl.startswith("torch-batch"):
         concurrent = 1
         if a.impl == "torch-batch-graphs":
-            run = tm.graphed(a.rows, a.width, a.max_batch, a.poll)  # (one batch at a time: one capture)
+            run = tm.graphed(a.rows, a.max_batch, a.poll, a.copies)
+            concurrent = a.copies
         elif a.impl == "torch-batch-thread":
             concurrent = 2  # (a batch's host work beside the previous one's GPU work)
 
@@ -295,7 +297,7 @@ async def serve(
     if a.warmup:
         # before traffic, as services warm up: every graph copy recorded, pools and staging
         # blocks filled; what this makes then lives as long as the process (and is frozen below)
-        x = np.zeros((a.rows, a.width), np.float16)
+        x = np.zeros(a.rows, np.int32)
         for _ in range(a.warmup):
             await asyncio.gather(*(infer(x) for _ in range(a.max_batch)))
     stats = Stats()
@@ -305,14 +307,19 @@ async def serve(
         # is never collected again: the collector's full passes then walk only what requests made
         gc.collect()
         gc.freeze()
-    nbytes = a.rows * a.width * 2
+    from model import VOCAB
+
+    nbytes = a.rows * 4
 
     async def handle_infer(request: web.Request) -> web.Response:
         body = await request.read()
         if len(body) != nbytes:
             stats.errors += 1
-            return web.Response(status=400, text=f"expected {nbytes} bytes ({a.rows} x {a.width} float16)")
-        x = np.frombuffer(body, np.float16).reshape(a.rows, a.width)
+            return web.Response(status=400, text=f"expected {nbytes} bytes ({a.rows} int32 token ids)")
+        x = np.frombuffer(body, np.int32)
+        if x.min() < 0 or x.max() >= VOCAB:
+            stats.errors += 1
+            return web.Response(status=400, text=f"token ids are 0 to {VOCAB - 1}")
         try:
             y = await infer(x)
         except Exception as e:  # a failed request answers 500 and is counted; the service goes on
@@ -370,12 +377,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     ap.add_argument("--rows", type=int, default=32, help="tokens of one request")
-    ap.add_argument("--width", type=int, default=768, help="features per token (the encoder's width)")
+    ap.add_argument("--width", type=int, default=768, help="the encoder's width (an embedding's values)")
     ap.add_argument("--layers", type=int, default=12, help="the encoder's layers")
     ap.add_argument("--heads", type=int, default=12, help="attention heads (a divisor of --width)")
     ap.add_argument("--max-batch", type=int, default=16, help="batched variants: requests per batch")
     ap.add_argument("--max-delay", type=float, default=0.001, help="batched variants: seconds a batch waits")
-    ap.add_argument("--copies", type=int, default=0, help="deviceop-batch: graph copies (0: one per stream)")
+    ap.add_argument(
+        "--copies", type=int, default=4, help="deviceop-batch, torch-batch-graphs: recordings, batches run at once"
+    )
     ap.add_argument("--streams", type=int, default=8, help="torch-streams: streams in the pool")
     ap.add_argument(
         "--poll", type=float, default=0.0002, help="torch-streams, torch-batch-graphs: seconds between event polls"
@@ -404,6 +413,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.width % a.heads:
         ap.error(f"--heads {a.heads} must divide --width {a.width} (each head takes width / heads features)")
+    if a.copies < 1:
+        ap.error(f"--copies is at least 1, got {a.copies}")
     return a
 
 
