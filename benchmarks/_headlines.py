@@ -292,6 +292,18 @@ def speech(d: dict[str, Any]) -> list[Metric]:
                     "the best PyTorch loop",
                 )
             )
+        blocking = loops.get("torch-blocking", {}).get("chunk_latency_ms_p50")
+        if n == "deviceop-torch" and blocking and s["chunk_latency_ms_p50"]:
+            # the eager path against PyTorch called the same way (eagerly, blocking)
+            out.append(
+                Metric(
+                    f"chunk latency p50, {n} loop, over blocking",
+                    s["chunk_latency_ms_p50"] / blocking,
+                    "x",
+                    "lower",
+                    "the blocking PyTorch loop",
+                )
+            )
         if s.get("reaction_ms_p99") is not None:
             out.append(Metric(f"interrupt reaction p99, {n} loop", s["reaction_ms_p99"], "ms", "lower", ""))
     return out

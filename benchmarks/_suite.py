@@ -150,7 +150,7 @@ BENCHMARKS: dict[str, Benchmark] = {
             "service",
             "../examples/service/loadtest.py",
             "the HTTP service example under load from other processes",
-            "PyTorch behind the same server: blocking, a thread, streams",
+            "PyTorch behind the same server and micro-batcher (blocking, a thread, its own CUDA graphs), unbatched",
             full=(),
             quick=("--seconds", "3", "--warmup", "1", "--rounds", "1"),
             needs=("cuda", "torch"),
@@ -184,7 +184,7 @@ README_FIGURES = [
     ("pipeline", "host CPU per request, 64 gathered, 8 steps"),
     ("external", "do.external step"),
     ("service", "requests/s, deviceop"),
-    ("speech", "chunk latency p50, deviceop"),
+    ("speech", "chunk latency p50, deviceop-graph"),
 ]
 
 

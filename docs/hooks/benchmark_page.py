@@ -157,8 +157,9 @@ def _service(d: dict) -> str:
     c = d["config"]
     best = s.get("deviceop-batch", {}).get("vs_best_torch")
     head = (
-        f"`examples/service`: {c['clients']} HTTP clients from {c['procs']} processes, ({c['rows']}, {c['width']}) "
-        f"float16 requests through {c['steps']} blocks of (gemm, gelu, gemm); medians over {c['rounds']} rounds; "
+        f"`examples/service`: {c['clients']} HTTP clients from {c['procs']} processes, requests of {c['rows']} "
+        f"token ids answered by their embedding from a transformer encoder of {c['layers']} layers, width "
+        f"{c['width']} (BERT-base: 12, 768); medians over {c['rounds']} round(s); "
         f"open loop at {_f(d.get('rate'), 0)} req/s."
     )
     if best:
