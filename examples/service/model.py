@@ -136,7 +136,8 @@ class MicroBatcher:
         self.fn, self.max_batch, self.max_delay = fn, max_batch, max_delay
         self.queue: asyncio.Queue[tuple[Any, asyncio.Future[Any]]] | None = None
         self.slots = asyncio.Semaphore(max_concurrent)
-        self.batches = 0
+        self.batches = 0  # (since start-up, as the Batcher's counters)
+        self.requests = 0
         self.task: asyncio.Task[None] | None = None
         self.running: set[asyncio.Task[None]] = set()  # (referenced while they run)
 
@@ -167,6 +168,7 @@ class MicroBatcher:
                     break
             await self.slots.acquire()
             self.batches += 1
+            self.requests += len(batch)
             t = loop.create_task(self._run(batch))
             self.running.add(t)
             t.add_done_callback(self.running.discard)

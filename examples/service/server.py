@@ -242,7 +242,11 @@ def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[
         async def infer_micro(x: np.ndarray) -> np.ndarray:
             return await mb(x.copy())
 
-        return infer_micro, lambda: {"backend": "torch-" + tm.device, "batches": mb.batches}
+        return infer_micro, lambda: {
+            "backend": "torch-" + tm.device,
+            "batches": mb.batches,
+            "mean_batch": mb.requests / max(1, mb.batches),
+        }
     info = lambda: {"backend": "torch-" + tm.device}  # noqa: E731
     if a.impl == "torch-blocking":
 
