@@ -151,12 +151,57 @@ def plot_kernels(doc: dict, path: str) -> None:
     _save(fig, path)
 
 
+def plot_service(doc: dict, path: str) -> None:
+    """The service example: saturated requests/s per variant (log scale), deviceop's in blue."""
+    plt = _plt()
+    s = doc["summary"]
+    names = sorted(s, key=lambda k: s[k]["req_s"], reverse=True)
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(names) + 1.2))
+    ax.barh(names, [s[k]["req_s"] for k in names], color=["C0" if k.startswith("deviceop") else "C3" for k in names])
+    ax.set_xscale("log")
+    ax.set_xlabel("requests/s, closed loop (median of rounds)")
+    c = doc["config"]
+    ax.set_title(f"HTTP embedding service, {c['layers']} layers x {c['width']}, {c['clients']} clients")
+    ax.invert_yaxis()
+    _save(fig, path)
+
+
+def plot_speech(doc: dict, path: str) -> None:
+    """The speech loop example: chunk latency p50 and p99, and interrupt reaction p99, per loop."""
+    plt = _plt()
+    loops = doc["loops"]
+    names = [r["loop"] for r in loops]
+    y = range(len(names))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 0.45 * len(names) + 1.4), sharey=True)
+    for ax, keys, title in (
+        (a1, ("chunk_latency_ms_p50", "chunk_latency_ms_p99"), "chunk latency (ms)"),
+        (a2, ("reaction_ms_p50", "reaction_ms_p99"), "interrupt reaction (ms)"),
+    ):
+        for j, k in enumerate(keys):
+            ax.barh(
+                [i + 0.4 * j - 0.2 for i in y],
+                [r.get(k) or 0.0 for r in loops],
+                height=0.4,
+                color=["C0" if n.startswith("deviceop") else "C3" for n in names],
+                alpha=1.0 if j == 0 else 0.5,
+                label=k.rsplit("_", 1)[1],
+            )
+        ax.set_xlabel(title)
+        ax.legend(loc="lower right")
+    a1.set_yticks(list(y), names)
+    a1.invert_yaxis()
+    fig.suptitle(f"Speech loop, --model {doc['config'].get('model', 'residual')}: p50 (solid), p99 (light)")
+    _save(fig, path)
+
+
 PLOTS = {
     "exec_modes.json": plot_exec_modes,
     "async_overlap.json": plot_overlap,
     "bimodal.json": plot_bimodal,
     "bimodal_hostwork.json": plot_hostwork,
     "kernels.json": plot_kernels,
+    "service.json": plot_service,
+    "speech.json": plot_speech,
 }
 
 

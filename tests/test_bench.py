@@ -290,6 +290,27 @@ DOCS = {
             "torch_add": {"of_copy": 0.9},
         }
     },
+    "service.json": {
+        "config": {"layers": 2, "width": 64, "clients": 8},
+        "summary": {
+            "deviceop-batch": {"req_s": 900.0},
+            "torch-batch": {"req_s": 700.0},
+            "torch-blocking": {"req_s": 90},
+        },
+    },
+    "speech.json": {
+        "config": {"model": "wav2vec2"},
+        "loops": [
+            {
+                "loop": n,
+                "chunk_latency_ms_p50": 3.0 + i,
+                "chunk_latency_ms_p99": 4.0 + i,
+                "reaction_ms_p50": 0.5,
+                "reaction_ms_p99": None,
+            }
+            for i, n in enumerate(("deviceop-graph", "torch-blocking"))
+        ],
+    },
 }
 
 
