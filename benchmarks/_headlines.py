@@ -320,10 +320,22 @@ def service(d: dict[str, Any]) -> list[Metric]:
         if impl.startswith("deviceop") and s.get("lag_ms_p99") is not None:
             out.append(Metric(f"loop lag p99 at saturation, {impl}", s["lag_ms_p99"], "ms", "lower", ""))
         r = s.get("at_rate")
-        if impl.startswith("deviceop") and r and r.get("lag_ms_p99") is not None:
+        # a server whose loop was blocked through every open-loop window ran no heartbeat: it
+        # has no lag figure there (the load test leaves it out; older documents hold a 0)
+        beat = any(x["server"].get("heartbeats", 1) > 0 for x in d.get("at_rate", []) if x["impl"] == impl)
+        if impl.startswith("deviceop") and r and r.get("lag_ms_p99") is not None and beat:
+            # (the name stays the same from run to run, so that --compare matches it; the rate,
+            # 80 % of the best PyTorch variant's saturated throughput, is what it is against)
             rate = d.get("rate")
-            at = f" at {rate:.0f} requests/s" if rate else ""
-            out.append(Metric(f"loop lag p99{at}, {impl}", r["lag_ms_p99"], "ms", "lower", ""))
+            out.append(
+                Metric(
+                    f"loop lag p99 at the open-loop rate, {impl}",
+                    r["lag_ms_p99"],
+                    "ms",
+                    "lower",
+                    f"{rate:.0f} requests/s offered" if rate else "",
+                )
+            )
     return out
 
 

@@ -150,7 +150,8 @@ BENCHMARKS: dict[str, Benchmark] = {
             "service",
             "../examples/service/loadtest.py",
             "the HTTP service example under load from other processes",
-            "PyTorch behind the same server and micro-batcher (blocking, a thread, its own CUDA graphs), unbatched",
+            "PyTorch behind the same server: a micro-batcher (blocking, a thread, its own CUDA graphs), "
+            "or unbatched (blocking, a thread, streams)",
             full=(),
             quick=("--seconds", "3", "--warmup", "1", "--rounds", "1"),
             needs=("cuda", "torch"),

@@ -53,9 +53,11 @@ def test_service_load_test(backend, tmp_path) -> None:
             "--rounds",
             "1",
             "--clients",
-            "8",
+            "16",
             "--procs",
-            "1",
+            "2",
+            "--copies",
+            "2",
             "--out",
             str(out),
         ],
@@ -69,14 +71,127 @@ def test_service_load_test(backend, tmp_path) -> None:
         assert s["errors"] == 0 and s["mismatches"] == 0, (impl, s)
         assert s["req_s"] > 0 and s["latency_ms_p99"] >= s["latency_ms_p50"] > 0
         assert doc["check"][impl] < 2e-2
+        assert s["at_rate"]["late"] >= 0 and s["at_rate"]["unanswered"] >= 0  # (the open-loop rounds ran)
     (batched,) = [x for x in doc["rounds"] if x["impl"] == "deviceop-batch"]
-    assert batched["server"]["backend"] == backend
-    assert batched["server"]["batcher"]["requests"] >= batched["ok"]
+    assert batched["server"]["backend"] == backend and batched["server_window"]
+    assert batched["server"]["batcher"]["mean_batch"] > 1  # (requests were gathered)
     assert batched["server"]["graph_cache"]["misses"] >= 1
+    (micro,) = [x for x in doc["rounds"] if x["impl"] == "torch-batch"]
+    assert micro["server"]["mean_batch"] > 1
     sv = batched["server"]
     assert sv["gc_collected"] >= 0 and sv["machine_cpu"]["busy_s"] > 0
     if sys.platform == "linux":
         assert sv["loop_sched"]["runq_wait_s"] >= 0 and sv["loop_sched"]["voluntary"] >= 0
+
+
+def _service_module(name: str):
+    sys.path.insert(0, os.path.join(EXAMPLES, "service"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
+@pytest.mark.parametrize("delay", [0.2, 2.5])
+def test_load_test_open_loop_counts_late_and_unanswered_requests(delay: float) -> None:
+    """A server answering every request after ``delay``: in open loop, an answer after the window
+    (within its grace second) counts in the latencies and as late, not in the throughput; one
+    not there by then counts as unanswered."""
+    pytest.importorskip("aiohttp")
+    import asyncio
+    import hashlib
+    import threading
+
+    from aiohttp import web
+
+    loadtest = _service_module("loadtest")
+    started = threading.Event()
+    box: dict = {}
+
+    def serve() -> None:
+        async def handle(request: web.Request) -> web.Response:
+            await request.read()
+            await asyncio.sleep(delay)
+            return web.Response(body=b"answer")
+
+        async def main() -> None:
+            app = web.Application()
+            app.add_routes([web.post("/infer", handle)])
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            box["port"] = runner.addresses[0][1]
+            box["stop"] = asyncio.Event()
+            started.set()
+            await box["stop"].wait()
+            await runner.cleanup()
+
+        box["loop"] = asyncio.new_event_loop()
+        box["loop"].run_until_complete(main())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert started.wait(30)
+    try:
+        t0 = time.time() + 0.6
+        window, rate = 0.8, 40.0
+        got = loadtest._client(
+            f"http://127.0.0.1:{box['port']}",
+            [b"request"],
+            [hashlib.sha1(b"answer").hexdigest()],
+            64,
+            t0,
+            t0 + window,
+            rate,
+        )
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        t.join(30)
+    due = int(window * rate)  # requests due in the window (give or take one)
+    assert got["errors"] == 0 and got["mismatches"] == 0
+    lat = got["latencies"]
+    if delay < loadtest.GRACE_S:
+        assert got["unanswered"] == 0 and abs(len(lat) - due) <= 1
+        late = len(lat) - got["in_window"]  # due in the window's last ``delay`` seconds
+        assert abs(late - delay * rate) <= 2 and got["in_window"] > 0
+        assert min(lat) >= delay * 0.9
+    else:
+        assert not lat and got["in_window"] == 0 and abs(got["unanswered"] - due) <= 1
+
+
+def test_service_refuses_bad_requests_and_settings() -> None:
+    pytest.importorskip("aiohttp")
+    pytest.importorskip("torch")
+    import urllib.error
+
+    loadtest = _service_module("loadtest")
+    model = _service_module("model")
+    assert loadtest.VOCAB == model.VOCAB
+    small = ["--rows", "4", "--width", "32", "--layers", "1", "--heads", "2", "--warmup", "0"]
+    env = {**os.environ, "DEVICEOP_BACKEND": "host", "PYTHONPATH": os.pathsep.join(sys.path)}
+    p, url = loadtest.start_server("torch-blocking", small, env)
+    try:
+        import numpy as np
+
+        ok = loadtest._post(url + "/infer", np.arange(4, dtype=np.int32).tobytes())
+        assert len(ok) == 32 * 2  # an embedding: width float16 values
+        for body in (np.arange(3, dtype=np.int32).tobytes(), np.array([0, 1, 2, model.VOCAB], np.int32).tobytes()):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                loadtest._post(url + "/infer", body)
+            assert e.value.code == 400
+    finally:
+        p.terminate()
+        p.wait(30)
+    for bad in (["--copies", "0"], ["--rows", "0"], ["--width", "30", "--heads", "4"]):
+        r = subprocess.run(
+            [sys.executable, os.path.join(EXAMPLES, "service", "server.py"), *small, *bad],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert r.returncode == 2 and bad[0] in r.stderr, r.stderr
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="schedstat and /proc/stat are Linux's")
@@ -186,6 +301,30 @@ def test_asr_kernel_encoder_computes_what_pytorch_does(backend) -> None:
         tol = 1e-3 if dev == "cpu" else 3e-2
         assert np.allclose(got, want, rtol=tol, atol=tol * float(np.abs(want).max())), float(np.abs(got - want).max())
     assert len(rep.stages["start"]) == len(rep.stages["enqueue"]) == 3
+
+
+def test_asr_wav2vec2_steps_compute_the_whole_model(host_backend) -> None:
+    """The speech loop's wav2vec 2.0 in its steps (front, projection, layers, head) gives the
+    logits of transformers' own forward pass over the normalised audio; and its frame count."""
+    torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
+    pytest.importorskip("transformers")
+    asr = _asr_module()
+    m = asr.Wav2Vec2("cpu", 64, 2, seed=3)
+    x = torch.from_numpy((0.1 * np.random.default_rng(0).standard_normal(8000)).astype(np.float32))
+    with torch.inference_mode():
+        got = m(x)
+        want = m.model((x - x.mean())[None] / (x.std() + 1e-5)).logits[0].float()
+        steps = m.head(m.block(m.block(m.project(m.front(x)), 0, 1), 1, 2))
+    assert got.shape == (m.frames(len(x)), len(asr.SYMBOLS))
+    assert torch.allclose(got, want, atol=1e-5) and torch.equal(got, steps)
+
+
+def test_asr_kernel_loop_needs_the_residual_model() -> None:
+    pytest.importorskip("webrtcvad")
+    pytest.importorskip("torch")
+    r = _run("host", [os.path.join(EXAMPLES, "asr_stream", "run.py"), "--loops", "deviceop"], timeout=120)
+    assert r.returncode == 2 and "--model residual" in r.stderr, r.stderr[-2000:]
 
 
 def _replicas(backend: str, tmp_path, script: str, *extra: str) -> dict:

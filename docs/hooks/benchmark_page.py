@@ -139,20 +139,22 @@ def _external(d: dict) -> str:
 def _service(d: dict) -> str:
     s = d["summary"]
     rows = [
-        "| variant | req/s | p50 / p99 ms | loop lag p99 ms | CPU µs/req | at the open-loop rate: p50 / p99 ms, lag p99 ms |",
+        "| variant | req/s | p50 / p99 ms | loop lag p99 ms | CPU µs/req | at the open-loop rate: p50 / p99 ms, "
+        "lag p99 ms, late / unanswered |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for impl in d["impls"]:
         r = s[impl]
         o = r.get("at_rate", {})
         at = (
-            f"{_f(o.get('latency_ms_p50'), 1)} / {_f(o.get('latency_ms_p99'), 1)}, {_f(o.get('lag_ms_p99'), 1)}"
+            f"{_f(o.get('latency_ms_p50'), 1)} / {_f(o.get('latency_ms_p99'), 1)}, {_f(o.get('lag_ms_p99'), 1)}, "
+            f"{o.get('late', '—')} / {o.get('unanswered', '—')}"
             if o
             else "—"
         )
         rows.append(
-            f"| {impl} | {_f(r['req_s'], 0)} | {_f(r['latency_ms_p50'], 1)} / {_f(r['latency_ms_p99'], 1)} | "
-            f"{_f(r['lag_ms_p99'], 1)} | {_f(r['server_cpu_us_per_req'], 0)} | {at} |"
+            f"| {impl} | {_f(r['req_s'], 0)} | {_f(r.get('latency_ms_p50'), 1)} / {_f(r.get('latency_ms_p99'), 1)} | "
+            f"{_f(r.get('lag_ms_p99'), 1)} | {_f(r.get('server_cpu_us_per_req'), 0)} | {at} |"
         )
     c = d["config"]
     best = s.get("deviceop-batch", {}).get("vs_best_torch")

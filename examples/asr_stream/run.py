@@ -16,7 +16,8 @@ cancellations are what is real. An interrupt (the user speaking over the system)
 ``--interrupt-after`` seconds after every ``--interrupt-every``-th voiced chunk has arrived, so
 while that chunk's GPU work runs; each cancels the chunk work in flight.
 
-The same loop, six ways, one after the other over the same audio:
+The same loop, six ways (five with wav2vec 2.0: the first needs ``--model residual``), one after
+the other over the same audio:
 
   deviceop        (``--model residual``) one thread, one event loop (uvloop where installed):
                   the encoder in deviceop kernels over the PyTorch encoder's weights (the
@@ -268,8 +269,8 @@ class Report:
     cancelled: int = 0
     cpu_s: float = 0.0
     audio_s: float = 0.0
-    #: an encoded chunk's time in each stage (seconds): "start" (from its arrival to the encoder
-    #: called), "enqueue" (the encoder's PyTorch calls, until its GPU work is queued) and
+    #: an encoded chunk's time in each stage (seconds): "start" (from its arrival to the model
+    #: called), "enqueue" (the model's PyTorch calls, until its GPU work is queued) and
     #: "complete" (from then to the result on the host)
     stages: dict[str, list[float]] = field(default_factory=dict)
     #: an interrupt's reaction in parts (seconds; the deviceop loops): "notice" (from the
@@ -338,7 +339,7 @@ class Stream:
         for k in range(len(x) // n):
             audio = x[k * n : (k + 1) * n]
             # the last ctx samples, silence before the audio's start: every chunk's context has
-            # one shape (a recorded encoder serves them all)
+            # one shape (a recorded model serves them all)
             context = np.zeros(ctx, np.float32)
             seen = x[max(0, (k + 1) * n - ctx) : (k + 1) * n].astype(np.float32) / 32768
             context[ctx - len(seen) :] = seen
@@ -593,7 +594,7 @@ def run_deviceop(st: Stream, enc: Model, a: argparse.Namespace, mode: str = "ker
     enqueued = [0.0]
     arrived = [0.0]  # the arrival of the chunk whose op is starting
 
-    began = [0.0]  # the start of the chunk's first encoder step
+    began = [0.0]  # the start of the chunk's first model step
 
     def front(x: Any) -> Any:
         # the PyTorch model, run by do.interop.torch on the op's stream with the op's tensor
@@ -714,8 +715,8 @@ def run_deviceop(st: Stream, enc: Model, a: argparse.Namespace, mode: str = "ker
 def _recorded(
     enc: Model, st: Stream, rep: Report, arrived: list[float], enqueued: list[float], stream: Any
 ) -> Callable[[Chunk], do.DeviceOp[np.ndarray]]:
-    """The encoder recorded once into a CUDA graph (``do.graph.scope``); a chunk's op uploads its
-    audio into the recording's input and replays the graph: one launch for the encoder's
+    """The model recorded once into a CUDA graph (``do.graph.scope``); a chunk's op uploads its
+    audio into the recording's input and replays the graph: one launch for the model's
     kernels instead of PyTorch's calls."""
     n = len(st.chunks[0].context)
     x_in = do.zeros((n,), do.float32).sync_on(stream)
@@ -750,7 +751,7 @@ def _torch_chunk(
     enc: Model, c: Chunk, rep: Report | None = None, ready: float = 0.0, captured: tuple[Any, ...] | None = None
 ) -> np.ndarray:
     """One chunk through PyTorch, blocking; ``captured`` (input, graph, output): by a replay of
-    the encoder's CUDA graph (:func:`_torch_graph_chunk`) instead of its calls."""
+    the model's CUDA graph (:func:`_torch_graph_chunk`) instead of its calls."""
     torch = enc.torch
     t = time.perf_counter()
     if captured is None:
@@ -769,7 +770,7 @@ def _torch_chunk(
 
 
 def _torch_graph_chunk(enc: Model, st: Stream) -> Callable[..., np.ndarray]:
-    """The encoder captured once into a CUDA graph by PyTorch (``torch.cuda.graph``); a chunk
+    """The model captured once into a CUDA graph by PyTorch (``torch.cuda.graph``); a chunk
     copies its audio into the captured input, replays, and copies the logits back."""
     torch = enc.torch
     static_in = torch.zeros(len(st.chunks[0].context), device="cuda")
@@ -905,7 +906,7 @@ LOOPS: dict[str, Callable[[Stream, Any, argparse.Namespace], Report]] = {
     "torch-graph": lambda st, enc, a: run_torch_blocking(st, enc, a, graph=True),
     "torch-threaded": run_torch_threaded,
 }
-#: loops that record the encoder into a CUDA graph by PyTorch itself (cuda only)
+#: loops that record the model into a CUDA graph by PyTorch itself (cuda only)
 CUDA_ONLY = {"torch-graph"}
 
 
@@ -953,11 +954,21 @@ def main(argv: list[str] | None = None) -> int:
         f"with --model residual only; on the host backend none of {', '.join(CUDA_ONLY)})",
     )
     ap.add_argument("--chunk", type=float, default=0.32, help="seconds of audio per chunk")
-    ap.add_argument("--context", type=float, default=2.0, help="seconds of audio the encoder sees per chunk")
+    ap.add_argument("--context", type=float, default=2.0, help="seconds of audio the model sees per chunk")
     # on the host backend (no GPU) a small model, the audio played 8x faster and one round, so
     # the command finishes within a minute
-    ap.add_argument("--width", type=int, default=None, help="the model's width (default: by model, see SIZES)")
-    ap.add_argument("--layers", type=int, default=None, help="the model's layers (default: by model)")
+    ap.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help="the model's width (default: 768 for wav2vec2, 1024 for residual; on the host 64, 256)",
+    )
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="the model's layers (default: 12 for wav2vec2, 24 for residual; on the host 2, 4)",
+    )
     ap.add_argument(
         "--speed", type=float, default=1.0 if gpu else 8.0, help="audio seconds per wall second (1: real time)"
     )
@@ -970,7 +981,7 @@ def main(argv: list[str] | None = None) -> int:
         "--steps",
         type=int,
         default=4,
-        help="deviceop-torch loop: groups of layers the encoder is enqueued in, one op step each",
+        help="deviceop-torch loop: groups of layers the model is enqueued in, one op step each",
     )
     ap.add_argument(
         "--enqueue-slice",

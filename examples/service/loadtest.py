@@ -45,6 +45,7 @@ sys.path.insert(0, HERE)
 
 from server import CUDA_ONLY, IMPLS  # noqa: E402
 
+GRACE_S = 1.0  # open loop: how long after the window an answer still counts in the latencies
 VOCAB = 30522  # token ids are below it (model.VOCAB, not imported here: the load generator keeps off the GPU)
 
 
@@ -84,7 +85,9 @@ def _client(
     """One client process. ``rate`` 0 (closed loop): ``conns`` connections, each sending requests
     back to back. ``rate`` > 0 (open loop): a request every 1/rate seconds on a fixed schedule,
     whatever is in flight; its latency counts from its scheduled time, so a server that falls
-    behind is charged for the wait. Only requests sent and answered within [t_start, t_end] count."""
+    behind is charged for the wait. Only requests due within [t_start, t_end] count: in closed
+    loop those answered by ``t_end``; in open loop also those answered within a second after it
+    (in the latencies, not in ``in_window``), the rest counted as ``unanswered``."""
     import aiohttp
 
     async def run() -> dict:
@@ -92,6 +95,7 @@ def _client(
         errors = 0
         mismatches = 0
         unanswered = 0
+        in_window = 0
         cpu0 = time.process_time()
         # at most ``conns`` connections, kept alive, in both loops: in the open loop a request due
         # while all are busy waits for one (charged to its latency), as behind a client's pool
@@ -101,7 +105,7 @@ def _client(
             async def one(i: int, due: float) -> None:
                 """Send input ``i``; count the answer if it was due and answered in the window
                 (latency from ``due``: the send time, or in open loop the scheduled time)."""
-                nonlocal errors, mismatches, unanswered
+                nonlocal errors, mismatches, unanswered, in_window
                 try:
                     async with session.post(url + "/infer", data=inputs[i]) as resp:
                         body = await resp.read()
@@ -113,7 +117,7 @@ def _client(
                         unanswered += 1
                     raise
                 t1 = time.time()
-                if due < t_start or t1 > t_end:
+                if due < t_start or (not rate and t1 > t_end):
                     return
                 if status != 200:
                     errors += 1
@@ -121,6 +125,7 @@ def _client(
                     mismatches += 1
                 else:
                     lat.append(t1 - due)
+                    in_window += t1 <= t_end
 
             async def loop(k: int) -> None:  # closed loop: one connection's requests back to back
                 i = k
@@ -139,10 +144,11 @@ def _client(
                     t.add_done_callback(tasks.discard)
                     k += 1
                     due += 1.0 / rate
-                # an answer after the window closes does not count; what is still unanswered a
-                # second later is counted as such and dropped: a server that fell behind is not
-                # left to drain a backlog that would only delay the next load
-                await asyncio.sleep(max(0.0, t_end + 1.0 - time.time()))
+                # an answer within a second after the window closes counts in the latencies (not
+                # in the throughput); what is still unanswered then is counted as such and
+                # dropped, so that the next load does not wait for this one's backlog (the server
+                # still finishes the requests it has read: aiohttp does not cancel its handlers)
+                await asyncio.sleep(max(0.0, t_end + GRACE_S - time.time()))
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
@@ -157,6 +163,7 @@ def _client(
             "errors": errors,
             "mismatches": mismatches,
             "unanswered": unanswered,
+            "in_window": in_window,
             "cpu_s": time.process_time() - cpu0,
         }
 
@@ -189,24 +196,51 @@ def load(
     parts = [j.get(timeout=seconds + 120) for j in jobs]
     lat = sorted(v for p in parts for v in p["latencies"])
     n = len(lat)
+    in_window = sum(p["in_window"] for p in parts)
+    # the server's own window: a loop blocked for most of it (an overloaded unbatched variant)
+    # runs the reset late and no heartbeat, and its lag and CPU figures would mean nothing
+    valid = server["heartbeats"] > 0 and server["seconds"] >= 0.9 * seconds
+    per_req = lambda k: 1e6 * server[k] / max(1, server["requests"]) if valid else None  # noqa: E731
+    per_s = lambda k: server[k] / server["seconds"] if valid else None  # noqa: E731
     return {
-        "req_s": n / seconds,
+        "req_s": in_window / seconds,
         "latency_ms_p50": 1e3 * statistics.median(lat) if lat else None,
         "latency_ms_p99": 1e3 * lat[min(n - 1, int(0.99 * n))] if lat else None,
         "ok": n,
+        "late": n - in_window,
         "errors": sum(p["errors"] for p in parts) + server["errors"],
         "mismatches": sum(p["mismatches"] for p in parts),
         "unanswered": sum(p["unanswered"] for p in parts),
-        "lag_ms_p50": server["lag_ms_p50"],
-        "lag_ms_p99": server["lag_ms_p99"],
-        "lag_ms_max": server["lag_ms_max"],
-        "server_cpu_us_per_req": 1e6 * server["cpu_s"] / max(1, server["requests"]),
-        "server_cpu_cores": server["cpu_s"] / server["seconds"],
-        "loop_cpu_us_per_req": 1e6 * server["loop_cpu_s"] / max(1, server["requests"]),
-        "loop_cpu_cores": server["loop_cpu_s"] / server["seconds"],
-        "client_cpu_cores": sum(p["cpu_s"] for p in parts) / (seconds + lead + 0.5),
+        "server_window": valid,
+        "lag_ms_p50": server["lag_ms_p50"] if valid else None,
+        "lag_ms_p99": server["lag_ms_p99"] if valid else None,
+        "lag_ms_max": server["lag_ms_max"] if valid else None,
+        "server_cpu_us_per_req": per_req("cpu_s"),
+        "server_cpu_cores": per_s("cpu_s"),
+        "loop_cpu_us_per_req": per_req("loop_cpu_s"),
+        "loop_cpu_cores": per_s("loop_cpu_s"),
+        "client_cpu_cores": sum(p["cpu_s"] for p in parts) / (seconds + lead + 0.5 + (GRACE_S if rate else 0.0)),
         "server": server,
     }
+
+
+def _f(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def describe(res: dict[str, Any]) -> str:
+    """One load's line: throughput, latency, the server's loop lag and CPU, the counts."""
+    line = (
+        f"{res['req_s']:8.1f} req/s  p50 {_f(res['latency_ms_p50'], '7.2f')} ms  "
+        f"p99 {_f(res['latency_ms_p99'], '7.2f')} ms  lag p99 {_f(res['lag_ms_p99'], '7.2f')} ms  "
+        f"CPU {_f(res['server_cpu_us_per_req'], '7.1f')} us/req (loop {_f(res['loop_cpu_us_per_req'], '6.1f')}, "
+        f"{_f(res['loop_cpu_cores'], '.2f')} cores)  errors {res['errors']}  mismatches {res['mismatches']}"
+    )
+    if res["late"] or res["unanswered"]:
+        line += f"  late {res['late']}  unanswered {res['unanswered']}"
+    if not res["server_window"]:
+        line += "  (the server's loop was blocked through the window: no lag or CPU figures)"
+    return line
 
 
 def machine() -> dict[str, Any]:
@@ -356,14 +390,7 @@ def _main(argv: list[str] | None = None) -> int:
                 res = load(u, inputs, digests[impl], a.clients, a.procs, a.seconds)
                 res.update(impl=impl, round=r)
                 rows.append(res)
-                print(
-                    f"round {r} {impl:<15} {res['req_s']:8.1f} req/s  p50 {res['latency_ms_p50'] or 0:7.2f} ms  "
-                    f"p99 {res['latency_ms_p99'] or 0:7.2f} ms  lag p99 {res['lag_ms_p99']:7.2f} ms  "
-                    f"CPU {res['server_cpu_us_per_req']:7.1f} us/req (loop {res['loop_cpu_us_per_req']:6.1f})  "
-                    f"errors {res['errors']}  "
-                    f"mismatches {res['mismatches']}",
-                    flush=True,
-                )
+                print(f"round {r} {impl:<15} {describe(res)}", flush=True)
         doc["rounds"] = rows
         # open loop: every variant under the same offered load, below saturation, where a
         # service runs: latency from the scheduled send time, and the event loop's lag
@@ -380,14 +407,7 @@ def _main(argv: list[str] | None = None) -> int:
                     res = load(u, inputs, digests[impl], a.clients, a.procs, a.seconds, rate=rate)
                     res.update(impl=impl, round=r)
                     at_rate.append(res)
-                    print(
-                        f"at {rate:.0f} req/s, round {r} {impl:<15} {res['req_s']:8.1f} req/s  "
-                        f"p50 {res['latency_ms_p50'] or 0:7.2f} ms  p99 {res['latency_ms_p99'] or 0:7.2f} ms  "
-                        f"lag p99 {res['lag_ms_p99']:7.2f} ms  CPU {res['server_cpu_us_per_req']:7.1f} us/req "
-                        f"(loop {res['loop_cpu_us_per_req']:6.1f}, {res['loop_cpu_cores']:.2f} cores)  "
-                        f"errors {res['errors']}  mismatches {res['mismatches']}  unanswered {res['unanswered']}",
-                        flush=True,
-                    )
+                    print(f"at {rate:.0f} req/s, round {r} {impl:<15} {describe(res)}", flush=True)
                     sv, sched, mc = (
                         res["server"],
                         res["server"].get("loop_sched", {}),
@@ -398,7 +418,8 @@ def _main(argv: list[str] | None = None) -> int:
                         f"{sched.get('nonvoluntary', 0):.0f} involuntary switches; "
                         f"{sv['gc_collections']} collections (longest {sv['gc_pause_ms_max']:.2f} ms, "
                         f"{sv['gc_collected']} objects freed); machine busy "
-                        f"{mc.get('busy_s', 0.0) / sv['seconds']:.2f} cores, stolen {mc.get('steal_s', 0.0):.2f} s",
+                        f"{mc.get('busy_s', 0.0) / max(sv['seconds'], 1e-9):.2f} cores, "
+                        f"stolen {mc.get('steal_s', 0.0):.2f} s",
                         flush=True,
                     )
         doc["at_rate"] = at_rate
@@ -420,18 +441,27 @@ def _main(argv: list[str] | None = None) -> int:
         "server_cpu_us_per_req",
         "loop_cpu_us_per_req",
     )
+
+    def medians(loads: list[dict[str, Any]]) -> dict[str, float]:
+        """Each figure's median over the loads that have it (a server window can have none)."""
+        out = {}
+        for k in keys:
+            vals = [x[k] for x in loads if x[k] is not None]
+            if vals:
+                out[k] = statistics.median(vals)
+        return out
+
     summary: dict[str, Any] = {}
     for impl in impls:
         mine = [x for x in rows if x["impl"] == impl]
-        summary[impl] = {k: statistics.median(x[k] for x in mine) for k in keys if all(x[k] is not None for x in mine)}
+        summary[impl] = medians(mine)
         opened = [x for x in at_rate if x["impl"] == impl]
         if opened:
-            summary[impl]["at_rate"] = {
-                k: statistics.median(x[k] for x in opened) for k in keys if all(x[k] is not None for x in opened)
-            }
+            summary[impl]["at_rate"] = medians(opened)
         summary[impl]["errors"] = sum(x["errors"] for x in mine + opened)
         summary[impl]["mismatches"] = sum(x["mismatches"] for x in mine + opened)
-        if opened:  # (requests due in the window and not answered by its end: an overloaded server)
+        if opened:  # (answered after the window, or not at all within a second of it: overloaded)
+            summary[impl]["at_rate"]["late"] = sum(x["late"] for x in opened)
             summary[impl]["at_rate"]["unanswered"] = sum(x["unanswered"] for x in opened)
     torch_impls = [i for i in impls if i.startswith("torch")]
     for impl in impls:

@@ -4,18 +4,19 @@ the feed-forward, then the mean over the tokens; random weights, seeded: no trai
 with the example). A request is a sequence of ``rows`` token ids (int32, of a 30,522-word
 vocabulary as BERT's); the answer is its embedding, ``width`` float16 values.
 
-Run five ways over one model object:
+Run over one model object by each variant of ``server.py``:
 
-- ``DeviceopModel.request(x)``: one op per request, the encoder run by ``do.interop.torch`` on
+- ``DeviceopModel.request(x)``: one op per request, the model run by ``do.interop.torch`` on
   the op's stream;
 - ``DeviceopModel.batched(...)``: a ``Batcher`` whose batches, padded to ``max_batch``
-  sequences, replay the encoder recorded once into a CUDA graph
-  (``do.interop.torch_graphs``, a copy per stream);
-- ``TorchModel.request(x)``: the encoder in PyTorch, blocking, one request at a time;
-- ``TorchModel.batched(...)``: the same padded batches behind :class:`MicroBatcher`, the
-  40-line asyncio batcher a PyTorch service author writes (as Ray Serve's ``@serve.batch``
-  does), blocking in the loop, in a thread, or replaying PyTorch's own CUDA graph of the padded
-  batch (``torch.cuda.graph``).
+  sequences, replay the model recorded into a CUDA graph (``do.interop.torch_graphs``,
+  ``copies`` recordings, so that as many batches run at once);
+- ``TorchModel.request(x)`` and ``TorchModel.work(x)``: the model in PyTorch, one request at a
+  time, blocking or on the current stream;
+- ``TorchModel.run_batch(...)`` and ``TorchModel.graphed(...)``: the same padded batches behind
+  :class:`MicroBatcher`, the 40-line asyncio batcher a PyTorch service author writes (as Ray
+  Serve's ``@serve.batch`` does), run blocking (in the loop or in a thread), or replaying
+  PyTorch's own CUDA graph of the padded batch (``torch.cuda.graph``, ``copies`` captures).
 
 Every batched variant pads to the one size ``max_batch``, so a request's output does not depend
 on the batch it ran in. Without a GPU the model runs on the CPU in float32 (its outputs stay
@@ -103,13 +104,13 @@ class DeviceopModel:
         self.enc = Encoder(width, layers, heads, rows, seed, device="cuda" if do.backend_name() == "cuda" else "cpu")
 
     def request(self, x: np.ndarray) -> do.DeviceOp[np.ndarray]:
-        """One request, unbatched: upload, the encoder, download."""
+        """One request, unbatched: upload, the model, download."""
         return do.to_numpy(do.from_numpy(x).then(lambda t: do.interop.torch(self.enc, t)))
 
     def batched(self, max_batch: int, max_delay: float, copies: int) -> Batcher[np.ndarray, np.ndarray]:
-        """A Batcher running up to ``max_batch`` requests as one replay of the recorded encoder."""
-        # the encoder recorded into a CUDA graph for the padded batch (warmed up, captured and
-        # replayed by do.interop.torch_graphs), one recording per stream
+        """A Batcher running up to ``max_batch`` requests as one replay of the recorded model."""
+        # the model recorded into a CUDA graph for the padded batch (warmed up, captured and
+        # replayed by do.interop.torch_graphs), ``copies`` recordings: as many batches at once
         cache = do.interop.torch_graphs(self.enc, buckets=[max_batch], copies=copies)
 
         def run(xs: list[np.ndarray]) -> do.DeviceOp[Sequence[np.ndarray]]:
@@ -216,35 +217,38 @@ class TorchModel:
     def graphed(
         self, rows: int, max_batch: int, poll: float, copies: int = 1
     ) -> Callable[[list[np.ndarray]], Awaitable[list[np.ndarray]]]:
-        """The padded batch captured into PyTorch's own CUDA graph (``torch.cuda.graph``, warmed
-        up on a side stream as its documentation asks), ``copies`` times, each with its own
-        stream, memory pool and buffers, so that up to ``copies`` batches run at once (behind a
-        MicroBatcher with ``max_concurrent=copies``). A call takes a free copy, pads the batch
-        straight into its page-locked input, copies that into the captured input without
-        blocking, replays, copies the output back into page-locked memory, records an event and
-        polls it every ``poll`` seconds (the loop runs meanwhile)."""
+        """The padded batch captured into PyTorch's own CUDA graph (``torch.cuda.graph``),
+        ``copies`` times, so that up to ``copies`` batches run at once (behind a MicroBatcher
+        with ``max_concurrent=copies``). Each copy has a stream of its own, which it is warmed up
+        on (as PyTorch's documentation asks), captured on and replayed on, and its own memory
+        pool and buffers: PyTorch keeps a cuBLAS workspace per stream, so copies captured on one
+        stream would share one workspace and race when replayed at once. A call takes a free
+        copy, pads the batch straight into its page-locked input, copies that into the captured
+        input without blocking, replays, copies the output back into page-locked memory,
+        records an event and polls it every ``poll`` seconds (the loop runs meanwhile)."""
         torch = self.torch
 
         def capture() -> tuple[Any, ...]:
+            stream = torch.cuda.Stream()
             static_in = torch.zeros((max_batch, rows), dtype=torch.int32, device="cuda")
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
                 for _ in range(3):
                     self.enc(static_in)
-            torch.cuda.current_stream().wait_stream(side)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            with torch.cuda.graph(g, stream=stream):
                 static_out = self.enc(static_in)
+            torch.cuda.synchronize()
             pin_in = torch.zeros(static_in.shape, dtype=static_in.dtype).pin_memory()
             pin_out = torch.empty(static_out.shape, dtype=static_out.dtype).pin_memory()
-            return torch.cuda.Stream(), g, static_in, static_out, pin_in, pin_out
+            return stream, g, static_in, static_out, pin_in, pin_out
 
         free = [capture() for _ in range(copies)]
 
         async def run(xs: list[np.ndarray]) -> list[np.ndarray]:
             copy = free.pop()
             stream, g, static_in, static_out, pin_in, pin_out = copy
+            ev = None
             try:
                 view_in = pin_in.numpy()
                 view_in[: len(xs)] = np.stack(xs)
@@ -259,6 +263,8 @@ class TorchModel:
                     await asyncio.sleep(poll)
                 return list(pin_out.numpy()[: len(xs)].copy())
             finally:
+                if ev is not None and not ev.query():  # cancelled (at shutdown): its copies still run
+                    ev.synchronize()
                 free.append(copy)
 
         return run

@@ -1,5 +1,5 @@
-"""An HTTP embedding service (aiohttp on uvloop) whose handler runs the transformer encoder of
-``model.py``.
+"""An HTTP embedding service (aiohttp on uvloop) whose handler runs the embedding model of
+``model.py`` (a transformer encoder).
 
 ``POST /infer`` takes a request's ``rows`` token ids (int32) as raw bytes and answers its
 embedding (``width`` float16 values) the same way. ``--impl`` picks how the handler runs the GPU
@@ -417,8 +417,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.width % a.heads:
         ap.error(f"--heads {a.heads} must divide --width {a.width} (each head takes width / heads features)")
-    if a.copies < 1:
-        ap.error(f"--copies is at least 1, got {a.copies}")
+    if not 1 <= a.copies <= 64:
+        ap.error(f"--copies is 1 to 64 (recordings of the batched model), got {a.copies}")
+    if a.rows < 1 or a.max_batch < 1:
+        ap.error(f"--rows and --max-batch are at least 1, got {a.rows} and {a.max_batch}")
     return a
 
 
