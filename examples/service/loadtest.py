@@ -300,6 +300,7 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=12 if gpu else 4, help="attention heads")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--max-delay", type=float, default=0.001)
+    ap.add_argument("--copies", type=int, default=4, help="recordings of the batched graph variants (server.py)")
     ap.add_argument(
         "--rate",
         type=float,
@@ -348,7 +349,7 @@ def _main(argv: list[str] | None = None) -> int:
         if bad:
             ap.error(f"unknown --impls {bad}; choose from {', '.join(IMPLS)}")
     model_args = ["--rows", str(a.rows), "--width", str(a.width), "--layers", str(a.layers), "--heads", str(a.heads)]
-    model_args += ["--max-batch", str(a.max_batch), "--max-delay", str(a.max_delay)]
+    model_args += ["--max-batch", str(a.max_batch), "--max-delay", str(a.max_delay), "--copies", str(a.copies)]
     model_args += ["--warmup", str(a.server_warmup)]
     if a.trace_stalls:
         model_args += ["--trace-stalls", str(a.trace_stalls)]
