@@ -26,7 +26,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ._harness import ROOT, Benchmark, Timer, check_document, compare, format_comparison, kind_of, load, new_document
+from ._harness import (
+    ROOT,
+    Benchmark,
+    Timer,
+    check_document,
+    compare,
+    format_comparison,
+    kind_of,
+    load,
+    new_document,
+    source_digest,
+)
 from ._headlines import HEADLINES
 from ._suite import BENCHMARKS, HERE, readme_table
 
@@ -115,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         help="compare the run with BASE.json; with two files, compare them and run nothing",
     )
     ap.add_argument("--list", action="store_true", help="list the benchmarks and what each is measured against")
+    ap.add_argument(
+        "--source",
+        action="store_true",
+        help="print the digest of this tree's measured sources (a result document's 'source'), and nothing else",
+    )
     ap.add_argument("--readme", metavar="RESULT.json", help="print the README's figures table from a result document")
     ap.add_argument(
         "--reheadline",
@@ -130,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             ap.error(f"{path}: {e}; give a result document written by python -m benchmarks")
 
+    if a.source:
+        print(source_digest())
+        return 0
     if a.list:
         for b in BENCHMARKS.values():
             print(f"{b.name:<15} {b.about}\n{'':<15} against: {b.vs}")

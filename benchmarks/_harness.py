@@ -8,7 +8,8 @@ headline figures (:mod:`benchmarks._headlines`) and writes one document of this 
 .. code-block:: text
 
     {"schema": "deviceop-benchmarks/1",
-     "machine": {...}, "commit": "...", "dirty": false, "environment": {...},
+     "machine": {...}, "commit": "...", "dirty": false, "source": "sha256 of the measured sources",
+     "environment": {...},
      "created": "...", "command": [...], "profile": "quick" | "full",
      "benchmarks": {name: {"status": "ok" | "failed" | "skipped", "why": "...",
                            "wall_s": ..., "cpu_s": ..., "command": [...],
@@ -135,6 +136,40 @@ class Benchmark:
     extra: Callable[[Path], list[str]] | None = field(default=None, repr=False)
 
 
+#: what a run measures, by folder: the suffixes of the source files whose contents
+#: :func:`source_digest` hashes (the library without its generated C, the benchmarks with their
+#: references, the examples with their data, the build)
+SOURCES = {
+    "deviceop": (".py", ".pyx", ".pxd", ".pyi", ".cu", ".cuh", ".h"),
+    "benchmarks": (".py", ".c", ".cpp", ".cu", ".h", ".sh"),
+    "examples": (".py", ".wav"),
+    ".": ("setup.py", "pyproject.toml"),
+}
+
+
+def source_digest(root: Path = ROOT) -> str:
+    """A SHA-256 of the source files a run measures (:data:`SOURCES`: their paths and contents),
+    read from the files themselves: it names the measured code where the commit cannot (a
+    checkout with local changes, a copy whose git metadata is not the tree's). Compare it with
+    ``python -m benchmarks --source`` at a commit."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for folder, suffixes in SOURCES.items():
+        if folder == ".":
+            paths = [root / n for n in suffixes if (root / n).is_file()]
+        else:
+            paths = [
+                p
+                for p in (root / folder).rglob("*")
+                if p.is_file() and p.name.endswith(suffixes) and "__pycache__" not in p.parts
+            ]
+        for p in sorted(paths):
+            h.update(p.relative_to(root).as_posix().encode() + b"\0")
+            h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def git(*args: str) -> str:
     """``git <args>`` in the repository ('' outside a checkout)."""
     try:
@@ -204,6 +239,7 @@ def new_document(command: Sequence[str], profile: str) -> dict[str, Any]:
         "machine": machine(),
         "commit": git("rev-parse", "HEAD"),
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "source": source_digest(),
         "environment": environment(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": list(command),

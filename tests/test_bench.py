@@ -339,3 +339,43 @@ def test_version_option():
         timeout=120,
     )
     assert r.returncode == 0 and r.stdout.strip() == f"deviceop {deviceop.__version__}"
+
+
+def test_source_digest_names_the_measured_sources(tmp_path):
+    """The digest follows the library's, the benchmarks' and the examples' sources and the build
+    files, and nothing generated beside them."""
+    from benchmarks._harness import source_digest
+
+    for rel, text in (
+        ("deviceop/_core/a.pyx", "x = 1\n"),
+        ("benchmarks/b.py", "y = 2\n"),
+        ("examples/e/run.py", "z = 3\n"),
+        ("setup.py", "s = 4\n"),
+    ):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    d0 = source_digest(tmp_path)
+    assert d0 == source_digest(tmp_path) and len(d0) == 64
+    for generated in ("deviceop/_core/a.c", "deviceop/__pycache__/a.cpython-312.pyc", "benchmarks/out.json"):
+        (tmp_path / generated).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / generated).write_text("generated")
+    assert source_digest(tmp_path) == d0
+    (tmp_path / "examples/e/run.py").write_text("z = 4\n")
+    d1 = source_digest(tmp_path)
+    assert d1 != d0
+    (tmp_path / "examples/e/run.py").rename(tmp_path / "examples/e/main.py")  # a path is part of it
+    assert source_digest(tmp_path) not in (d0, d1)
+
+
+def test_the_source_option_prints_this_trees_digest():
+    from benchmarks._harness import source_digest
+
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--source"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+        timeout=120,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == source_digest(), r.stderr

@@ -235,7 +235,9 @@ def render(out_dir: Path) -> tuple[str, list[Path]]:
             "",
             f"{m.get('device', '?')} (driver {m.get('driver', '?')}), {m.get('cpu', '?')}, {m.get('cores', '?')} "
             f"cores; Python {env.get('python', '?')}, PyTorch {env.get('torch', '–')}; commit "
-            f"`{doc['commit'][:9]}`{' (with local changes)' if doc.get('dirty') else ''}, {doc['created'][:10]}, "
+            f"`{doc['commit'][:9]}`{' (with local changes)' if doc.get('dirty') else ''}"
+            + (f", sources `{doc['source'][:12]}`" if doc.get("source") else "")
+            + f", {doc['created'][:10]}, "
             f"`{' '.join(doc['command'])}` ({doc['profile']} profile).",
             "",
             "| benchmark | figure | deviceop | against | |",
