@@ -145,11 +145,14 @@ def variants(request, torch_work, torch_request, xs, width: int) -> tuple[dict, 
     }, loop
 
 
-def measure(fns: dict, rounds: int, n: int) -> dict:
+def measure(fns: dict, rounds: int, n: int, gemm_counts=None) -> dict:
     """Warm up, then ``rounds`` rounds of every variant in turn (0: as many as fill about 3 s,
     from 15 to 61: on a host whose speed moves within seconds, short rounds need many, and
     long ones enough for a steady median). Per request: CPU and wall medians; ratios of the
-    gathered requests' CPU to the one-at-a-time variants', per round, then the median."""
+    gathered requests' CPU to the one-at-a-time variants', per round, then the median.
+    ``gemm_counts``: a function giving the GEMM replay table's (recordings, replays) so far;
+    each variant's GEMMs replayed per request and recordings per round are then reported (a
+    GEMM not replayed is a direct cuBLASLt call, which costs more host time)."""
     for f in fns.values():  # warm-up: plans, cuBLAS heuristics, pools
         f()
     if rounds <= 0:
@@ -158,9 +161,14 @@ def measure(fns: dict, rounds: int, n: int) -> dict:
             f()
         rounds = min(61, max(15, math.ceil(3.0 / (time.perf_counter() - t0))))
     got: dict[str, list[tuple[float, float]]] = {k: [] for k in fns}
+    gemms = {k: [0, 0] for k in fns}  # recordings, replays during the variant's rounds
     for _ in range(rounds):
         for k, f in fns.items():
+            g0 = gemm_counts() if gemm_counts else (0, 0)
             c, w = _cpu_wall(f)
+            g1 = gemm_counts() if gemm_counts else (0, 0)
+            gemms[k][0] += g1[0] - g0[0]
+            gemms[k][1] += g1[1] - g0[1]
             got[k].append((c / n * 1e6, w / n * 1e6))
     out: dict = {"requests_per_round": n, "rounds": rounds}
     for k, v in got.items():
@@ -169,6 +177,9 @@ def measure(fns: dict, rounds: int, n: int) -> dict:
             "wall_us": statistics.median(w for _, w in v),
             "cpu_us_min_max": [min(c for c, _ in v), max(c for c, _ in v)],
         }
+        if gemm_counts and k.startswith("deviceop"):
+            out[k]["gemm_recorded_per_round"] = gemms[k][0] / rounds
+            out[k]["gemm_replayed_per_request"] = gemms[k][1] / (rounds * n)
 
     def per_round(num: str, den: str) -> tuple[float, list[float]]:
         r = [a / b for (a, _), (b, _) in zip(got[num], got[den])]
@@ -225,13 +236,14 @@ def main(argv: list[str] | None = None) -> int:
         request, torch_work, torch_request = build(steps)
         err = check(request, torch_request)
         fns, loop = variants(request, torch_work, torch_request, xs, a.width)
-        try:
-            r = measure(fns, a.rounds, len(xs))
-        finally:
-            loop.close()
         from deviceop.kernels._gemm import GEMM  # (what the GEMM replay table learned, for the record)
 
         rp = GEMM.replays
+        try:
+            # each request makes 2 * steps GEMMs: how many of them a variant replays
+            r = measure(fns, a.rounds, len(xs), lambda: (rp.recorded, rp.replays))
+        finally:
+            loop.close()
         r["gemm_replays"] = {"recorded": rp.recorded, "replays": rp.replays, "cost": rp.cost}
         doc["results"].append({"steps": steps, "max_rel_err_vs_torch": err, **r})
         line = "  ".join(f"{k.replace('deviceop_', '')} {r[k]['cpu_us']:.0f}" for k in fns)
@@ -241,6 +253,15 @@ def main(argv: list[str] | None = None) -> int:
             f"  / as tasks one at a time {r['gathered_cpu_over_deviceop_tasks_one_at_a_time']:.3f}x"
             f"  / sync one at a time {r['gathered_cpu_over_deviceop_sync_one_at_a_time']:.3f}x"
             f"  / torch in flight {r['gathered_cpu_over_torch_in_flight']:.3f}x",
+            flush=True,
+        )
+        print(
+            f"          GEMMs replayed of {2 * steps} a request: "
+            + "  ".join(
+                f"{k.replace('deviceop_', '')} {r[k]['gemm_replayed_per_request']:.1f}"
+                for k in fns
+                if k in r and "gemm_replayed_per_request" in r[k]
+            ),
             flush=True,
         )
     if a.out:

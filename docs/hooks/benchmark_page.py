@@ -44,9 +44,28 @@ def _pipeline(d: dict) -> str:
     rows = ["| steps | " + " | ".join(n for _, n in names) + " |", "| --- |" + " --- |" * len(names)]
     for r in d["results"]:
         rows.append(f"| {r['steps']} | " + " | ".join(_f(r.get(k, {}).get("cpu_us"), 0) for k, _ in names) + " |")
+    replayed = [
+        f"{r['steps']} steps: "
+        + ", ".join(
+            f"{n} {_f(r[k]['gemm_replayed_per_request'], 1)}"
+            for k, n in names
+            if "gemm_replayed_per_request" in r.get(k, {})
+        )
+        + f" (of {2 * r['steps']})"
+        for r in d["results"]
+        if any("gemm_replayed_per_request" in r.get(k, {}) for k, _ in names)
+    ]
     return (
         "Host CPU per request (µs, every thread of the process) of a request pipeline with fresh buffers, "
-        "medians over rounds that run every variant in turn.\n\n" + "\n".join(rows)
+        "medians over rounds that run every variant in turn.\n\n"
+        + "\n".join(rows)
+        + (
+            "\n\nGEMMs a request replays from recorded graphs (the others are direct cuBLASLt calls): "
+            + "; ".join(replayed)
+            + "."
+            if replayed
+            else ""
+        )
     )
 
 
