@@ -103,8 +103,9 @@ def _client(
         async with aiohttp.ClientSession(connector=conn) as session:
 
             async def one(i: int, due: float) -> None:
-                """Send input ``i``; count the answer if it was due and answered in the window
-                (latency from ``due``: the send time, or in open loop the scheduled time)."""
+                """Send input ``i``; count the answer if it was due in the window (latency from
+                ``due``: the send time, or in open loop the scheduled time), and answered in it
+                (closed loop) or before it is cancelled (open loop)."""
                 nonlocal errors, mismatches, unanswered, in_window
                 try:
                     async with session.post(url + "/infer", data=inputs[i]) as resp:
