@@ -136,34 +136,50 @@ def plot_hostwork(doc: dict, path: str) -> None:
     _save(fig, path)
 
 
-def plot_kernels(doc: dict, path: str) -> None:
-    """Bandwidth of the built-ins (and PyTorch) as a fraction of the device-to-device copy."""
+def _bars(names: list[str], vals: list[float], ours: list[bool], xlabel: str, title: str, path: str, **kw: Any) -> None:
+    """Horizontal bars, deviceop's (``ours``) in blue and the others in red; ``log``: a log
+    scale; ``line``: a vertical rule at that value."""
     plt = _plt()
-    bw = doc["bandwidth"]
-    names = [k for k, v in bw.items() if isinstance(v, dict) and "of_copy" in v]
-    vals = [bw[k]["of_copy"] * 100 for k in names]
     fig, ax = plt.subplots(figsize=(7, 0.4 * len(names) + 1.2))
-    ax.barh(names, vals, color=["C3" if n.startswith("torch") else "C0" for n in names])
-    ax.axvline(100, color="k", linewidth=0.8)
-    ax.set_xlabel(f"% of copy bandwidth ({bw['copy']['GBps']:.0f} GB/s)")
-    ax.set_title(f"Built-in kernels, {bw['elements']} {bw['dtype']} elements")
+    ax.barh(names, vals, color=["C0" if o else "C3" for o in ours])
+    if kw.get("log"):
+        ax.set_xscale("log")
+    if "line" in kw:
+        ax.axvline(kw["line"], color="k", linewidth=0.8)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
     ax.invert_yaxis()
     _save(fig, path)
+
+
+def plot_kernels(doc: dict, path: str) -> None:
+    """Bandwidth of the built-ins (and PyTorch) as a fraction of the device-to-device copy."""
+    bw = doc["bandwidth"]
+    names = [k for k, v in bw.items() if isinstance(v, dict) and "of_copy" in v]
+    _bars(
+        names,
+        [bw[k]["of_copy"] * 100 for k in names],
+        [not n.startswith("torch") for n in names],
+        f"% of copy bandwidth ({bw['copy']['GBps']:.0f} GB/s)",
+        f"Built-in kernels, {bw['elements']} {bw['dtype']} elements",
+        path,
+        line=100,
+    )
 
 
 def plot_service(doc: dict, path: str) -> None:
     """The service example: saturated requests/s per variant (log scale), deviceop's in blue."""
-    plt = _plt()
-    s = doc["summary"]
+    s, c = doc["summary"], doc["config"]
     names = sorted(s, key=lambda k: s[k]["req_s"], reverse=True)
-    fig, ax = plt.subplots(figsize=(7, 0.4 * len(names) + 1.2))
-    ax.barh(names, [s[k]["req_s"] for k in names], color=["C0" if k.startswith("deviceop") else "C3" for k in names])
-    ax.set_xscale("log")
-    ax.set_xlabel("requests/s, closed loop (median of rounds)")
-    c = doc["config"]
-    ax.set_title(f"HTTP embedding service, {c['layers']} layers x {c['width']}, {c['clients']} clients")
-    ax.invert_yaxis()
-    _save(fig, path)
+    _bars(
+        names,
+        [s[k]["req_s"] for k in names],
+        [k.startswith("deviceop") for k in names],
+        "requests/s, closed loop (median of rounds)",
+        f"HTTP embedding service, {c['layers']} layers x {c['width']}, {c['clients']} clients",
+        path,
+        log=True,
+    )
 
 
 def plot_speech(doc: dict, path: str) -> None:
