@@ -22,11 +22,11 @@ the other over the same audio:
   deviceop        (``--model residual``) one thread, one event loop (uvloop where installed):
                   the encoder in deviceop kernels over the PyTorch encoder's weights (the
                   log-mel features with the DFT as a GEMM, the layers and the head:
-                  ``do.kernels.gemm`` and a few kernels of its own, ``KERNELS``); each voiced chunk's op is awaited in a task while the
-                  next chunk is ingested, and its enqueue gives the loop a turn between kernels
-                  once it has held the loop for the enqueue slice (``do.set_enqueue_slice``); an
-                  interrupt cancels the awaiting tasks, and the kernels not yet enqueued are
-                  dropped
+                  ``do.kernels.gemm`` and a few kernels of its own, ``KERNELS``); each voiced
+                  chunk's op is awaited in a task while the next chunk is ingested, and its
+                  enqueue gives the loop a turn between kernels once it has held the loop for
+                  the enqueue slice (``do.set_enqueue_slice``); an interrupt cancels the
+                  awaiting tasks, and the kernels not yet enqueued are dropped
   deviceop-torch  the same with the PyTorch model run through ``do.interop.torch``, in
                   steps (its front: the convolutions or the log-mel energies; the projection,
                   ``--steps`` groups of layers, the head): the loop gets a turn between steps
