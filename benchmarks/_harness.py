@@ -140,7 +140,7 @@ class Benchmark:
 #: :func:`source_digest` hashes (the library without its generated C, the benchmarks with their
 #: references, the examples with their data, the build)
 SOURCES = {
-    "deviceop": (".py", ".pyx", ".pxd", ".pyi", ".cu", ".cuh", ".h"),
+    "deviceop": (".py", ".pyx", ".pxd", ".pxi", ".pyi", ".cu", ".cuh", ".h"),
     "benchmarks": (".py", ".c", ".cpp", ".cu", ".h", ".sh"),
     "examples": (".py", ".wav"),
     ".": ("setup.py", "pyproject.toml"),
@@ -155,19 +155,25 @@ def source_digest(root: Path = ROOT) -> str:
     import hashlib
 
     h = hashlib.sha256()
+    for p in source_files(root):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0")
+        h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def source_files(root: Path = ROOT) -> list[Path]:
+    """The files :func:`source_digest` reads, in its order."""
+    out: list[Path] = []
     for folder, suffixes in SOURCES.items():
         if folder == ".":
-            paths = [root / n for n in suffixes if (root / n).is_file()]
+            out += [root / n for n in suffixes if (root / n).is_file()]
         else:
-            paths = [
+            out += sorted(
                 p
                 for p in (root / folder).rglob("*")
                 if p.is_file() and p.name.endswith(suffixes) and "__pycache__" not in p.parts
-            ]
-        for p in sorted(paths):
-            h.update(p.relative_to(root).as_posix().encode() + b"\0")
-            h.update(p.read_bytes() + b"\0")
-    return h.hexdigest()
+            )
+    return out
 
 
 def git(*args: str) -> str:

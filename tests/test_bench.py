@@ -379,3 +379,23 @@ def test_the_source_option_prints_this_trees_digest():
         timeout=120,
     )
     assert r.returncode == 0 and r.stdout.strip() == source_digest(), r.stderr
+
+
+def test_the_source_digest_reads_every_tracked_source_and_nothing_generated():
+    """Against git's list of this checkout's files: each tracked file of the measured folders is
+    read unless it is documentation or data that no run executes, and no file read is one git
+    ignores (the generated C++ of the compiled core, build outputs)."""
+    from benchmarks._harness import ROOT as HROOT
+    from benchmarks._harness import SOURCES, source_files
+
+    where = [f for f in SOURCES if f != "."] + list(SOURCES["."])
+    r = subprocess.run(["git", "ls-files", *where], cwd=HROOT, capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout:
+        pytest.skip("not a git checkout")
+    tracked = set(r.stdout.split())
+    read = {p.relative_to(HROOT).as_posix() for p in source_files()}
+    assert {p for p in tracked if not p.endswith((".md", ".json", ".typed"))} - read == set()
+    extra = sorted(read - tracked)
+    if extra:
+        ignored = subprocess.run(["git", "check-ignore", *extra], cwd=HROOT, capture_output=True, text=True)
+        assert not ignored.stdout.split(), ignored.stdout
