@@ -159,11 +159,11 @@ def lengths(lib: str, reps: int, warmup: int, names: list[str], pairs: bool = Fa
                             b, dsp, e = STAGES["built_a"], STAGES["dispatched"], STAGES["enqueued"]
                             w = STAGES.get("waited", t3)
                             path[-1].update(
-                                pre_us=(e - t2) / 1e3,
+                                pre_us=(dsp - t2) / 1e3,
                                 build_us=(b - t2) / 1e3,
-                                dispatch_us=(dsp - b) / 1e3,
-                                enqueue_us=(e - dsp) / 1e3,
-                                wait_us=(w - e) / 1e3,
+                                enqueue_us=(e - b) / 1e3,
+                                dispatch_us=(dsp - e) / 1e3,
+                                wait_us=(w - dsp) / 1e3,
                                 post_us=(t3 - w) / 1e3,
                                 sync_build_us=(STAGES["built_s"] - t0) / 1e3,
                             )
@@ -289,42 +289,45 @@ STAGES: dict = {}
 
 
 def _trace_stages() -> None:
-    """Time stamps inside the await (a diagnostic): the end of its enqueue, and the end of its
-    wait for the flag (a poll, a spin or a park returning), so that an await's time splits into
-    the host work before the launch, the wait, and the return after the flag was seen."""
+    """Time stamps inside the await (a diagnostic): the end of its enqueue (the await looks its
+    loop's dispatcher up right after it), the end of that lookup, and the end of its wait for the
+    flag (a poll, a spin or a park returning), so that an await's time splits into the host work
+    before the launch, the lookup, the wait, and the return after the flag was seen. (A chain
+    long enough to be enqueued in slices goes on enqueuing after the lookup.)"""
     from deviceop._core import _completion as _await
 
     clock = time.perf_counter_ns
-    start_sliced, poll, spin, park = _await.start_sliced, _await._poll, _await._spin, _await._park
     dispatcher = _await.loop_dispatcher
     STAGES["on"] = True
 
     def traced_dispatcher():  # type: ignore[no-untyped-def]
+        STAGES["enqueued"] = clock()
         r = dispatcher()
         STAGES["dispatched"] = clock()
         return r
 
-    def traced_start(*a):  # type: ignore[no-untyped-def]
-        r = start_sliced(*a)
-        STAGES["enqueued"] = clock()
-        return r
+    def stamped(fn, stage):  # type: ignore[no-untyped-def]
+        """``fn``, noting the clock under ``stage`` when it returns."""
 
-    async def traced_poll(*a):  # type: ignore[no-untyped-def]
-        r = await poll(*a)
-        STAGES["waited"] = clock()
-        return r
+        def call(*a):  # type: ignore[no-untyped-def]
+            r = fn(*a)
+            STAGES[stage] = clock()
+            return r
 
-    def traced_spin(*a):  # type: ignore[no-untyped-def]
-        r = spin(*a)
-        STAGES["waited"] = clock()
-        return r
+        return call
 
-    async def traced_park(*a):  # type: ignore[no-untyped-def]
-        r = await park(*a)
-        STAGES["waited"] = clock()
-        return r
+    def stamped_async(fn, stage):  # type: ignore[no-untyped-def]
+        """The same for a coroutine function: the clock when its await ends."""
 
-    _await.start_sliced, _await._poll, _await._spin, _await._park = traced_start, traced_poll, traced_spin, traced_park
+        async def call(*a):  # type: ignore[no-untyped-def]
+            r = await fn(*a)
+            STAGES[stage] = clock()
+            return r
+
+        return call
+
+    _await._poll, _await._park = stamped_async(_await._poll, "waited"), stamped_async(_await._park, "waited")
+    _await._spin = stamped(_await._spin, "waited")
     _await.loop_dispatcher = traced_dispatcher
 
 

@@ -183,6 +183,10 @@ def bandwidth(n: int, rows_width: int, reps: int, trials: int) -> dict:
     copy_bw = 2 * nbytes / t / 1e6
     res["copy"] = {"ms": t, "GBps": copy_bw}
 
+    def entry(t: float, moved: int) -> dict:
+        """A kernel's figures: ``t`` ms moving ``moved`` bytes, and that bandwidth as a share of the copy's."""
+        return {"ms": t, "GBps": moved / t / 1e6, "of_copy": moved / t / 1e6 / copy_bw}
+
     # deviceop add, through the public path (an op per launch, ledger included)
     for tile in (4096, 16384, 65536):
         zp = z.partition((tile,))
@@ -191,7 +195,7 @@ def bandwidth(n: int, rows_width: int, reps: int, trials: int) -> dict:
             K.add(zp, x, y).submit(s)
 
         t = gpu_ms(add, sh, reps, trials)
-        res[f"add_tile{tile}"] = {"ms": t, "GBps": 3 * nbytes / t / 1e6, "of_copy": 3 * nbytes / t / 1e6 / copy_bw}
+        res[f"add_tile{tile}"] = entry(t, 3 * nbytes)
     want = (xa.astype(np.float32) + xa[::-1].astype(np.float32)).astype(np.float16)
     if not np.array_equal(z.numpy(), want):
         raise AssertionError("deviceop add produced wrong values")
@@ -203,18 +207,14 @@ def bandwidth(n: int, rows_width: int, reps: int, trials: int) -> dict:
         K.add(zv, xv, yv).submit(s)
 
     t = gpu_ms(add_unaligned, sh, reps, trials)
-    res["add_element_path"] = {
-        "ms": t,
-        "GBps": 3 * zv.tensor.nbytes / t / 1e6,
-        "of_copy": 3 * zv.tensor.nbytes / t / 1e6 / copy_bw,
-    }
+    res["add_element_path"] = entry(t, 3 * zv.tensor.nbytes)
 
     # PyTorch on the same memory
     tx, ty, tz = (torch.from_dlpack(t) for t in (x, y, z))
     ts = torch.cuda.ExternalStream(int(sh))
     with torch.cuda.stream(ts):
         t = gpu_ms(lambda: torch.add(tx, ty, out=tz), sh, reps, trials)
-    res["torch_add"] = {"ms": t, "GBps": 3 * nbytes / t / 1e6, "of_copy": 3 * nbytes / t / 1e6 / copy_bw}
+    res["torch_add"] = entry(t, 3 * nbytes)
 
     rows = n // rows_width
     xr = x.view((rows, rows_width))
@@ -222,32 +222,20 @@ def bandwidth(n: int, rows_width: int, reps: int, trials: int) -> dict:
     w = do.from_numpy(rng.standard_normal(rows_width).astype(np.float16)).sync_on(s)
     zrp = zr.partition((1, rows_width))
     t = gpu_ms(lambda: K.softmax(zrp, xr).submit(s), sh, reps, trials)
-    res["softmax"] = {
-        "rows": rows,
-        "width": rows_width,
-        "ms": t,
-        "GBps": 2 * nbytes / t / 1e6,
-        "of_copy": 2 * nbytes / t / 1e6 / copy_bw,
-    }
+    res["softmax"] = {"rows": rows, "width": rows_width, **entry(t, 2 * nbytes)}
     got = zr[:4].numpy().astype(np.float64)
     v = xa[: 4 * rows_width].reshape(4, rows_width).astype(np.float64)
     e = np.exp(v - v.max(axis=1, keepdims=True))
     np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=3e-3, atol=1e-5)
     t = gpu_ms(lambda: K.rms_norm(zrp, xr, w, 1e-6).submit(s), sh, reps, trials)
-    res["rms_norm"] = {
-        "rows": rows,
-        "width": rows_width,
-        "ms": t,
-        "GBps": 2 * nbytes / t / 1e6,
-        "of_copy": 2 * nbytes / t / 1e6 / copy_bw,
-    }
+    res["rms_norm"] = {"rows": rows, "width": rows_width, **entry(t, 2 * nbytes)}
     txr, tw = torch.from_dlpack(xr), torch.from_dlpack(w)
     with torch.cuda.stream(ts):
         t = gpu_ms(lambda: torch.softmax(txr, dim=1), sh, reps, trials)
-        res["torch_softmax"] = {"ms": t, "GBps": 2 * nbytes / t / 1e6, "of_copy": 2 * nbytes / t / 1e6 / copy_bw}
+        res["torch_softmax"] = entry(t, 2 * nbytes)
         if hasattr(torch.nn.functional, "rms_norm"):
             t = gpu_ms(lambda: torch.nn.functional.rms_norm(txr, (rows_width,), tw, 1e-6), sh, reps, trials)
-            res["torch_rms_norm"] = {"ms": t, "GBps": 2 * nbytes / t / 1e6, "of_copy": 2 * nbytes / t / 1e6 / copy_bw}
+            res["torch_rms_norm"] = entry(t, 2 * nbytes)
     return res
 
 
