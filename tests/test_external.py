@@ -545,11 +545,12 @@ def test_torch_adapter_gives_back_an_input_written_in_place_as_that_tensor(backe
     assert do.interop.torch(lambda a: a, x.partition((2, 8))).sync() is x
 
 
-def test_torch_adapter_gives_each_call_its_own_alias_of_a_tensor_used_again(backend):
-    """The PyTorch tensor on a deviceop tensor's memory is made once and each call gets an alias
-    of it: the same memory, its own metadata (a call that reshapes its argument in place leaves
-    the next call's as it was), usable with autograd after a call under inference mode; it
-    goes with the deviceop tensor and does not keep its memory."""
+def test_torch_adapter_gives_calls_an_alias_of_a_tensor_used_again(backend):
+    """The PyTorch tensor on a deviceop tensor's memory is made once and calls get an alias of
+    it: the same memory, the same object while its metadata is as made, a new alias after a
+    call changed its shape, strides or requires_grad in place (the next call's is as it was),
+    usable with autograd after a call under inference mode; it goes with the deviceop tensor
+    and does not keep its memory."""
     torch = pytest.importorskip("torch")
     if not _cuda():
         pytest.skip("on the host backend fn gets CPU tensors made for each call")
@@ -567,6 +568,14 @@ def test_torch_adapter_gives_each_call_its_own_alias_of_a_tensor_used_again(back
         do.interop.torch(reshape_in_place, x).sync()
     assert [s[2] for s in seen] == [(4, 8)] * 3
     assert {s[1] for s in seen} == {x.ptr} and len({id(s[0]) for s in seen}) == 3
+    kept = []
+    for _ in range(2):  # left as made: the same alias again
+        do.interop.torch(lambda t: kept.append(t), x).sync()
+    assert kept[0] is kept[1] and tuple(kept[0].shape) == (4, 8)
+    do.interop.torch(lambda t: t.unsqueeze_(0).requires_grad_(), x).sync()
+    do.interop.torch(lambda t: kept.append(t), x).sync()
+    assert kept[2] is not kept[0] and tuple(kept[2].shape) == (4, 8) and not kept[2].requires_grad
+    kept.clear()
     with torch.inference_mode():
         do.interop.torch(lambda t: t.mul_(2.0), x).sync()  # in place: written, x itself back
     w = torch.ones(8, device="cuda", requires_grad=True)

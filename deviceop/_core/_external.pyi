@@ -18,7 +18,7 @@ class External(DeviceOp[T], Generic[T]):
     args: tuple[Any, ...]
     acc: list[Any]
     post: Callable[[Any, Any, tuple[Any, ...]], tuple[Any, list[Any]]] | None
-    label: str | None
+    label: object  # a str, or an object whose str() is the label; None: none
     namer: Callable[[Any, Any, bool, Any], tuple[Any, ...]]
     host_call: Callable[[Any, Any, tuple[Any, ...], list[Any]], Any]
     def __init__(
@@ -28,7 +28,7 @@ class External(DeviceOp[T], Generic[T]):
         reads: Any = (),
         writes: Any = (),
         post: Callable[[Any, Any, tuple[Any, ...]], tuple[Any, list[Any]]] | None = None,
-        label: str | None = None,
+        label: object = None,
         *,
         namer: Callable[[Any, Any, bool, Any], tuple[Any, ...]],
         host_call: Callable[[Any, Any, tuple[Any, ...], list[Any]], Any],
@@ -64,6 +64,10 @@ def set_of(obj: Any) -> int:
 def remember(obj: Any, be: Any, buf: Any, lo: int, hi: int) -> None:
     """Keep what describing PyTorch tensor ``obj`` found and its extent now, for :func:`seen`
     (held weakly)."""
+
+def same_layout(obj: Any, t: Any) -> bool:
+    """Whether array ``obj`` lies exactly on deviceop tensor ``t`` (address, shape, element
+    strides), read through its type's DLPack C exchange API; False where it has none."""
 
 def extent(obj: Any) -> tuple[int, int]:
     """``(address, size in bytes)`` of a PyTorch tensor as the cache compares it."""

@@ -24,7 +24,7 @@ from ._op cimport DeviceOp
 from .._errors import UsageError
 from ._select import _selected, _state, current
 
-__all__ = ["External", "inside_stream", "layout", "named", "remember", "seen", "swap_inside", "wrapper"]
+__all__ = ["External", "inside_stream", "layout", "named", "remember", "same_layout", "seen", "swap_inside", "wrapper"]
 
 
 # the stream whose ``external`` fn this thread is running (exports inside it need no wait): a C
@@ -250,6 +250,30 @@ def layout(obj):
     it = _itemsize(&t)
     return (ptr, shape, strides, key, t.device.device_type,
             ptr + <uintptr_t>(lo * it), ptr + <uintptr_t>((hi + 1) * it))
+
+
+def same_layout(obj, TensorBase t):
+    """Whether array ``obj`` lies exactly on deviceop tensor ``t`` as made: the same first
+    element's address, shape and element strides, read in one C call through the DLPack C
+    exchange API its type publishes (False where it publishes none: the caller makes a new
+    one). A PyTorch tensor handed to code again and again is checked this way for in-place
+    changes of its metadata (``t_()``, ``unsqueeze_()``, ``as_strided_()``)."""
+    cdef _Reader r = _reader(type(obj))
+    cdef DLTensor d
+    cdef int32_t i
+    cdef int64_t acc = 1, s
+    cdef tuple shape = t.shape, strides = t.strides
+    if r.dl == NULL:
+        return False
+    _fill(r, obj, &d)
+    if d.ndim != len(shape) or <uintptr_t>d.data + <uintptr_t>d.byte_offset != t.addr:
+        return False
+    for i in range(d.ndim - 1, -1, -1):
+        s = d.strides[i] if d.strides != NULL else acc
+        acc *= d.shape[i]
+        if d.shape[i] != <int64_t>shape[i] or s != <int64_t>strides[i]:
+            return False
+    return True
 
 
 cdef int _fill(_Reader r, obj, DLTensor* t) except -1:

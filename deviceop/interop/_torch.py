@@ -13,7 +13,7 @@ from typing import Any
 from .._core._base import tensor_at
 from .._core._capture import CAPTURE
 from .._core._dlpack import capsule
-from .._core._external import External, layout, named
+from .._core._external import External, layout, named, same_layout
 from .._core._regions import _is_torch, access_of, buffer_for, register, span
 from .._core._tensor import Partition, Tensor
 from .._dtypes import as_dtype
@@ -26,20 +26,26 @@ __all__ = ["torch", "torch_graphs"]
 
 # per CUstream handle: its torch.cuda.ExternalStream, stream_id, device_index, device_type
 _streams: dict[int, tuple[Any, int, int, int]] = {}
-# id(deviceop Tensor) -> (a weak reference to it, the PyTorch tensor on its memory)
-_views: dict[int, tuple[Any, Any]] = {}
+# id(deviceop Tensor) -> (a weak reference to it, the PyTorch tensor on its memory, the alias
+# of that one calls get, or None: see _view)
+_views: dict[int, tuple[Any, Any, Any]] = {}
 _DTYPES: dict[Any, Any] = {}  # deviceop dtype per torch.dtype
 _DL_DTYPES: dict[int, Any] = {}  # deviceop dtype per DLPack dtype key (see layout)
 _KDLCUDA = 2  # DLPack's device type of CUDA memory
 _pools: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # graph scope -> torch.cuda.MemPool
 _stream_fns: list[Any] = []  # torch._C's current-stream getter and setter, and device getter (or None)
+_TH: list[Any] = []  # the torch module, once imported
 
 
 def _torch() -> Any:
+    """PyTorch, imported on first use (then kept: an import statement costs a lookup each call)."""
+    if _TH:
+        return _TH[0]
     try:
         import torch as th
     except ImportError:
         raise UsageError("do.interop.torch needs PyTorch; install it (pip install torch)") from None
+    _TH.append(th)
     return th
 
 
@@ -49,29 +55,40 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
 
     On cuda, PyTorch's current stream is the op's stream while ``fn`` runs
     (``torch.cuda.ExternalStream``), so the memory PyTorch allocates there is its caching
-    allocator's for that stream; a deviceop tensor reaches ``fn`` as a new PyTorch tensor
-    object each call (an alias of the one made when that tensor first reached PyTorch code:
-    changing its shape in place changes no later call's). On the host backend ``fn`` gets CPU
-    tensors sharing the host device's memory. The op's output is ``fn``'s, with every PyTorch
-    tensor in it (itself, or the items of a tuple or list) turned into a deviceop Tensor on the
-    same memory, written by this op and kept alive by it; a PyTorch tensor that is one of the
-    deviceop tensors in ``args`` given back (``out=``, in place: the same memory, shape,
-    strides and dtype) is that Tensor itself. deviceop tensors in ``args`` are read unless
-    ``writes`` names them; ``reads``/``writes`` name more memory, as for
+    allocator's for that stream. A deviceop tensor reaches ``fn`` as a PyTorch tensor made when
+    that tensor first reached PyTorch code (an alias of it: its own metadata, no autograd
+    history), the same object at every call while its shape, strides and ``requires_grad`` are
+    as made; a call that changed them in place (``t_()``, ``unsqueeze_()``,
+    ``requires_grad_()``) leaves the next call a new alias, as made. On the host backend ``fn``
+    gets CPU tensors sharing the host device's memory. The op's output is ``fn``'s, with every
+    PyTorch tensor in it (itself, or the items of a tuple or list) turned into a deviceop
+    Tensor on the same memory, written by this op and kept alive by it; a PyTorch tensor that
+    is one of the deviceop tensors in ``args`` given back (``out=``, in place: the same memory,
+    shape, strides and dtype) is that Tensor itself. deviceop tensors in ``args`` are read
+    unless ``writes`` names them; ``reads``/``writes`` name more memory, as for
     :func:`~deviceop.interop.external`, whose rules hold here too (``fn`` only enqueues work;
     it calls no deviceop op).
     """
     if not callable(fn):
         raise UsageError(f"do.interop.torch(fn, ...) needs a callable or an nn.Module, got {type(fn).__name__}")
     writes = named(writes, "writes")
-    named_w = {id(x.tensor if type(x) is Partition else x) for x in writes}
-    extra_r = tuple(
-        a for a in args if type(a) in (Tensor, Partition) and id(a.tensor if type(a) is Partition else a) not in named_w
-    )
-    reads = named(reads, "reads") + extra_r
+    reads = named(reads, "reads")
+    written = [x.tensor if type(x) is Partition else x for x in writes]
+    extra_r: list[Any] = []
+    given: list[int] = []  # the positions of deviceop tensors written: fn may give them back
+    for i, a in enumerate(args):
+        ta = type(a)
+        if ta is Tensor or ta is Partition:
+            x = a.tensor if ta is Partition else a
+            if any(x is w for w in written):
+                given.append(i)
+            else:
+                extra_r.append(a)
+    if extra_r:
+        reads = reads + tuple(extra_r)
 
     def call(stream: Any, *a: Any) -> Any:
-        th = _torch()
+        th = _TH[0] if _TH else _torch()
         if stream.backend.cuda_memory:
             st = _streams.get(stream.handle_int)
             if st is None:
@@ -79,27 +96,51 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
                 st = _streams[stream.handle_int] = (ts, ts.stream_id, ts.device_index, ts.device_type)
             prev = _enter(th, st)
             try:
-                conv = tuple(
+                conv = [
                     _view(th, x.tensor if type(x) is Partition else x) if type(x) in (Tensor, Partition) else x
                     for x in a
-                )
+                ]
                 scope = CAPTURE.scope
                 if scope is None:
-                    return fn(*conv)
-                # recording: what PyTorch allocates now is used by every replay, so it comes
-                # from a pool of its own that the graph keeps (PyTorch's caching allocator
-                # would hand it to other work once fn's tensors are dropped)
-                with th.cuda.use_mem_pool(_pool_for(th, scope)):
-                    return fn(*conv)
+                    out = fn(*conv)
+                else:
+                    # recording: what PyTorch allocates now is used by every replay, so it comes
+                    # from a pool of its own that the graph keeps (PyTorch's caching allocator
+                    # would hand it to other work once fn's tensors are dropped)
+                    with th.cuda.use_mem_pool(_pool_for(th, scope)):
+                        out = fn(*conv)
             finally:
                 _leave(prev)
-        conv = tuple(
+            for i in given:  # a written tensor given back as it was (out=, in place): itself
+                if out is conv[i]:
+                    x = a[i]
+                    x = x.tensor if type(x) is Partition else x
+                    if same_layout(out, x):
+                        return x
+            return out
+        conv = [
             _from_numpy(th, x) if type(x).__module__ == "numpy" and hasattr(x, "__array_interface__") else x for x in a
-        )
+        ]
         return fn(*conv)
 
-    label = f"do.interop.torch({getattr(fn, '__qualname__', type(fn).__name__)})"
-    return External(call, args, reads, writes, post=_outputs, label=label, namer=access_of, host_call=call_in_order)
+    return External(
+        call, args, reads, writes, post=_outputs, label=_Label(fn), namer=access_of, host_call=call_in_order
+    )
+
+
+class _Label:
+    """An adapter op's label, made into text only when shown (a repr, an error message)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __str__(self) -> str:
+        fn = self.fn
+        return f"do.interop.torch({getattr(fn, '__qualname__', type(fn).__name__)})"
+
+    __repr__ = __str__
 
 
 def torch_graphs(
@@ -171,21 +212,27 @@ def _pool_for(th: Any, scope: Any) -> Any:
 
 
 def _view(th: Any, t: Tensor) -> Any:
-    """A PyTorch tensor on deviceop tensor ``t``'s memory (cuda; called inside the op's ``fn``).
+    """The PyTorch tensor a call gets for deviceop tensor ``t`` (cuda; called inside the op's ``fn``).
 
-    The PyTorch tensor is made once per deviceop Tensor (a DLPack capsule, no copy; for one an
-    adapter op returned, the PyTorch tensor it came from, aliased: see _wrap) and kept
-    while ``t`` lives; each call gets a new alias of it (``detach()``: its own shape and
-    strides, so code that changes an argument's metadata in place, as ``t_()`` or
-    ``unsqueeze_()`` do, leaves the next call's alone). The capsule keeps ``t``'s buffer alive,
-    not ``t``: the cache entry goes with ``t``. It is made outside inference mode (left for the
-    moment where it is on), so that code run later with autograd on may use it. The ledger has
-    ordered the op's stream already: nothing is waited for here.
+    A PyTorch tensor on ``t``'s memory is made once per deviceop Tensor (a DLPack capsule, no
+    copy; for one an adapter op returned, the PyTorch tensor it came from, aliased: see _wrap)
+    and kept while ``t`` lives, never given to code; calls get an alias of it (``detach()``),
+    the same one while its metadata is as made (a C call compares its address, shape and
+    strides with ``t``'s, cheaper than an alias per call), a new one after code changed it in
+    place (``t_()``, ``unsqueeze_()``, ``requires_grad_()``). The capsule keeps ``t``'s buffer
+    alive, not ``t``: the cache entry goes with ``t``. Both are made outside inference mode
+    (left for the moment where it is on), so that code run later with autograd on may use
+    them. The ledger has ordered the op's stream already: nothing is waited for here.
     """
     k = id(t)
     e = _views.get(k)
     if e is not None and e[0]() is t:
-        return e[1].detach()
+        v = e[2]
+        if v is not None and not v.requires_grad and same_layout(v, t):
+            return v
+        v = _alias(th, e[1])
+        _views[k] = (e[0], e[1], v)
+        return v
     buf = t.buffer
     register(buf)  # its memory given back by PyTorch (a view of it returned) is this region
     dev_type, dev_id = buf.backend.dlpack_device
@@ -193,11 +240,21 @@ def _view(th: Any, t: Tensor) -> Any:
     cap = capsule(buf, t.ptr, t.shape, t.strides, dt.dl_code, dt.itemsize * 8, dev_type, dev_id)
     if th.is_inference_mode_enabled():
         with th.inference_mode(False):
-            v = th.from_dlpack(cap)
+            v0 = th.from_dlpack(cap)
+            v = v0.detach()
     else:
-        v = th.from_dlpack(cap)
-    _views[k] = (weakref.ref(t, functools.partial(_forget, k)), v)
-    return v.detach()
+        v0 = th.from_dlpack(cap)
+        v = v0.detach()
+    _views[k] = (weakref.ref(t, functools.partial(_forget, k)), v0, v)
+    return v
+
+
+def _alias(th: Any, v0: Any) -> Any:
+    """A new alias of PyTorch tensor ``v0`` (``detach()``), made outside inference mode."""
+    if th.is_inference_mode_enabled():
+        with th.inference_mode(False):
+            return v0.detach()
+    return v0.detach()
 
 
 def _forget(k: int, ref: Any) -> None:
@@ -223,7 +280,7 @@ def _enter(th: Any, st: tuple[Any, int, int, int]) -> Any:
     ts, sid, di, dt = st
     if get is not None and set_ is not None and dev is not None and dev() == di:
         prev = get(di)  # (stream_id, device_index, device_type)
-        set_(stream_id=sid, device_index=di, device_type=dt)
+        set_(sid, di, dt)  # (positional: PyTorch parses keywords for longer than the call takes)
         return prev
     ctx = th.cuda.stream(ts)
     ctx.__enter__()
@@ -232,7 +289,7 @@ def _enter(th: Any, st: tuple[Any, int, int, int]) -> Any:
 
 def _leave(prev: Any) -> None:
     if type(prev) is tuple:
-        _stream_fns[1](stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+        _stream_fns[1](prev[0], prev[1], prev[2])
     else:
         prev.__exit__(None, None, None)
 
@@ -299,7 +356,7 @@ def _wrap(cx: Any, t: Any, acc: list[Any], args: tuple[Any, ...]) -> Tensor:
         # more at every step boundary of a model split into steps). An inference tensor is left
         # to the import, which makes a normal one
         k = id(out)
-        _views[k] = (weakref.ref(out, functools.partial(_forget, k)), t.detach())
+        _views[k] = (weakref.ref(out, functools.partial(_forget, k)), t.detach(), None)
     return out
 
 
