@@ -244,7 +244,13 @@ def main(argv: list[str] | None = None) -> int:
             r = measure(fns, a.rounds, len(xs), lambda: (rp.recorded, rp.replays))
         finally:
             loop.close()
-        r["gemm_replays"] = {"recorded": rp.recorded, "replays": rp.replays, "cost": rp.cost}
+        r["gemm_replays"] = {
+            "recorded": rp.recorded,
+            "replays": rp.replays,
+            "cost": rp.cost,
+            "kept": len(rp),
+            "evicted": rp.evicted,
+        }
         doc["results"].append({"steps": steps, "max_rel_err_vs_torch": err, **r})
         line = "  ".join(f"{k.replace('deviceop_', '')} {r[k]['cpu_us']:.0f}" for k in fns)
         print(f"steps={steps:<3} CPU us/request: {line}", flush=True)

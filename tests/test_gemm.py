@@ -300,6 +300,12 @@ def test_gemm_replays_record_when_hot_remember_failures_and_are_bounded():
         for _ in range(HOT):
             r.get(("fill", i), be, None, lambda s: 0)
     assert len(r) == MAX and r.get("k", be, None, lambda s: 0) == 0  # "k" was dropped
+    # (MAX + 7 keys recorded or failed: "k", "bad" and the fills)
+    assert r.limit == MAX and r.evicted == 7
+    r.limit = 8  # a smaller table: the oldest go at the next recording
+    for _ in range(HOT):
+        r.get(("more", 0), be, None, lambda s: 0)
+    assert len(r) == 8 and r.evicted == 7 + MAX - 7
 
 
 def test_gemm_replays_stop_recording_calls_that_do_not_repeat():

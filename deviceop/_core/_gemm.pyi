@@ -30,6 +30,8 @@ class Replays:
 
     recorded: int
     replays: int
+    evicted: int
+    limit: int
     credit: float
     direct_s: float
     replay_s: float

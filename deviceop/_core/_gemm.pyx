@@ -86,6 +86,8 @@ cdef class Replays:
     cdef object _record
     cdef public Py_ssize_t recorded
     cdef public Py_ssize_t replays
+    cdef public Py_ssize_t evicted  # recordings dropped to keep at most ``limit``
+    cdef public Py_ssize_t limit    # the most recordings kept (``MAX``)
     cdef public double credit
     # host seconds (moving averages; 0: not measured yet)
     cdef public double direct_s, replay_s, record_s
@@ -94,6 +96,7 @@ cdef class Replays:
         self._seen = {}
         self._execs = {}
         self._record = record
+        self.limit = MAX
         self.credit = 4 * COST  # a few recordings up front: a queue's first problems pay back at once
         self.direct_s = self.replay_s = self.record_s = 0.0
 
@@ -147,7 +150,7 @@ cdef class Replays:
         if n < HOT or self.credit < cost:
             if n >= HOT:
                 self.credit += 1.0 / cost  # hot, but recordings have not paid lately
-            if len(self._seen) >= 4 * MAX:
+            if len(self._seen) >= 4 * self.limit:
                 self._seen.clear()
             self._seen[key] = n
             return 0
@@ -157,8 +160,9 @@ cdef class Replays:
         ex = self._record(backend, stream, call)
         t = (_now_ns() - t0) * 1e-9
         self.record_s = t if self.record_s == 0.0 else self.record_s + (t - self.record_s) / 4
-        if len(self._execs) >= MAX:
+        while self._execs and len(self._execs) >= self.limit:
             self._execs.pop(next(iter(self._execs)))
+            self.evicted += 1
         self._execs[key] = ex
         if ex is None:
             return 0

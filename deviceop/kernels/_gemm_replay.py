@@ -9,8 +9,8 @@ times it is recorded into a graph on a private stream and replayed from then on.
 The graph is a pure function of its key: plan (shapes, layouts, algorithm), the three device
 pointers, alpha and beta, and the stream whose workspace it uses; replaying it on that stream is
 the same call. Memory freed and reused at the same address is the same computation on the new
-tensor. At most ``MAX`` graphs are kept; the oldest is dropped first (the driver frees a graph
-that is still running once it ends).
+tensor. At most ``MAX`` graphs are kept (``Replays.limit``); the oldest is dropped first (the
+driver frees a graph that is still running once it ends), counted in ``Replays.evicted``.
 
 Recording costs what many replays save. Calls that do not repeat (fresh buffers per request,
 addresses that recur only now and then) must not pay it again and again, so recordings draw on
