@@ -26,7 +26,7 @@ def test_service_load_test(backend, tmp_path) -> None:
     pytest.importorskip("aiohttp")
     pytest.importorskip("torch")  # (the model is a PyTorch module in every variant)
     needs_gpu(backend, "the service's encoder runs PyTorch's kernels on deviceop's stream")
-    impls = ["deviceop-batch", "deviceop", "torch-batch", "torch-blocking"]
+    impls = ["deviceop-batch", "deviceop", "torch-batch", "torch-blocking", "cached"]
     if backend == "cuda":
         impls.append("torch-batch-graphs")
     out = tmp_path / "service.json"
@@ -76,6 +76,8 @@ def test_service_load_test(backend, tmp_path) -> None:
     assert batched["server"]["backend"] == backend and batched["server_window"]
     assert batched["server"]["batcher"]["mean_batch"] > 1  # (requests were gathered)
     assert batched["server"]["graph_cache"]["misses"] >= 1
+    (ceiling,) = [x for x in doc["rounds"] if x["impl"] == "cached"]
+    assert 1 <= ceiling["server"]["cached"] <= 8 + 1  # (the 8 inputs and the warm-up's zeros)
     (micro,) = [x for x in doc["rounds"] if x["impl"] == "torch-batch"]
     assert micro["server"]["mean_batch"] > 1
     sv = batched["server"]

@@ -21,6 +21,10 @@ work:
   torch-thread        ``await asyncio.to_thread(...)`` of the blocking PyTorch request
   torch-streams       PyTorch per request on a pool of streams, the result copied to pinned
                       memory, an event recorded and polled (every ``--poll`` seconds)
+  cached              no model per request: each distinct input's embedding computed once
+                      (PyTorch, blocking) and answered from a dict afterwards, the most
+                      requests this server's loop answers (its HTTP work and checks alone),
+                      a ceiling for every variant
 
 ``GET /stats`` reports, since the last ``POST /reset``: requests, the process's CPU seconds (all
 threads) and the event loop thread's alone, how long that thread waited runnable for a CPU and
@@ -66,6 +70,7 @@ IMPLS = (
     "torch-blocking",
     "torch-thread",
     "torch-streams",
+    "cached",
 )
 #: the variants that need a CUDA device
 CUDA_ONLY = ("torch-batch-graphs", "torch-streams")
@@ -219,6 +224,17 @@ def make_infer(a: argparse.Namespace) -> tuple[Callable[[np.ndarray], Awaitable[
     from model import MicroBatcher, TorchModel
 
     tm = TorchModel(a.width, a.layers, a.heads, a.rows)
+    if a.impl == "cached":
+        answers: dict[bytes, np.ndarray] = {}
+
+        async def infer_cached(x: np.ndarray) -> np.ndarray:
+            k = x.tobytes()
+            y = answers.get(k)
+            if y is None:  # (the first time an input is seen: the model, blocking)
+                y = answers[k] = tm.request(x.copy())
+            return y
+
+        return infer_cached, lambda: {"backend": "torch-" + tm.device, "cached": len(answers)}
     if a.impl in CUDA_ONLY and tm.device != "cuda":
         raise SystemExit(f"{a.impl} needs a CUDA device")
     if a.impl.startswith("torch-batch"):
