@@ -575,7 +575,21 @@ def test_torch_adapter_gives_calls_an_alias_of_a_tensor_used_again(backend):
     do.interop.torch(lambda t: t.unsqueeze_(0).requires_grad_(), x).sync()
     do.interop.torch(lambda t: kept.append(t), x).sync()
     assert kept[2] is not kept[0] and tuple(kept[2].shape) == (4, 8) and not kept[2].requires_grad
+    do.interop.torch(lambda t: t.requires_grad_(), x).sync()  # autograd alone: a new alias too
+    do.interop.torch(lambda t: kept.append(t), x).sync()
+    assert kept[3] is not kept[2] and not kept[3].requires_grad
+    do.interop.torch(lambda t: setattr(t, "data", t.view(torch.int32)), x).sync()  # another dtype
+    do.interop.torch(lambda t: kept.append(t), x).sync()
+    assert kept[4] is not kept[3] and kept[4].dtype == torch.float32
     kept.clear()
+    # a written tensor given back as it was is that tensor; given back changed, a new one
+    y = do.full((4, 8), 1.0, do.float32).sync()
+    assert do.interop.torch(lambda b: b.mul_(2.0), y, writes=(y,)).sync() is y
+    part = y.partition((2, 8))
+    assert do.interop.torch(lambda b: b.mul_(2.0), part, writes=(part,)).sync() is y
+    yt = do.interop.torch(lambda b: b.t_(), y, writes=(y,)).sync()
+    assert yt is not y and yt.shape == (8, 4) and yt.ptr == y.ptr
+    np.testing.assert_array_equal(y.numpy(), np.full((4, 8), 4.0, np.float32))
     with torch.inference_mode():
         do.interop.torch(lambda t: t.mul_(2.0), x).sync()  # in place: written, x itself back
     w = torch.ones(8, device="cuda", requires_grad=True)
@@ -603,9 +617,10 @@ def test_torch_adapter_gives_calls_an_alias_of_a_tensor_used_again(backend):
 
 def test_a_tensor_an_adapter_step_returned_reaches_the_next_as_an_alias_of_pytorchs(backend):
     """A deviceop tensor that PyTorch code returned (a model split into steps) reaches the next
-    adapter step as a new alias of the PyTorch tensor it came from: the same memory, shape,
-    strides and storage, without autograd history, its own metadata each call; an inference
-    tensor is imported anew (usable with autograd). The cache goes with the deviceop tensor."""
+    adapter step as an alias of the PyTorch tensor it came from: the same memory, shape,
+    strides and storage, without autograd history, its own metadata (a call that changed it in
+    place leaves the next call a new alias); an inference tensor is imported anew (usable with
+    autograd). The cache goes with the deviceop tensor."""
     torch = pytest.importorskip("torch")
     if not _cuda():
         pytest.skip("on the host backend fn gets CPU tensors made for each call")
@@ -1078,3 +1093,46 @@ def test_torch_tensors_in_one_set_of_the_cache_are_found_without_a_lookup(host_b
     for t in (c, a, b, c):
         buf, lo, hi, _ = access_of(t, be, True, "t")
         assert buf.owner is t and hi - lo == 64
+
+
+def test_adapter_alias_cache_gives_one_alias_while_its_metadata_is_as_made(host_backend):
+    """The adapter's alias cache itself (``_view``), on host memory (PyTorch's CPU build reads it
+    through the same DLPack exchange): one alias while its address, dtype, shape, strides and
+    requires_grad are as made, a new one as made after any of them changed in place, made
+    outside inference mode; an entry the adapter made of a PyTorch output gets its alias at the
+    first call."""
+    torch = pytest.importorskip("torch")
+    from deviceop._core._external import same_layout, uses_exchange
+    from deviceop.interop import _torch as adapter
+
+    if not uses_exchange(torch.Tensor):
+        pytest.skip("this PyTorch publishes no DLPack exchange API: every call gets an alias of its own")
+    x = do.full((4, 8), 1.0, do.float32).sync()
+    v = adapter._view(torch, x)
+    assert adapter._view(torch, x) is v and same_layout(v, x) and v.data_ptr() == x.ptr
+    changes = [
+        lambda t: t.t_(),
+        lambda t: t.unsqueeze_(0),
+        lambda t: t.requires_grad_(),
+        lambda t: setattr(t, "data", t.view(torch.int32)),
+        lambda t: t.as_strided_((2, 8), (8, 1), 8),
+    ]
+    for change in changes:
+        change(v)
+        assert not same_layout(v, x) or v.requires_grad
+        w = adapter._view(torch, x)
+        assert w is not v and tuple(w.shape) == (4, 8) and w.stride() == (8, 1)
+        assert w.dtype == torch.float32 and not w.requires_grad and w.data_ptr() == x.ptr
+        v = w
+    with torch.inference_mode():
+        v.t_()
+        w = adapter._view(torch, x)
+    assert not w.is_inference() and tuple(w.shape) == (4, 8)
+    # an entry made of a PyTorch output (as _wrap makes it): its alias at the first call
+    y = do.full((2, 3), 5.0, do.float32).sync()
+    made = torch.from_dlpack(y)
+    adapter._views[id(y)] = [weakref.ref(y), made.detach(), None]
+    a = adapter._view(torch, y)
+    assert a is not made and a.data_ptr() == made.data_ptr() and adapter._view(torch, y) is a
+    assert not same_layout(torch.ones(3), y)  # another tensor entirely
+    del adapter._views[id(y)]

@@ -252,21 +252,24 @@ def layout(obj):
             ptr + <uintptr_t>(lo * it), ptr + <uintptr_t>((hi + 1) * it))
 
 
-def same_layout(obj, TensorBase t):
+def same_layout(obj, TensorBase t not None):
     """Whether array ``obj`` lies exactly on deviceop tensor ``t`` as made: the same first
-    element's address, shape and element strides, read in one C call through the DLPack C
-    exchange API its type publishes (False where it publishes none: the caller makes a new
+    element's address, dtype, shape and element strides, read in one C call through the DLPack
+    C exchange API its type publishes (False where it publishes none: the caller makes a new
     one). A PyTorch tensor handed to code again and again is checked this way for in-place
-    changes of its metadata (``t_()``, ``unsqueeze_()``, ``as_strided_()``)."""
+    changes of its metadata (``t_()``, ``unsqueeze_()``, ``as_strided_()``, ``.data =``)."""
     cdef _Reader r = _reader(type(obj))
     cdef DLTensor d
     cdef int32_t i
     cdef int64_t acc = 1, s
     cdef tuple shape = t.shape, strides = t.strides
+    dt = t.dtype
     if r.dl == NULL:
         return False
     _fill(r, obj, &d)
     if d.ndim != len(shape) or <uintptr_t>d.data + <uintptr_t>d.byte_offset != t.addr:
+        return False
+    if d.dtype.lanes != 1 or d.dtype.code != <int>dt.dl_code or d.dtype.bits != <int>dt.itemsize * 8:
         return False
     for i in range(d.ndim - 1, -1, -1):
         s = d.strides[i] if d.strides != NULL else acc

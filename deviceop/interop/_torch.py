@@ -26,9 +26,9 @@ __all__ = ["torch", "torch_graphs"]
 
 # per CUstream handle: its torch.cuda.ExternalStream, stream_id, device_index, device_type
 _streams: dict[int, tuple[Any, int, int, int]] = {}
-# id(deviceop Tensor) -> (a weak reference to it, the PyTorch tensor on its memory, the alias
-# of that one calls get, or None: see _view)
-_views: dict[int, tuple[Any, Any, Any]] = {}
+# id(deviceop Tensor) -> [a weak reference to it, the PyTorch tensor on its memory, the alias
+# of that one calls get, or None: see _view]
+_views: dict[int, list[Any]] = {}
 _DTYPES: dict[Any, Any] = {}  # deviceop dtype per torch.dtype
 _DL_DTYPES: dict[int, Any] = {}  # deviceop dtype per DLPack dtype key (see layout)
 _KDLCUDA = 2  # DLPack's device type of CUDA memory
@@ -55,11 +55,16 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
 
     On cuda, PyTorch's current stream is the op's stream while ``fn`` runs
     (``torch.cuda.ExternalStream``), so the memory PyTorch allocates there is its caching
-    allocator's for that stream. A deviceop tensor reaches ``fn`` as a PyTorch tensor made when
-    that tensor first reached PyTorch code (an alias of it: its own metadata, no autograd
-    history), the same object at every call while its shape, strides and ``requires_grad`` are
-    as made; a call that changed them in place (``t_()``, ``unsqueeze_()``,
-    ``requires_grad_()``) leaves the next call a new alias, as made. On the host backend ``fn``
+    allocator's for that stream. A deviceop tensor reaches ``fn`` as an alias (its own
+    metadata, no autograd history) of a PyTorch tensor made when that tensor first reached
+    PyTorch code. Where PyTorch publishes the DLPack C exchange API (recent versions), the alias
+    is one object, given to every call and to every argument naming that tensor, while its
+    address, dtype, shape, strides and ``requires_grad`` are as made; a call that changed them
+    in place (``t_()``, ``unsqueeze_()``, ``requires_grad_()``) leaves the next call a new
+    alias, as made. So a change of metadata made through one argument shows through another
+    naming the same tensor in that call, and an alias kept from one call (in a module's state)
+    is the object later calls get: keep ``t.detach()`` instead. Elsewhere (older PyTorch, a
+    tensor without elements) each call gets an alias of its own. On the host backend ``fn``
     gets CPU tensors sharing the host device's memory. The op's output is ``fn``'s, with every
     PyTorch tensor in it (itself, or the items of a tuple or list) turned into a deviceop
     Tensor on the same memory, written by this op and kept alive by it; a PyTorch tensor that
@@ -217,7 +222,7 @@ def _view(th: Any, t: Tensor) -> Any:
     A PyTorch tensor on ``t``'s memory is made once per deviceop Tensor (a DLPack capsule, no
     copy; for one an adapter op returned, the PyTorch tensor it came from, aliased: see _wrap)
     and kept while ``t`` lives, never given to code; calls get an alias of it (``detach()``),
-    the same one while its metadata is as made (a C call compares its address, shape and
+    the same one while its metadata is as made (a C call compares its address, dtype, shape and
     strides with ``t``'s, cheaper than an alias per call), a new one after code changed it in
     place (``t_()``, ``unsqueeze_()``, ``requires_grad_()``). The capsule keeps ``t``'s buffer
     alive, not ``t``: the cache entry goes with ``t``. Both are made outside inference mode
@@ -228,10 +233,13 @@ def _view(th: Any, t: Tensor) -> Any:
     e = _views.get(k)
     if e is not None and e[0]() is t:
         v = e[2]
-        if v is not None and not v.requires_grad and same_layout(v, t):
+        if v is not None:
+            if not v.requires_grad and same_layout(v, t):
+                return v
+        elif not th.is_inference_mode_enabled():  # (the first call since _wrap made the entry)
+            v = e[2] = e[1].detach()
             return v
-        v = _alias(th, e[1])
-        _views[k] = (e[0], e[1], v)
+        v = e[2] = _alias(th, e[1])
         return v
     buf = t.buffer
     register(buf)  # its memory given back by PyTorch (a view of it returned) is this region
@@ -245,7 +253,7 @@ def _view(th: Any, t: Tensor) -> Any:
     else:
         v0 = th.from_dlpack(cap)
         v = v0.detach()
-    _views[k] = (weakref.ref(t, functools.partial(_forget, k)), v0, v)
+    _views[k] = [weakref.ref(t, functools.partial(_forget, k)), v0, v]
     return v
 
 
@@ -356,7 +364,7 @@ def _wrap(cx: Any, t: Any, acc: list[Any], args: tuple[Any, ...]) -> Tensor:
         # more at every step boundary of a model split into steps). An inference tensor is left
         # to the import, which makes a normal one
         k = id(out)
-        _views[k] = (weakref.ref(out, functools.partial(_forget, k)), t.detach(), None)
+        _views[k] = [weakref.ref(out, functools.partial(_forget, k)), t.detach(), None]
     return out
 
 
