@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             "recorded": rp.recorded,
             "replays": rp.replays,
             "cost": rp.cost,
-            "kept": len(rp),
+            "kept": len(rp),  # (entries: recordings, and failed ones remembered)
             "evicted": rp.evicted,
         }
         doc["results"].append({"steps": steps, "max_rel_err_vs_torch": err, **r})

@@ -306,6 +306,10 @@ def test_gemm_replays_record_when_hot_remember_failures_and_are_bounded():
     for _ in range(HOT):
         r.get(("more", 0), be, None, lambda s: 0)
     assert len(r) == 8 and r.evicted == 7 + MAX - 7
+    for bad in (0, -1, 2.5, "8"):
+        with pytest.raises(do.UsageError, match="limit"):
+            r.limit = bad
+    assert r.limit == 8
 
 
 def test_gemm_replays_stop_recording_calls_that_do_not_repeat():

@@ -31,7 +31,7 @@ class Replays:
     recorded: int
     replays: int
     evicted: int
-    limit: int
+    limit: int  # at least 1 (UsageError otherwise)
     credit: float
     direct_s: float
     replay_s: float

@@ -18,6 +18,8 @@ from ._launch cimport PlanCache
 from ._ledger cimport ExecutionContext, check_backend, order_tensor
 from ._op cimport DeviceOp
 
+from .._errors import UsageError
+
 __all__ = ["COST", "COST_MAX", "GemmCall", "GemmLauncher", "GemmPlan", "HOT", "MAX", "Replays"]
 
 #: calls of one exact problem before it is recorded (a problem seen once or twice is not worth it)
@@ -86,8 +88,8 @@ cdef class Replays:
     cdef object _record
     cdef public Py_ssize_t recorded
     cdef public Py_ssize_t replays
-    cdef public Py_ssize_t evicted  # recordings dropped to keep at most ``limit``
-    cdef public Py_ssize_t limit    # the most recordings kept (``MAX``)
+    cdef public Py_ssize_t evicted  # entries dropped to keep at most ``limit`` (failed recordings too)
+    cdef Py_ssize_t _limit
     cdef public double credit
     # host seconds (moving averages; 0: not measured yet)
     cdef public double direct_s, replay_s, record_s
@@ -96,12 +98,24 @@ cdef class Replays:
         self._seen = {}
         self._execs = {}
         self._record = record
-        self.limit = MAX
+        self._limit = MAX
         self.credit = 4 * COST  # a few recordings up front: a queue's first problems pay back at once
         self.direct_s = self.replay_s = self.record_s = 0.0
 
     def __len__(self):
         return len(self._execs)
+
+    @property
+    def limit(self):
+        """The most entries kept (``MAX`` by default): recordings, and recordings that failed
+        (remembered so that they are not tried again); the oldest go first."""
+        return self._limit
+
+    @limit.setter
+    def limit(self, value):
+        if type(value) is not int or value < 1:
+            raise UsageError(f"the GEMM replay table's limit is a whole number of at least 1, got {value!r}")
+        self._limit = value
 
     @property
     def cost(self):
@@ -150,7 +164,7 @@ cdef class Replays:
         if n < HOT or self.credit < cost:
             if n >= HOT:
                 self.credit += 1.0 / cost  # hot, but recordings have not paid lately
-            if len(self._seen) >= 4 * self.limit:
+            if len(self._seen) >= 4 * self._limit:
                 self._seen.clear()
             self._seen[key] = n
             return 0
@@ -160,7 +174,7 @@ cdef class Replays:
         ex = self._record(backend, stream, call)
         t = (_now_ns() - t0) * 1e-9
         self.record_s = t if self.record_s == 0.0 else self.record_s + (t - self.record_s) / 4
-        while self._execs and len(self._execs) >= self.limit:
+        while self._execs and len(self._execs) >= self._limit:
             self._execs.pop(next(iter(self._execs)))
             self.evicted += 1
         self._execs[key] = ex
