@@ -339,6 +339,14 @@ def format_comparison(rows: list[dict[str, Any]], base: dict[str, Any], new: dic
             f"warning: the base ran the {base.get('profile')} profile and the new one the {new.get('profile')} "
             "profile (other sizes and repeats)"
         )
+    for n, b in new["benchmarks"].items():
+        was = base["benchmarks"].get(n)
+        if was is not None and was.get("command") and b.get("command") and was["command"][1:] != b["command"][1:]:
+            # (the same profile can run another command: a benchmark's arguments changed since)
+            out.append(
+                f"warning: {n} ran another command in the base ({' '.join(was['command'][1:])}) than now "
+                f"({' '.join(b['command'][1:])})"
+            )
     seen = {(r["benchmark"], r["metric"]) for r in rows}
 
     def figures(d: dict[str, Any]) -> set[tuple[str, str]]:

@@ -143,7 +143,8 @@ BENCHMARKS: dict[str, Benchmark] = {
             "PyTorch loops: blocking, threaded, its own CUDA graph",
             full=("--rounds", "4"),
             # rounds interleave the loops (each round starts with the next one): the eager loops'
-            # host-bound latency drifts with the machine's clocks over a loop's run
+            # host-bound latency drifts with the machine's clocks over a loop's run. At twice real
+            # time three rounds take what one took (a chunk's work is far shorter than its audio)
             quick=("--rounds", "3", "--speed", "2"),
             needs=("cuda", "torch"),
             timeout_s=1200,

@@ -143,6 +143,18 @@ def test_compare_says_what_it_could_not_compare():
     assert "different kinds of machine" in text and "full profile" in text
     assert "only in the base: queue: cost" in text and "only in the new: queue: other" in text
     assert "new kernels: failed: exit 1: boom" in text
+    assert "another command" not in text  # (neither document says what its queue ran)
+    base["benchmarks"]["queue"]["command"] = ["python3", "benchmarks/bimodal.py", "--reps", "3"]
+    new["benchmarks"]["queue"]["command"] = ["/usr/bin/python3", "benchmarks/bimodal.py", "--reps", "5"]
+    text = format_comparison(compare(base, new), base, new)
+    assert "warning: queue ran another command in the base (benchmarks/bimodal.py --reps 3)" in text
+    new["benchmarks"]["queue"]["command"] = [
+        "python",
+        "benchmarks/bimodal.py",
+        "--reps",
+        "3",
+    ]  # (the interpreter aside)
+    assert "another command" not in format_comparison(compare(base, new), base, new)
     # a zero base is compared without dividing by it
     same = compare(base, _doc([{"name": "cost", "value": 0.0, "unit": "us", "better": "lower"}]))
     assert same[0]["ratio"] == 1.0 and same[0]["verdict"] == "same"

@@ -77,7 +77,8 @@ def test_service_load_test(backend, tmp_path) -> None:
     assert batched["server"]["batcher"]["mean_batch"] > 1  # (requests were gathered)
     assert batched["server"]["graph_cache"]["misses"] >= 1
     (ceiling,) = [x for x in doc["rounds"] if x["impl"] == "cached"]
-    assert 1 <= ceiling["server"]["cached"] <= 8 + 1  # (the 8 inputs and the warm-up's zeros)
+    assert ceiling["server"]["cached"] in (8, 9)  # the 8 inputs (and the warm-up's zeros, unless among them)
+    assert all(doc["summary"][i]["of_ceiling"] > 0 for i in impls if i != "cached")
     (micro,) = [x for x in doc["rounds"] if x["impl"] == "torch-batch"]
     assert micro["server"]["mean_batch"] > 1
     sv = batched["server"]

@@ -23,8 +23,8 @@ work:
                       memory, an event recorded and polled (every ``--poll`` seconds)
   cached              no model per request: each distinct input's embedding computed once
                       (PyTorch, blocking) and answered from a dict afterwards, the most
-                      requests this server's loop answers (its HTTP work and checks alone),
-                      a ceiling for every variant
+                      requests this server's loop answers (its HTTP work and checks alone;
+                      the handler never suspends), a ceiling for every variant
 
 ``GET /stats`` reports, since the last ``POST /reset``: requests, the process's CPU seconds (all
 threads) and the event loop thread's alone, how long that thread waited runnable for a CPU and
