@@ -234,7 +234,31 @@ def median_row(rows: list[dict]) -> dict:
         steal_ms=[r.get("steal_ms") for r in rows],
         runq_wait_ms=[r.get("runq_wait_ms") for r in rows],
         late_wakeups=[r.get("late_wakeups") for r in rows],
+        parks=[r.get("parks") for r in rows],
+        gc_pause_ms=[r.get("gc_pause_ms") for r in rows],
     )
+
+
+class GcPauses:
+    """The garbage collector's pauses while it is installed (``gc.callbacks``): their total in
+    ms, so that a run slower than its neighbours says whether a collection stopped its thread."""
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.ms += (time.perf_counter() - self._t0) * 1e3
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,20 +303,24 @@ def main(argv: list[str] | None = None) -> int:
     def rep(fn, *args) -> dict:
         # the host's speed just before each run: the one-thread queues are bound by it; and
         # what took the CPU from the run: the hypervisor (steal), other runnable threads
-        # (this thread's run-queue wait), parked awaits that only their re-check ended
+        # (this thread's run-queue wait), parked awaits (and those only their re-check ended),
+        # the garbage collector
         rows = []
         for _ in range(a.reps):
             probe = host_probe()
-            s0, l0 = sched_counters(), await_stats()["late"]
-            row = fn(*args)
-            s1, l1 = sched_counters(), await_stats()["late"]
+            s0, w0 = sched_counters(), await_stats()
+            with GcPauses() as pauses:
+                row = fn(*args)
+            s1, w1 = sched_counters(), await_stats()
             rows.append(
                 dict(
                     row,
                     host_probe_us=probe,
                     steal_ms=(s1[0] - s0[0]) * 1e3,
                     runq_wait_ms=(s1[1] - s0[1]) * 1e3,
-                    late_wakeups=l1 - l0,
+                    late_wakeups=w1["late"] - w0["late"],
+                    parks=w1["parks"] - w0["parks"],
+                    gc_pause_ms=pauses.ms,
                 )
             )
         return median_row(rows)
