@@ -66,8 +66,8 @@ def remember(obj: Any, be: Any, buf: Any, lo: int, hi: int) -> None:
     (held weakly)."""
 
 def same_layout(obj: Any, t: Any) -> bool:
-    """Whether array ``obj`` lies exactly on deviceop tensor ``t`` (address, shape, element
-    strides), read through its type's DLPack C exchange API; False where it has none."""
+    """Whether array ``obj`` lies exactly on deviceop tensor ``t`` (address, dtype, shape,
+    element strides), read through its type's DLPack C exchange API; False where it has none."""
 
 def extent(obj: Any) -> tuple[int, int]:
     """``(address, size in bytes)`` of a PyTorch tensor as the cache compares it."""
