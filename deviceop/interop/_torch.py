@@ -93,7 +93,7 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
         reads = reads + tuple(extra_r)
 
     def call(stream: Any, *a: Any) -> Any:
-        th = _TH[0] if _TH else _torch()
+        th = _torch()
         if stream.backend.cuda_memory:
             st = _streams.get(stream.handle_int)
             if st is None:
@@ -233,12 +233,9 @@ def _view(th: Any, t: Tensor) -> Any:
     e = _views.get(k)
     if e is not None and e[0]() is t:
         v = e[2]
-        if v is not None:
-            if not v.requires_grad and same_layout(v, t):
-                return v
-        elif not th.is_inference_mode_enabled():  # (the first call since _wrap made the entry)
-            v = e[2] = e[1].detach()
+        if v is not None and not v.requires_grad and same_layout(v, t):
             return v
+        # (none yet, where _wrap made the entry; or code changed the one given before)
         v = e[2] = _alias(th, e[1])
         return v
     buf = t.buffer
