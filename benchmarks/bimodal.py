@@ -14,11 +14,13 @@ for S in {1, 2, 4, 8, 16, 32}. Throughput in work units (GEMMs) per ms, median (
 --reps runs after a warm-up run; process CPU time per work unit. The figure: the one-thread async
 queue's minimum over the runs against the best ceiling measured in the same run. Inputs are shared (read only); each
 stream writes its own outputs, so the access ledger never orders one stream after another.
-After the warm-up the garbage collector is frozen (``gc.freeze()``; ``--gc`` leaves it), and
-the host's speed is measured before every run (``host_probe_us``); each run also records the
-CPU time the hypervisor took from the machine meanwhile (``steal_ms``, all CPUs summed), how
-long the main thread waited runnable for a CPU (``runq_wait_ms``), and parked awaits that only
-their 20 ms re-check ended (``late_wakeups``).
+After the warm-up the garbage collector is frozen (``gc.freeze()``; ``--gc`` leaves it on and
+makes its first full collection since the imports then, as a long-running program has it once
+early on), and the host's speed is measured before every run (``host_probe_us``); each run also
+records the CPU time the hypervisor took from the machine meanwhile (``steal_ms``, all CPUs
+summed), how long the main thread waited runnable for a CPU (``runq_wait_ms``), parked awaits
+(``parks``) and those that only their 20 ms re-check ended (``late_wakeups``), and the
+collector's pauses (``gc_pause_ms``) and full collections (``gc_full``).
 
     python benchmarks/bimodal.py --out bimodal.json --png bimodal.png
 """
@@ -236,15 +238,18 @@ def median_row(rows: list[dict]) -> dict:
         late_wakeups=[r.get("late_wakeups") for r in rows],
         parks=[r.get("parks") for r in rows],
         gc_pause_ms=[r.get("gc_pause_ms") for r in rows],
+        gc_full=[r.get("gc_full") for r in rows],
     )
 
 
 class GcPauses:
     """The garbage collector's pauses while it is installed (``gc.callbacks``): their total in
-    ms, so that a run slower than its neighbours says whether a collection stopped its thread."""
+    ms and the count of full (oldest-generation) collections, so that a run slower than its
+    neighbours says whether a collection stopped its thread."""
 
     def __init__(self) -> None:
         self.ms = 0.0
+        self.full = 0
         self._t0 = 0.0
 
     def __call__(self, phase: str, info: dict) -> None:
@@ -252,6 +257,7 @@ class GcPauses:
             self._t0 = time.perf_counter()
         else:
             self.ms += (time.perf_counter() - self._t0) * 1e3
+            self.full += info.get("generation") == 2
 
     def __enter__(self) -> GcPauses:
         gc.callbacks.append(self)
@@ -299,6 +305,14 @@ def main(argv: list[str] | None = None) -> int:
         # queues.md), the collector no longer traverses it; a full collection with PyTorch
         # imported stops the one thread for tens of milliseconds, in any variant
         gc.freeze()
+    else:
+        # the collector stays on, and its first full collection since the imports runs now,
+        # as it does once early in a long-running program's life: it comes when what young
+        # collections promoted first exceeds a quarter of what the last full collection kept,
+        # which the imports (PyTorch's above all) make happen after start-up, and it walks
+        # everything they made (tens of milliseconds). Left to the runs, it fell in one run of
+        # the one-thread queue at the same place in every process, and that run measured it
+        gc.collect()
 
     def rep(fn, *args) -> dict:
         # the host's speed just before each run: the one-thread queues are bound by it; and
@@ -321,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                     late_wakeups=w1["late"] - w0["late"],
                     parks=w1["parks"] - w0["parks"],
                     gc_pause_ms=pauses.ms,
+                    gc_full=pauses.full,
                 )
             )
         return median_row(rows)
