@@ -23,6 +23,14 @@
 # PyTorch in the interop tests): on the H100 the sanitizer cannot allocate the memory to track
 # their launches and reports each as an "Internal Sanitizer Error" (16,495 of them over the
 # suite under synccheck), not a hazard; they are NVIDIA's kernels, and memcheck still covers them.
+# synccheck also leaves out the examples' tests that run transformer models in PyTorch (the
+# service's load test, the speech loop with wav2vec 2.0): on the H200 their cuDNN attention
+# kernel (cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_*, which uses cuda::barrier)
+# overflows the barriers synccheck tracks ("Detected overflow of tracked cuda::barrier
+# structures"), then fails its launch ("unspecified launch failure" in the example's process,
+# one error in the summary); with --num-cuda-barriers raised the example passes but the
+# sanitizer cannot track cuDNN's and PyTorch's launches ("Internal Sanitizer Error ... Unable to
+# allocate enough memory"). These are NVIDIA's and PyTorch's kernels; memcheck runs those tests.
 # Tests that need work to be still in flight can fail under a sanitizer, which serialises
 # launches: those failures are listed in the logs and are not sanitizer errors.
 # Every tool runs with --show-backtrace device: the host backtrace the sanitizer takes at each
@@ -80,7 +88,9 @@ for tool in "${tools[@]}"; do
   fi
   extra=()
   [ "$tool" = synccheck ] && extra=("${NVJET[@]}")
-  timeout "${SAN_TIMEOUT:-540}" "$CS" --tool "$tool" "${BT[@]}" "${extra[@]}" --print-limit 50 python3 -m pytest -q -p no:cacheprovider tests -k cuda \
+  sel=cuda
+  [ "$tool" = synccheck ] && sel='cuda and not test_service_load_test and not wav2vec2'
+  timeout "${SAN_TIMEOUT:-540}" "$CS" --tool "$tool" "${BT[@]}" "${extra[@]}" --print-limit 50 python3 -m pytest -q -p no:cacheprovider tests -k "$sel" \
     >"$log" 2>&1
   echo "$tool: exit $? ($(grep -c '^FAILED' "$log") tests failed); $(grep -E 'ERROR SUMMARY' "$log" | tail -1)"
   grep -qE 'ERROR SUMMARY: 0 errors' "$log" || status=1
