@@ -15,8 +15,9 @@ for S in {1, 2, 4, 8, 16, 32}. Throughput in work units (GEMMs) per ms, median (
 queue's minimum over the runs against the best ceiling measured in the same run. Inputs are shared (read only); each
 stream writes its own outputs, so the access ledger never orders one stream after another.
 After the warm-up the garbage collector is frozen (``gc.freeze()``; ``--gc`` leaves it on and
-makes its first full collection since the imports then, as a long-running program has it once
-early on), and the host's speed is measured before every run (``host_probe_us``); each run also
+makes a full collection then, the one the imports' objects would otherwise set off in a measured
+run; ``gc_full_before`` counts those made before it), and the host's speed is measured before
+every run (``host_probe_us``); each run also
 records the CPU time the hypervisor took from the machine meanwhile (``steal_ms``, all CPUs
 summed), how long the main thread waited runnable for a CPU (``runq_wait_ms``), parked awaits
 (``parks``) and those that only their 20 ms re-check ended (``late_wakeups``), and the
@@ -276,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument(
-        "--gc", action="store_true", help="leave the garbage collector as it is (default: freeze it after the warm-up)"
+        "--gc",
+        action="store_true",
+        help="keep the garbage collector on, with one full collection after the warm-up (default: freeze it then)",
     )
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="the async queue's event loop")
     ap.add_argument("--out", default=None)
@@ -300,18 +303,21 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = Ceiling(w)
     for S in sorted({1, *S_list}):
         ceiling.run(S)
+    full_before = None
     if not a.gc:
         # what exists now lives to the end: as a latency-bound program does (docs/concepts/
         # queues.md), the collector no longer traverses it; a full collection with PyTorch
         # imported stops the one thread for tens of milliseconds, in any variant
         gc.freeze()
     else:
-        # the collector stays on, and its first full collection since the imports runs now,
-        # as it does once early in a long-running program's life: it comes when what young
-        # collections promoted first exceeds a quarter of what the last full collection kept,
-        # which the imports (PyTorch's above all) make happen after start-up, and it walks
-        # everything they made (tens of milliseconds). Left to the runs, it fell in one run of
-        # the one-thread queue at the same place in every process, and that run measured it
+        # the collector stays on. The objects the imports made (PyTorch's above all) set off a
+        # full collection once enough of them have been promoted, walking all of them (tens of
+        # milliseconds); left to the runs it fell in one run of the one-thread queue, at the
+        # same place in every process, and that run measured it. It is made now instead: the
+        # runs after it promote too few objects to set off another (gc_full shows any that do).
+        # A program that keeps the collector on pays such pauses too (docs/concepts/queues.md
+        # says to freeze it); the figure is the queue's, not that pause's
+        full_before = gc.get_stats()[-1]["collections"]
         gc.collect()
 
     def rep(fn, *args) -> dict:
@@ -347,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         "mix": "80% 512^3, 20% 2048^3 f16, every fifth large",
         "reps": a.reps,
         "gc_frozen": not a.gc,
+        # --gc: one full collection made after the warm-up (the full ones before it, counted)
+        "gc": None if not a.gc else {"collected_after_warmup": True, "gc_full_before": full_before},
         "rows": [],
     }
     doc["ceiling"] = {S: rep(ceiling.run, S) for S in sorted({1, *S_list})}

@@ -407,3 +407,21 @@ def test_the_source_digest_reads_every_tracked_source_and_nothing_generated():
     if extra:
         ignored = subprocess.run(["git", "check-ignore", *extra], cwd=HROOT, capture_output=True, text=True)
         assert not ignored.stdout.split(), ignored.stdout
+
+
+def test_the_queue_benchmark_counts_full_collections_and_their_pauses():
+    # a run slower than its neighbours says whether the collector stopped its thread: the
+    # pauses of every collection, and how many were full ones
+    import gc
+
+    from benchmarks.bimodal import GcPauses
+
+    with GcPauses() as young:
+        gc.collect(0)
+        gc.collect(1)
+    assert young.full == 0 and young.ms > 0
+    with GcPauses() as full:
+        gc.collect()
+    assert full.full == 1 and full.ms > 0
+    gc.collect()  # (after the context: no longer counted)
+    assert full.full == 1 and GcPauses not in map(type, gc.callbacks)
