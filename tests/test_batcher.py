@@ -229,6 +229,33 @@ def test_one_batcher_belongs_to_one_loop(host_backend):
         anyio.run(lambda: b(2))
     with pytest.raises(do.UsageError, match="event loop"):
         b(3).send(None)  # outside a loop: refused before anything runs
+    pytest.importorskip("trio")
+    with pytest.raises(do.UsageError, match="event loop that first called it"):
+        anyio.run(lambda: b(4), backend="trio")
+
+
+def test_the_batchers_loop_check_reads_what_sniffio_would(host_backend):
+    # the Batcher's check at every request: its own asyncio loop, known without sniffio
+    import asyncio
+
+    from deviceop._core._wake import on_asyncio_loop
+
+    other = asyncio.new_event_loop()
+
+    async def main() -> tuple[bool, bool]:
+        return on_asyncio_loop(asyncio.get_running_loop()), on_asyncio_loop(other)
+
+    try:
+        assert asyncio.run(main()) == (True, False)
+        assert not on_asyncio_loop(other)  # no loop runs here
+    finally:
+        other.close()
+    trio = pytest.importorskip("trio")
+
+    async def under_trio() -> bool:
+        return on_asyncio_loop(None)
+
+    assert trio.run(under_trio) is False  # trio names itself to sniffio: not asyncio's
 
 
 def test_an_interrupted_batch_tells_its_other_requests(host_backend):

@@ -23,7 +23,7 @@ from .._errors import UsageError
 from .._process import SERVICES, at_fork_child
 from ._base import Channel
 
-__all__ = ["Dispatcher", "current_lib", "dispatcher", "loop_dispatcher"]
+__all__ = ["Dispatcher", "current_lib", "dispatcher", "loop_dispatcher", "on_asyncio_loop"]
 
 
 def current_lib() -> str:
@@ -136,6 +136,17 @@ class _Last(threading.local):
 
 
 _last = _Last()
+
+
+def on_asyncio_loop(loop: Any) -> bool:
+    """Whether the calling task runs on asyncio event loop ``loop``, read as
+    :func:`loop_dispatcher` reads it (nothing names another library to sniffio, and ``loop``
+    runs in this thread): a check cheap enough for every call of an object that belongs to one
+    loop. False does not mean another loop: ask :func:`current_lib` then."""
+    if loop is None or _sniffed.name is not None or _sniffed_cvar.get() is not None:
+        return False
+    aio = sys.modules.get("asyncio")
+    return aio is not None and aio._get_running_loop() is loop
 
 
 def loop_dispatcher() -> tuple[str, Dispatcher]:

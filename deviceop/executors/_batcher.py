@@ -29,7 +29,7 @@ import anyio
 
 from .._core._completion import sleep_or_wake, waker_class
 from .._core._op import DeviceOp
-from .._core._wake import current_lib
+from .._core._wake import current_lib, on_asyncio_loop
 from .._errors import UsageError
 
 __all__ = ["Batcher"]
@@ -111,6 +111,8 @@ class Batcher(Generic[X, R]):
         self._leading: set[Any] = set()  # asyncio: the batches' tasks, held until they end
 
     def _check_loop(self) -> None:
+        if self._lib == "asyncio" and on_asyncio_loop(self._loop):
+            return  # (its loop, known without asking sniffio: this runs at every request)
         lib = current_lib()
         if lib == "trio":
             import trio
@@ -184,54 +186,61 @@ class Batcher(Generic[X, R]):
         return None
 
     async def _lead(self, b: _Batch) -> None:
-        # the first request runs its batch; shielded so that its own cancellation cannot strand
-        # the others (under trio, where it runs in the leader's task: the cancellation is raised
-        # at the checkpoint after; under asyncio it runs in a task of its own)
-        with anyio.CancelScope(shield=True):
-            if len(b.requests) < self.max_batch and self.max_delay > 0:
-                await sleep_or_wake(self._lib, b.full, self.max_delay)
-            b.started = True
-            if self._open is b:
-                self._open = None
-            reqs = b.requests
-            self._batches += 1
-            self._largest = max(self._largest, len(reqs))
+        # the first request runs its batch; under trio, in the leader's task, shielded so that
+        # the leader's cancellation cannot strand the others (it is raised at the checkpoint
+        # after). Under asyncio it runs in a task of its own, which no cancel scope of the
+        # leader's reaches and only the loop's end cancels: a shield there would only cost
+        if self._lib == "trio":
+            with anyio.CancelScope(shield=True):
+                await self._run_batch(b)
+        else:
+            await self._run_batch(b)
+
+    async def _run_batch(self, b: _Batch) -> None:
+        if len(b.requests) < self.max_batch and self.max_delay > 0:
+            await sleep_or_wake(self._lib, b.full, self.max_delay)
+        b.started = True
+        if self._open is b:
+            self._open = None
+        reqs = b.requests
+        self._batches += 1
+        self._largest = max(self._largest, len(reqs))
+        try:
+            op = self.fn([r.item for r in reqs])
+            if not isinstance(op, DeviceOp):
+                raise UsageError(f"Batcher fn returned {type(op).__name__}, not a DeviceOp of a list")
+            out = await op
             try:
-                op = self.fn([r.item for r in reqs])
-                if not isinstance(op, DeviceOp):
-                    raise UsageError(f"Batcher fn returned {type(op).__name__}, not a DeviceOp of a list")
-                out = await op
-                try:
-                    results = list(out)
-                except TypeError:
-                    raise UsageError(
-                        f"Batcher fn's op gave {type(out).__name__}; its output must be a list of results"
-                    ) from None
-                if len(results) != len(reqs):
-                    raise UsageError(
-                        f"Batcher fn's op gave {len(results)} results for a batch of {len(reqs)}; give one per item"
-                    )
-            except Exception as e:
-                self._failed += 1
-                for r in reqs:
-                    r.error = e
-                    r.done.set()
-                return
-            except BaseException as e:  # KeyboardInterrupt, SystemExit in fn: raised by the leader,
-                self._failed += 1  # and the others told instead of left waiting
-                err = UsageError(
-                    f"this request's batch was interrupted ({type(e).__name__} in the request leading it); retry it"
+                results = list(out)
+            except TypeError:
+                raise UsageError(
+                    f"Batcher fn's op gave {type(out).__name__}; its output must be a list of results"
+                ) from None
+            if len(results) != len(reqs):
+                raise UsageError(
+                    f"Batcher fn's op gave {len(results)} results for a batch of {len(reqs)}; give one per item"
                 )
-                for r in reqs:
-                    r.error = err
-                    r.done.set()
-                raise
-            for r, v in zip(reqs, results):
-                if isinstance(v, BaseException):
-                    r.error = v
-                else:
-                    r.result = v
+        except Exception as e:
+            self._failed += 1
+            for r in reqs:
+                r.error = e
                 r.done.set()
+            return
+        except BaseException as e:  # KeyboardInterrupt, SystemExit in fn: raised by the leader,
+            self._failed += 1  # and the others told instead of left waiting
+            err = UsageError(
+                f"this request's batch was interrupted ({type(e).__name__} in the request leading it); retry it"
+            )
+            for r in reqs:
+                r.error = err
+                r.done.set()
+            raise
+        for r, v in zip(reqs, results):
+            if isinstance(v, BaseException):
+                r.error = v
+            else:
+                r.result = v
+            r.done.set()
 
     def stats(self) -> dict[str, float]:
         """``batches``, ``requests``, ``mean_batch``, ``largest_batch`` and ``failed_batches`` so far."""
