@@ -17,11 +17,11 @@ stream writes its own outputs, so the access ledger never orders one stream afte
 After the warm-up the garbage collector is frozen (``gc.freeze()``; ``--gc`` leaves it on and
 makes a full collection then, the one the imports' objects would otherwise set off in a measured
 run; ``gc_full_before`` counts those made before it), and the host's speed is measured before
-every run (``host_probe_us``); each run also
-records the CPU time the hypervisor took from the machine meanwhile (``steal_ms``, all CPUs
-summed), how long the main thread waited runnable for a CPU (``runq_wait_ms``), parked awaits
-(``parks``) and those that only their 20 ms re-check ended (``late_wakeups``), and the
-collector's pauses (``gc_pause_ms``) and full collections (``gc_full``).
+every run (``host_probe_us``); each run also records the CPU time the hypervisor took from the
+machine meanwhile (``steal_ms``, all CPUs summed), how long the main thread waited runnable for
+a CPU (``runq_wait_ms``), parked awaits (``parks``) and those that only their 20 ms re-check
+ended (``late_wakeups``), and the collector's pauses (``gc_pause_ms``) and full collections
+(``gc_full``).
 
     python benchmarks/bimodal.py --out bimodal.json --png bimodal.png
 """
