@@ -149,10 +149,18 @@ cdef class FromNumpy(DeviceOp):
     def __init__(self, array):
         if not isinstance(array, np.ndarray):
             raise UsageError(
-                f"do.from_numpy() needs a numpy.ndarray, got {type(array).__name__}; "
-                "use numpy.asarray(x) first, or do.from_dlpack(x) for GPU arrays"
+                f"do.from_numpy() needs a numpy.ndarray, got {type(array).__name__}; make one first "
+                "(numpy.asarray(x, dtype=numpy.float32), or another deviceop dtype), or use "
+                "do.from_dlpack(x) for GPU arrays"
             )
-        self.dtype = as_dtype(array.dtype, "array dtype")
+        try:
+            self.dtype = as_dtype(array.dtype, "array dtype")
+        except DTypeError:
+            raise DTypeError(
+                f"do.from_numpy() got an array of {array.dtype}, which deviceop has no dtype for; "
+                "convert it first: x.astype(numpy.float32) (or float16, int32, int64, uint8; "
+                "ml_dtypes.bfloat16 for bfloat16)"
+            ) from None
         self._array = array
 
     def __repr__(self):

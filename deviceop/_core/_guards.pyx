@@ -99,7 +99,7 @@ cpdef int refuse_on_loop(str what) except -1:
         raise UsageError(
             f"{what} would block the running {lib} event loop until the GPU work completes, "
             "stalling its other tasks. Await instead: 'await op' (or 'await op.wait(timeout=...)'), "
-            "'await future', 'await do.to_numpy(t)'; or run the blocking call in a thread "
+            "'await fut' (fut = op.submit()), 'await do.to_numpy(t)'; or run the blocking call in a thread "
             f"({'trio.to_thread.run_sync' if lib == 'trio' else 'asyncio.to_thread'})"
         )
     return 0

@@ -77,7 +77,8 @@ def start_server(
     line = p.stdout.readline()  # blocks until the server listens (or dies)
     if not line.startswith("listening on "):
         p.kill()
-        raise SystemExit(f"server {impl} did not start (exit {p.wait()}): {line!r}")
+        said = f": it printed {line!r}" if line else ""
+        raise SystemExit(f"server {impl} did not start (exit {p.wait()}){said}; its error is above (its stderr)")
     return p, f"http://127.0.0.1:{int(line.split()[-1])}"
 
 
@@ -335,14 +336,12 @@ def _main(argv: list[str] | None = None) -> int:
             f"--clients {a.clients}); its figures show that the service works, not what a GPU does",
             flush=True,
         )
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("the service's model is a PyTorch module (every variant runs it): pip install torch") from None
     if a.impls == "all":
         impls = list(IMPLS)
-        try:
-            import torch
-        except ImportError:
-            raise SystemExit(
-                "the service's model is a PyTorch module (every variant runs it): pip install torch"
-            ) from None
         if not torch.cuda.is_available():
             impls = [i for i in impls if i not in CUDA_ONLY]
             print(f"{', '.join(CUDA_ONLY)} are left out: they need a CUDA device for PyTorch", flush=True)

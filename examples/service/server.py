@@ -455,6 +455,10 @@ def restart_profile() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise SystemExit("the service's model is a PyTorch module (every variant runs it): pip install torch") from None
     if a.profile:
         restart_profile()
     # the model is made (its weights uploaded, blocking) before the event loop starts: blocking
