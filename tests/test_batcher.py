@@ -235,27 +235,59 @@ def test_one_batcher_belongs_to_one_loop(host_backend):
 
 
 def test_the_batchers_loop_check_reads_what_sniffio_would(host_backend):
-    # the Batcher's check at every request: its own asyncio loop, known without sniffio
+    # the Batcher's check at every request: its own asyncio loop, known without asking sniffio,
+    # where sniffio would say asyncio (asyncio.run, or anyio.run, which names asyncio to it)
     import asyncio
+
+    import sniffio
 
     from deviceop._core._wake import on_asyncio_loop
 
     other = asyncio.new_event_loop()
 
-    async def main() -> tuple[bool, bool]:
-        return on_asyncio_loop(asyncio.get_running_loop()), on_asyncio_loop(other)
+    async def main() -> tuple[bool, bool, str]:
+        here = asyncio.get_running_loop()
+        return on_asyncio_loop(here), on_asyncio_loop(other), sniffio.current_async_library()
+
+    async def named_trio() -> bool:  # a library naming itself to sniffio: not asyncio's reading
+        token = sniffio.current_async_library_cvar.set("trio")
+        try:
+            return on_asyncio_loop(asyncio.get_running_loop())
+        finally:
+            sniffio.current_async_library_cvar.reset(token)
 
     try:
-        assert asyncio.run(main()) == (True, False)
+        assert asyncio.run(main()) == (True, False, "asyncio")
+        assert anyio.run(main) == (True, False, "asyncio")
+        assert asyncio.run(named_trio()) is False
         assert not on_asyncio_loop(other)  # no loop runs here
     finally:
         other.close()
     trio = pytest.importorskip("trio")
 
     async def under_trio() -> bool:
-        return on_asyncio_loop(None)
+        return on_asyncio_loop(other)
 
-    assert trio.run(under_trio) is False  # trio names itself to sniffio: not asyncio's
+    assert trio.run(under_trio) is False
+
+
+@pytest.mark.parametrize("runner", ["asyncio.run", "anyio.run"])
+def test_a_batcher_on_its_loop_does_not_ask_sniffio_at_every_request(host_backend, monkeypatch, runner):
+    import asyncio
+
+    from deviceop.executors import _batcher
+
+    asked = []
+    real = _batcher.current_lib
+    monkeypatch.setattr(_batcher, "current_lib", lambda: asked.append(1) or real())
+    b = Batcher(lambda xs: do.value(list(xs)), max_batch=4, max_delay=0.0)
+
+    async def main() -> list[int]:
+        return list(await asyncio.gather(*(b(i) for i in range(20))))
+
+    out = asyncio.run(main()) if runner == "asyncio.run" else anyio.run(main)
+    assert out == list(range(20))
+    assert len(asked) == 1  # the first request, which binds the Batcher to its loop
 
 
 def test_an_interrupted_batch_tells_its_other_requests(host_backend):

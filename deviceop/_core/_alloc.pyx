@@ -149,9 +149,9 @@ cdef class FromNumpy(DeviceOp):
     def __init__(self, array):
         if not isinstance(array, np.ndarray):
             raise UsageError(
-                f"do.from_numpy() needs a numpy.ndarray, got {type(array).__name__}; make one first "
-                "(numpy.asarray(x, dtype=numpy.float32), or another deviceop dtype), or use "
-                "do.from_dlpack(x) for GPU arrays"
+                f"do.from_numpy() needs a numpy.ndarray, got {type(array).__name__}; make one first, "
+                "of a dtype deviceop has (numpy.asarray(x, dtype=numpy.float32); or numpy.float16, "
+                "int32, int64, uint8, ml_dtypes.bfloat16), or use do.from_dlpack(x) for GPU arrays"
             )
         try:
             self.dtype = as_dtype(array.dtype, "array dtype")

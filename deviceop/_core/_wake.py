@@ -140,10 +140,11 @@ _last = _Last()
 
 def on_asyncio_loop(loop: Any) -> bool:
     """Whether the calling task runs on asyncio event loop ``loop``, read as
-    :func:`loop_dispatcher` reads it (nothing names another library to sniffio, and ``loop``
-    runs in this thread): a check cheap enough for every call of an object that belongs to one
-    loop. False does not mean another loop: ask :func:`current_lib` then."""
-    if loop is None or _sniffed.name is not None or _sniffed_cvar.get() is not None:
+    :func:`loop_dispatcher` reads it (nothing names a library to sniffio but asyncio, as
+    ``anyio.run`` does, and ``loop`` runs in this thread): a check cheap enough for every call
+    of an object that belongs to one loop. False does not mean another loop: ask
+    :func:`current_lib` then."""
+    if loop is None or _sniffed.name is not None or _sniffed_cvar.get() not in (None, "asyncio"):
         return False
     aio = sys.modules.get("asyncio")
     return aio is not None and aio._get_running_loop() is loop
@@ -164,7 +165,7 @@ def loop_dispatcher() -> tuple[str, Dispatcher]:
         d = _trio.get(_trio_token[0]())
         if d is not None:
             return "trio", d
-    elif name is None and _sniffed_cvar.get() is None:
+    elif name is None and _sniffed_cvar.get() in (None, "asyncio"):  # (anyio.run names asyncio)
         aio = sys.modules.get("asyncio")
         loop = aio._get_running_loop() if aio is not None else None
         if loop is not None:

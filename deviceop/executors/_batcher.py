@@ -140,7 +140,7 @@ class Batcher(Generic[X, R]):
         self._requests += 1
         if len(b.requests) == 1:
             if self._lib == "trio":
-                await self._lead(b)
+                await self._lead_shielded(b)
                 # its own result is handed out: a cancellation that came while it led
                 # (shielded) is raised at this checkpoint (a set Event's wait would not yield)
                 await anyio.lowlevel.checkpoint()
@@ -180,20 +180,17 @@ class Batcher(Generic[X, R]):
         # KeyboardInterrupt or SystemExit in fn is handed to the leader to raise: raised by a
         # task, asyncio would raise it out of the event loop past the leader
         try:
-            await self._lead(b)
+            await self._run_batch(b)
         except (KeyboardInterrupt, SystemExit) as e:
             return e
         return None
 
-    async def _lead(self, b: _Batch) -> None:
-        # the first request runs its batch; under trio, in the leader's task, shielded so that
-        # the leader's cancellation cannot strand the others (it is raised at the checkpoint
-        # after). Under asyncio it runs in a task of its own, which no cancel scope of the
-        # leader's reaches and only the loop's end cancels: a shield there would only cost
-        if self._lib == "trio":
-            with anyio.CancelScope(shield=True):
-                await self._run_batch(b)
-        else:
+    async def _lead_shielded(self, b: _Batch) -> None:
+        # trio: the batch runs in the leader's task, shielded so that the leader's cancellation
+        # cannot strand the others (it is raised at the checkpoint after). Under asyncio it runs
+        # in a task of its own (_lead_in_task), which no cancel scope of the leader's reaches
+        # (only a native cancel of that task, as at the loop's end): no shield there
+        with anyio.CancelScope(shield=True):
             await self._run_batch(b)
 
     async def _run_batch(self, b: _Batch) -> None:
