@@ -138,16 +138,21 @@ class _Last(threading.local):
 _last = _Last()
 
 
+def _asyncio_loop_here() -> Any:
+    """The asyncio loop running in this thread where sniffio's answer would be asyncio (nothing
+    names another library to it; ``anyio.run`` names asyncio), else None: what sniffio reads
+    first, read without its call."""
+    if _sniffed.name is not None or _sniffed_cvar.get() not in (None, "asyncio"):
+        return None
+    aio = sys.modules.get("asyncio")
+    return aio._get_running_loop() if aio is not None else None
+
+
 def on_asyncio_loop(loop: Any) -> bool:
     """Whether the calling task runs on asyncio event loop ``loop``, read as
-    :func:`loop_dispatcher` reads it (nothing names a library to sniffio but asyncio, as
-    ``anyio.run`` does, and ``loop`` runs in this thread): a check cheap enough for every call
-    of an object that belongs to one loop. False does not mean another loop: ask
-    :func:`current_lib` then."""
-    if loop is None or _sniffed.name is not None or _sniffed_cvar.get() not in (None, "asyncio"):
-        return False
-    aio = sys.modules.get("asyncio")
-    return aio is not None and aio._get_running_loop() is loop
+    :func:`loop_dispatcher` reads it: a check cheap enough for every call of an object that
+    belongs to one loop. False does not mean another loop: ask :func:`current_lib` then."""
+    return loop is not None and _asyncio_loop_here() is loop
 
 
 def loop_dispatcher() -> tuple[str, Dispatcher]:
@@ -165,9 +170,8 @@ def loop_dispatcher() -> tuple[str, Dispatcher]:
         d = _trio.get(_trio_token[0]())
         if d is not None:
             return "trio", d
-    elif name is None and _sniffed_cvar.get() in (None, "asyncio"):  # (anyio.run names asyncio)
-        aio = sys.modules.get("asyncio")
-        loop = aio._get_running_loop() if aio is not None else None
+    else:
+        loop = _asyncio_loop_here()
         if loop is not None:
             p = _last.pair
             if p is not None and p[0]() is loop:
