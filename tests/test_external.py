@@ -1046,6 +1046,9 @@ def test_deviceop_streams_out_to_torch_and_cupy(backend):
         ts = torch.cuda.ExternalStream(s.handle_int)
         assert ts.cuda_stream == s.handle_int
         x = torch.zeros(1024, device="cuda")
+        # (zeros ran on PyTorch's stream: the fill on ours waits for it, as PyTorch's rules ask;
+        # without it a sanitizer's timing lets the zeros land after the fill)
+        ts.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(ts):
             x.fill_(3.0)
         t = do.from_dlpack(x)

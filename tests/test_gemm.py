@@ -301,18 +301,29 @@ def test_gemm_replays_record_when_hot_remember_failures_and_are_bounded():
     for _ in range(HOT + 3):
         assert r.get("bad", be, None, lambda s: fails.append(s) or 13) == 0
     assert len(fails) == 1
-    # bounded: the oldest graphs go first
+    # bounded: the oldest graphs go first, but one replayed since eviction last passed it is
+    # kept once more ("k" was replayed; the fills, "bad" and "k" the second time round were not)
     r.credit = float("inf")  # (recordings that pay back: see the credit test below)
     for i in range(MAX + 5):
         for _ in range(HOT):
             r.get(("fill", i), be, None, lambda s: 0)
-    assert len(r) == MAX and r.get("k", be, None, lambda s: 0) == 0  # "k" was dropped
-    # (MAX + 7 keys recorded or failed: "k", "bad" and the fills)
-    assert r.limit == MAX and r.evicted == 7
+    # (MAX + 7 keys recorded or failed: "k", "bad" and the fills; "bad" and the 6 oldest fills went)
+    assert len(r) == MAX and r.limit == MAX and r.evicted == 7
+    assert r.get(("fill", 6), be, None, lambda s: 0) and not r.get(("fill", 5), be, None, lambda s: 0)
+    assert r.get("k", be, None, lambda s: 0) == 1001  # spared, and replayed again: spared again
+    for i in range(MAX):
+        for _ in range(HOT):
+            r.get(("again", i), be, None, lambda s: 0)
+    assert r.get("k", be, None, lambda s: 0) == 1001
+    for i in range(2 * MAX):
+        for _ in range(HOT):
+            r.get(("third", i), be, None, lambda s: 0)
+    assert not r.get("k", be, None, lambda s: 0)  # not replayed since it was spared: dropped
+    before = r.evicted
     r.limit = 8  # a smaller table: the oldest go at the next recording
     for _ in range(HOT):
         r.get(("more", 0), be, None, lambda s: 0)
-    assert len(r) == 8 and r.evicted == 7 + MAX - 7
+    assert len(r) == 8 and r.evicted == before + MAX - 7
     for bad in (0, -1, 2.5, "8"):
         with pytest.raises(do.UsageError, match="limit"):
             r.limit = bad
@@ -388,3 +399,23 @@ def test_gemm_replays_price_recordings_by_measured_host_times():
     assert r.credit <= 8 * COST_MAX + 1
     r.clear()
     assert r.cost == COST and r.direct_s == r.replay_s == r.record_s == 0.0
+
+
+def test_gemm_replays_credit_grows_with_the_graphs_in_use():
+    # the credit a table keeps for a burst of recordings is a few recordings' worth, or an eighth
+    # of the graphs it replays: a working set that grows is recorded in a few passes
+    from deviceop.kernels._gemm_replay import COST, HOT, Replays
+
+    be = _stand_in_backend()
+    r = Replays()
+    for _ in range(10000):
+        r.get("one", be, None, lambda s: 0)
+    assert r.recorded == 1 and r.credit <= 8 * COST + 1  # (the cost is as yet COST: no measured call)
+    r.credit = float("inf")
+    for i in range(800):
+        for _ in range(HOT):
+            r.get(("set", i), be, None, lambda s: 0)
+    r.credit = 0.0
+    for _ in range(10000):
+        r.get("one", be, None, lambda s: 0)
+    assert 100 * r.cost - 1 <= r.credit <= 101 * r.cost + 1

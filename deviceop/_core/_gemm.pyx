@@ -9,6 +9,7 @@ layout becomes its op without Python-level validation, and running it orders the
 and enqueues the call (or its recorded graph) under the ledger lock.
 """
 
+cimport cython
 from libc.float cimport FLT_MAX
 from libc.stdint cimport int64_t, uintptr_t
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
@@ -24,7 +25,9 @@ __all__ = ["COST", "COST_MAX", "GemmCall", "GemmLauncher", "GemmPlan", "HOT", "M
 
 #: calls of one exact problem before it is recorded (a problem seen once or twice is not worth it)
 HOT = 3
-MAX = 1024
+#: graphs kept (``Replays.limit``): a service's working set of exact calls (64 requests in flight
+#: of an 8-step pipeline make about a thousand) with room for a second model's
+MAX = 4096
 #: replays a recording must be worth until the table has measured its own (a record + instantiate
 #: costs about this many replays' saving on a typical host)
 COST = 16.0
@@ -71,6 +74,16 @@ cdef class GemmPlan:
         self._lt_call = value
 
 
+@cython.final
+cdef class _Entry:
+    """A recorded call's executable (None: its recording failed) and whether it was replayed
+    since eviction last passed it."""
+
+    cdef object ex
+    cdef uintptr_t handle
+    cdef bint used
+
+
 cdef class Replays:
     """Graph executables by GEMM call key, recorded once a key is hot and the credit allows.
 
@@ -84,7 +97,7 @@ cdef class Replays:
     """
 
     cdef dict _seen
-    cdef dict _execs  # key -> executable (with .handle_int), or None if recording it failed
+    cdef dict _execs  # key -> _Entry (its executable None if recording it failed), oldest first
     cdef object _record
     cdef public Py_ssize_t recorded
     cdef public Py_ssize_t replays
@@ -104,6 +117,13 @@ cdef class Replays:
 
     def __len__(self):
         return len(self._execs)
+
+    cdef inline double cap_c(self, double cost) noexcept:
+        # the credit kept for a burst of recordings: a few, or an eighth of the graphs the table
+        # replays already (a working set that grows, as requests in flight do, is recorded in
+        # a few passes rather than a few graphs per pass)
+        cdef double n = len(self._execs) / 8.0
+        return cost * (n if n > 8.0 else 8.0)
 
     @property
     def limit(self):
@@ -147,13 +167,14 @@ cdef class Replays:
             self.direct_s = seconds if self.direct_s == 0.0 else self.direct_s + (seconds - self.direct_s) / 16
 
     cdef inline uintptr_t find(self, key) except? 0:
-        ex = self._execs.get(key)
-        if ex is None:  # not recorded, or its recording failed (miss() tells them apart)
+        cdef _Entry e = self._execs.get(key)
+        if e is None or e.handle == 0:  # not recorded, or its recording failed (miss() tells them apart)
             return 0
+        e.used = True
         self.replays += 1
-        if self.credit < 8 * self.cost_c():
+        if self.credit < self.cap_c(self.cost_c()):
             self.credit += 1.0
-        return <uintptr_t>ex.handle_int
+        return e.handle
 
     cdef uintptr_t miss(self, key, backend, stream, call) except? 0:
         cdef double cost = self.cost_c()
@@ -174,14 +195,33 @@ cdef class Replays:
         ex = self._record(backend, stream, call)
         t = (_now_ns() - t0) * 1e-9
         self.record_s = t if self.record_s == 0.0 else self.record_s + (t - self.record_s) / 4
-        while self._execs and len(self._execs) >= self._limit:
-            self._execs.pop(next(iter(self._execs)))
-            self.evicted += 1
-        self._execs[key] = ex
+        self._make_room()
+        cdef _Entry e = _Entry.__new__(_Entry)
+        e.ex = ex
+        self._execs[key] = e
         if ex is None:
             return 0
+        e.handle = <uintptr_t>ex.handle_int
         self.recorded += 1
-        return <uintptr_t>ex.handle_int
+        return e.handle
+
+    cdef int _make_room(self) except -1:
+        """Drop entries, oldest first, until one more fits; an entry replayed since it was last
+        looked at here gets a second chance (moved to the newest end, unmarked), so the graphs
+        in use stay while those of addresses that did not come back go."""
+        cdef _Entry e
+        cdef Py_ssize_t spared = 0
+        execs = self._execs
+        while execs and len(execs) >= self._limit:
+            key = next(iter(execs))
+            e = execs.pop(key)
+            if e.used and spared < len(execs):
+                e.used = False
+                execs[key] = e
+                spared += 1
+                continue
+            self.evicted += 1
+        return 0
 
     def get(self, key, backend, stream, call):
         """The graph handle (an int) to launch for ``key``, or 0 to make the call directly.
@@ -194,7 +234,7 @@ cdef class Replays:
 
     def executables(self):
         """The recorded executables (failed recordings left out), oldest first."""
-        return [e for e in self._execs.values() if e is not None]
+        return [e.ex for e in self._execs.values() if e.ex is not None]
 
     def clear(self):
         """Forget every recording, hot count and measurement; the credit starts again."""

@@ -9,12 +9,17 @@ times it is recorded into a graph on a private stream and replayed from then on.
 The graph is a pure function of its key: plan (shapes, layouts, algorithm), the three device
 pointers, alpha and beta, and the stream whose workspace it uses; replaying it on that stream is
 the same call. Memory freed and reused at the same address is the same computation on the new
-tensor. At most ``MAX`` graphs are kept (``Replays.limit``); the oldest is dropped first (the
-driver frees a graph that is still running once it ends), counted in ``Replays.evicted``.
+tensor. At most ``MAX`` graphs are kept (``Replays.limit``); the oldest is dropped first,
+unless it was replayed since eviction last passed it (then it is kept once more, as a clock
+cache does), so the graphs in use stay while those of addresses that did not come back go (the
+driver frees a graph that is still running once it ends); drops are counted in
+``Replays.evicted``.
 
 Recording costs what many replays save. Calls that do not repeat (fresh buffers per request,
 addresses that recur only now and then) must not pay it again and again, so recordings draw on
-a credit that replays earn back: each replay earns 1, each recording spends its cost in replays
+a credit that replays earn back: each replay earns 1 (up to a few recordings' worth, or an
+eighth of the graphs kept: a working set that grows, as requests in flight do, is recorded in
+a few passes), each recording spends its cost in replays
 (``Replays.cost``: the host time of a recording over what a replay saves against a direct
 call, both measured as calls run; ``COST`` until they are, at most ``COST_MAX``), and while the
 credit is short no call is recorded (a hot call that goes direct then earns ``1 / cost``, so
