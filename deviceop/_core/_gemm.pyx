@@ -118,13 +118,6 @@ cdef class Replays:
     def __len__(self):
         return len(self._execs)
 
-    cdef inline double cap_c(self, double cost) noexcept:
-        # the credit kept for a burst of recordings: a few, or an eighth of the graphs the table
-        # replays already (a working set that grows, as requests in flight do, is recorded in
-        # a few passes rather than a few graphs per pass)
-        cdef double n = len(self._execs) / 8.0
-        return cost * (n if n > 8.0 else 8.0)
-
     @property
     def limit(self):
         """The most entries kept (``MAX`` by default): recordings, and recordings that failed
@@ -172,7 +165,7 @@ cdef class Replays:
             return 0
         e.used = True
         self.replays += 1
-        if self.credit < self.cap_c(self.cost_c()):
+        if self.credit < 8 * self.cost_c():
             self.credit += 1.0
         return e.handle
 

@@ -17,9 +17,9 @@ driver frees a graph that is still running once it ends); drops are counted in
 
 Recording costs what many replays save. Calls that do not repeat (fresh buffers per request,
 addresses that recur only now and then) must not pay it again and again, so recordings draw on
-a credit that replays earn back: each replay earns 1 (up to a few recordings' worth, or an
-eighth of the graphs kept: a working set that grows, as requests in flight do, is recorded in
-a few passes), each recording spends its cost in replays
+a credit that replays earn back: each replay earns 1 (up to 8 recordings' worth: credit that
+one pattern of calls earned, spent on recording another whose addresses do not settle, would
+cost more than its replays save), each recording spends its cost in replays
 (``Replays.cost``: the host time of a recording over what a replay saves against a direct
 call, both measured as calls run; ``COST`` until they are, at most ``COST_MAX``), and while the
 credit is short no call is recorded (a hot call that goes direct then earns ``1 / cost``, so
