@@ -15,10 +15,12 @@ process. Measured for S in {1, 8, 32}:
 Host CPU is the process's CPU time (every thread: the driver's, deviceop's, PyTorch's) per
 request; wall time per request too. Rounds run every variant in turn; medians over --rounds
 (by default as many as fill about 3 s, 15 to 61: the host's speed moves within seconds) after a
-warm-up: passes over every variant until the GEMM replay table has recorded the calls that
-recur, at most --warmup seconds (the steady state of a long-running service; each result says
-how long it took and whether the table settled). The ratios of the gathered requests' CPU to the others' are taken per round,
-then the median. Results are checked against PyTorch's.
+warm-up: at least two passes over every variant, more while a pass's GEMM recordings exceed 1%
+of the GEMMs all variants replayed in it, stopping after the first pass past --warmup seconds
+(each result says how many passes and seconds it took, and whether that check was met; the one
+variant's recordings can stay above 1% of its own replays when it was). The ratios of the
+gathered requests' CPU to the others' are taken per round, then the median. Results are
+checked against PyTorch's.
 
     python benchmarks/pipeline_cost.py --out pipeline_cost.json
 """
@@ -155,26 +157,26 @@ def measure(fns: dict, rounds: int, n: int, gemm_counts=None, warmup_s: float = 
     ``gemm_counts``: a function giving the GEMM replay table's (recordings, replays) so far;
     each variant's GEMMs replayed per request and recordings per round are then reported (a
     GEMM not replayed is a direct cuBLASLt call, which costs more host time). The warm-up
-    repeats passes over every variant until the table records at most 1% as many GEMMs as it
-    replays in a pass (its working set recorded: the steady state of a long-running service),
-    at most ``warmup_s``; ``warmup`` reports its passes, seconds and whether it settled."""
+    makes at least two passes over every variant, more while a pass's recordings exceed 1% of
+    the replays of all variants in it, and stops after the first pass past ``warmup_s``;
+    ``warmup`` reports its passes, seconds and whether that check was met (``settled``; None
+    without ``gemm_counts``: one pass)."""
     t_warm = time.perf_counter()
     passes = 0
-    settled = gemm_counts is None
+    settled: bool | None = None
     while True:  # warm-up: plans, cuBLAS heuristics, pools, and the GEMM replay table's recordings
         g0 = gemm_counts() if gemm_counts else (0, 0)
         for f in fns.values():
             f()
         passes += 1
-        if settled:
+        if gemm_counts is None:
             break
         g1 = gemm_counts()
-        # a service runs for hours: measure once the table records next to nothing in a pass
-        # (its working set of exact calls recorded), or after warmup_s
-        if g1[0] - g0[0] <= 0.01 * max(1, g1[1] - g0[1]) and passes >= 2:
-            settled = True
-            break
-        if time.perf_counter() - t_warm > warmup_s:
+        # a service runs for hours: measure once the table records little in a pass, or after
+        # warmup_s (all variants' replays together: the check is loose for the one that replays
+        # least, which each result's recordings per round show)
+        settled = g1[0] - g0[0] <= 0.01 * max(1, g1[1] - g0[1])
+        if (settled and passes >= 2) or time.perf_counter() - t_warm > warmup_s:
             break
     warm = {"passes": passes, "seconds": time.perf_counter() - t_warm, "settled": settled}
     if rounds <= 0:
@@ -240,9 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rounds", type=int, default=0, help="rounds per measurement (0: enough for about 3 s, at least 15)"
     )
-    ap.add_argument("--warmup", type=float, default=20.0, help="most seconds of warm-up per step count")
+    ap.add_argument(
+        "--warmup", type=float, default=20.0, help="seconds after which the warm-up stops (after that pass)"
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if not 0 <= a.warmup < math.inf:
+        ap.error(f"--warmup is a number of seconds, 0 or more, got {a.warmup}")
     from exec_modes import machine_info
 
     xs = [np.random.default_rng(i).standard_normal((B, D)).astype(np.float16) for i in range(a.requests)]
@@ -283,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  / sync one at a time {r['gathered_cpu_over_deviceop_sync_one_at_a_time']:.3f}x"
             f"  / torch in flight {r['gathered_cpu_over_torch_in_flight']:.3f}x"
             f"  (after {r['warmup']['passes']} warm-up passes, {r['warmup']['seconds']:.1f} s"
-            f"{'' if r['warmup']['settled'] else ', replay table not settled'})",
+            f"{'' if r['warmup']['settled'] else ', recordings above 1% of replays'})",
             flush=True,
         )
         print(

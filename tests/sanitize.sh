@@ -14,9 +14,10 @@
 # examples' service, GEMM queue, speech loop, and its encoder in deviceop kernels): on the H100
 # and the H200 a cuBLAS kernel running under racecheck, instrumented or not, ends in "The
 # Sanitizer failed to handle a hardware exception" and CUDA_ERROR_ILLEGAL_ADDRESS, and the
-# context is lost for the rest of the file (memcheck runs the same tests clean). It deselects the tests that launch from several host threads at
-# once (names with "thread"): there the sanitizer stops tracking launches ("Detected a failure
-# to track a kernel launch") and one such test hangs. A shared-memory hazard is a property of
+# context is lost for the rest of the file (memcheck runs the same tests clean). It deselects
+# the tests that launch from several host threads at once (names with "thread"): there the
+# sanitizer stops tracking launches ("Detected a failure to track a kernel launch") and one
+# such test hangs. A shared-memory hazard is a property of
 # one launch, and each deviceop kernel those tests launch is also launched from one thread by
 # other tests; memcheck and synccheck run them all.
 # synccheck leaves out cuBLAS's nvjet kernels (launched by deviceop's GEMM and by

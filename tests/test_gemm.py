@@ -302,7 +302,8 @@ def test_gemm_replays_record_when_hot_remember_failures_and_are_bounded():
         assert r.get("bad", be, None, lambda s: fails.append(s) or 13) == 0
     assert len(fails) == 1
     # bounded: the oldest graphs go first, but one replayed since eviction last passed it is
-    # kept once more ("k" was replayed; the fills, "bad" and "k" the second time round were not)
+    # kept once more ("k" was replayed, "bad" and the fills were not: "k" is spared now, and
+    # again after its next replay, and dropped the time after, not replayed in between)
     r.credit = float("inf")  # (recordings that pay back: see the credit test below)
     for i in range(MAX + 5):
         for _ in range(HOT):
@@ -319,6 +320,7 @@ def test_gemm_replays_record_when_hot_remember_failures_and_are_bounded():
         for _ in range(HOT):
             r.get(("third", i), be, None, lambda s: 0)
     assert not r.get("k", be, None, lambda s: 0)  # not replayed since it was spared: dropped
+    assert r.evicted == 7 + MAX + 2 * MAX  # every recording into a full table drops one entry
     before = r.evicted
     r.limit = 8  # a smaller table: the oldest go at the next recording
     for _ in range(HOT):
@@ -399,4 +401,3 @@ def test_gemm_replays_price_recordings_by_measured_host_times():
     assert r.credit <= 8 * COST_MAX + 1
     r.clear()
     assert r.cost == COST and r.direct_s == r.replay_s == r.record_s == 0.0
-

@@ -121,7 +121,8 @@ cdef class Replays:
     @property
     def limit(self):
         """The most entries kept (``MAX`` by default): recordings, and recordings that failed
-        (remembered so that they are not tried again); the oldest go first."""
+        (remembered so that they are not tried again); the oldest go first, but one replayed
+        since eviction last passed it is kept once more."""
         return self._limit
 
     @limit.setter
@@ -188,13 +189,14 @@ cdef class Replays:
         ex = self._record(backend, stream, call)
         t = (_now_ns() - t0) * 1e-9
         self.record_s = t if self.record_s == 0.0 else self.record_s + (t - self.record_s) / 4
-        self._make_room()
         cdef _Entry e = _Entry.__new__(_Entry)
-        e.ex = ex
+        if ex is not None:
+            e.handle = <uintptr_t>ex.handle_int  # (read first: an entry is whole once stored)
+            e.ex = ex
+        self._make_room()
         self._execs[key] = e
-        if ex is None:
+        if e.handle == 0:
             return 0
-        e.handle = <uintptr_t>ex.handle_int
         self.recorded += 1
         return e.handle
 
@@ -203,15 +205,14 @@ cdef class Replays:
         looked at here gets a second chance (moved to the newest end, unmarked), so the graphs
         in use stay while those of addresses that did not come back go."""
         cdef _Entry e
-        cdef Py_ssize_t spared = 0
         execs = self._execs
+        # (ends: each turn drops an entry or unmarks one, and nothing marks one meanwhile)
         while execs and len(execs) >= self._limit:
             key = next(iter(execs))
             e = execs.pop(key)
-            if e.used and spared < len(execs):
+            if e.used:
                 e.used = False
                 execs[key] = e
-                spared += 1
                 continue
             self.evicted += 1
         return 0
