@@ -401,3 +401,48 @@ def test_gemm_replays_price_recordings_by_measured_host_times():
     assert r.credit <= 8 * COST_MAX + 1
     r.clear()
     assert r.cost == COST and r.direct_s == r.replay_s == r.record_s == 0.0
+
+
+def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(backend_kind):
+    """On the stub driver, with cuBLASLt stood in for by the stub's ``stub_ltmatmul`` (one empty
+    kernel on the call's stream): the compiled GEMM path enqueues each call, records the exact
+    call once it is hot into a graph, and launches that graph for the calls after, one kernel
+    each. (What the GEMM computes is tested on a GPU; this is its path, in CI.)"""
+    import ctypes
+
+    from conftest import STUB_DRIVER
+
+    from deviceop.kernels._gemm import GEMM
+    from deviceop.kernels._gemm_replay import HOT
+
+    if not STUB_DRIVER or backend_kind != "cuda":
+        pytest.skip("the stub driver's cuBLASLt stand-in")
+    from stub_driver import emulate
+
+    do.use_backend("cuda")  # (not the backend fixture: this file's other cuda tests need cuBLAS)
+
+    fake = int(ctypes.cast(ctypes.CDLL("libcuda.so.1").stub_ltmatmul, ctypes.c_void_p).value or 0)
+    s = do.streams()[0]
+    # a problem no other test makes: its plan's cuBLASLt call is the stand-in while this runs
+    a = do.zeros((24, 40), do.float16).sync_on(s)
+    b = do.zeros((40, 56), do.float16).sync_on(s)
+    c = do.empty((24, 56), do.float16).sync_on(s)
+    g = GEMM.plan((c, a, b), (1.0, 0.0, False))
+    table = GEMM.replays
+    table.clear()
+    table.credit = 1e6  # (what is tested is the path, not the credit)
+    GEMM.blas[s.handle_int] = (0, 0)
+    g.lt_call, g.lt_tried = (fake, 0, 0, 0, 0, 0, 0), True
+    try:
+        launched = emulate.launches()
+        n = HOT + 3
+        for _ in range(n):
+            out = K.gemm(c, a, b).sync_on(s)
+            assert out[0] is c
+        assert table.recorded == 1 and table.replays == n - HOT  # recorded at the HOT-th call
+        assert emulate.launches() - launched == n  # every call ran its kernel once, replayed or not
+        assert len(table.executables()) == 1
+    finally:
+        g.lt_call, g.lt_tried = None, False
+        GEMM.blas.pop(s.handle_int, None)
+        table.clear()

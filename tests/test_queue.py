@@ -263,6 +263,45 @@ def test_work_queue_bad_arguments(backend):
     with pytest.raises(do.UsageError, match="DeviceOps or callables"):
         anyio.run(put_junk)
 
+    # run() queues items a queue's worth at a time; one that is not an item among them is refused
+    # when its turn comes, and the items after it are not queued
+    seen = []
+
+    def item(lane):
+        return do.value(lane)
+
+    def items():
+        for i in range(8):
+            seen.append(i)
+            yield 3 if i == 6 else item
+
+    async def run_junk():
+        await WorkQueue(streams=1, capacity=4).run(items())
+
+    with pytest.raises(do.UsageError, match="DeviceOps or callables"):
+        anyio.run(run_junk)
+    assert seen == list(range(7))
+
+
+def test_lanes_feed_queues_until_capacity_a_non_item_or_the_end():
+    # the compiled feed behind run(): each call queues the item it is given, then more while the
+    # queue has room and they are items; it returns the first it did not queue, or END
+    from collections import deque
+
+    from deviceop._core._completion import COUNTS
+    from deviceop._core._lanes import END, Lanes
+    from deviceop.executors import ItemResult
+
+    items: deque = deque()
+    results: list = []
+    lanes = Lanes([None], items, results, ItemResult, [0.0], [], 2, 8, COUNTS, None, Exception)
+    f = lambda lane: do.value(lane)  # noqa: E731
+    it = iter([f, f, f, "junk", f])
+    assert lanes.feed(f, it, 3) is f and lanes.pending == 3  # full: the fourth comes back
+    assert [r.index for r in results] == [0, 1, 2] and [p[0] for p in items] == [f, f, f]
+    assert lanes.feed(f, it, 10) == "junk" and lanes.pending == 4
+    assert lanes.feed("anything", iter([]), 10) is END and lanes.pending == 5  # (queued as given)
+
 
 def test_work_queue_more_streams_than_the_pool(backend):
     n = len(do.streams()) + 3

@@ -228,7 +228,12 @@ cdef class Replays:
 
     def executables(self):
         """The recorded executables (failed recordings left out), oldest first."""
-        return [e.ex for e in self._execs.values() if e.ex is not None]
+        cdef _Entry e
+        cdef list out = []
+        for e in self._execs.values():
+            if e.ex is not None:
+                out.append(e.ex)
+        return out
 
     def clear(self):
         """Forget every recording, hot count and measurement; the credit starts again."""

@@ -1,10 +1,12 @@
 """Type stub of the compiled module ``deviceop._core._lanes``: a work queue's lanes."""
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 DEPTH: int
+#: what ``Lanes.feed`` returns once its iterator is exhausted
+END: object
 
 def resolve(item: Any, lane: int) -> Any:
     """An item is an op, or a callable ``f(lane) -> op``."""
@@ -55,6 +57,9 @@ class Lanes:
     ) -> None: ...
     def add(self, item: Any) -> None:
         """Queue ``item``: its result joins ``results``; it is pending from now."""
+    def feed(self, item: Any, it: Iterator[Any], capacity: int) -> Any:
+        """Queue ``item``, then items of ``it`` while fewer than ``capacity`` are pending; the
+        first not queued, or ``END``."""
     def bind(self, ch: Any, tok: Any, selected: bool) -> None:
         """The driver's reactor channel and token, and whether every lane's device is selected."""
     def release(self, lane: int) -> None:

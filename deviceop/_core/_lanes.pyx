@@ -32,7 +32,7 @@ from ._select import enter_device, leave_device
 from ._op import Each, start_sliced
 from ._watch import device_failed
 
-__all__ = ["Lanes", "Run", "new_result", "resolve", "start_batch", "settle", "take_batch"]
+__all__ = ["END", "Lanes", "Run", "new_result", "resolve", "start_batch", "settle", "take_batch"]
 
 # executions in flight per lane: while one runs, the next is queued behind it (with one, the
 # stream idles from each completion until the driver has noticed it and issued more)
@@ -42,6 +42,9 @@ cdef enum:
 DEPTH = _DEPTH
 
 cdef double _INF = float("inf")
+
+#: what :meth:`Lanes.feed` returns once its iterator is exhausted
+END = object()
 
 
 cpdef object resolve(object item, Py_ssize_t lane):
@@ -326,6 +329,22 @@ cdef class Lanes:
         in ``queued_s`` until it starts) joins ``results``; it is pending from now."""
         self.items.append((item, new_result(self.results, self.result_cls)))
         self.pending += 1
+
+    def feed(self, item, it, Py_ssize_t capacity):
+        """Queue ``item`` and then items from iterator ``it`` while fewer than ``capacity`` are
+        pending and each is an op or a callable; return the first one not queued (the caller
+        ``put()``s it: it waits for room, or raises the usage error), or :data:`END` once ``it``
+        is exhausted. One call for a queue's worth of items: the interpreter runs no loop, and
+        the queue checks its cancellation once, not per item."""
+        items = self.items
+        results = self.results
+        cls = self.result_cls
+        while True:
+            items.append((item, new_result(results, cls)))
+            self.pending += 1
+            item = next(it, END)
+            if item is END or self.pending >= capacity or not (callable(item) or hasattr(item, "_run")):
+                return item
 
     def bind(self, ch, tok, bint selected):
         """The driver's reactor channel and token (its wake-ups), and whether every lane's

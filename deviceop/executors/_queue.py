@@ -20,7 +20,7 @@ from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any
 
 from .._core._completion import COUNTS, SLICE, park_until, poll_until, waker_class, yielder
-from .._core._lanes import Lanes, resolve
+from .._core._lanes import END, Lanes, resolve
 from .._core._select import current
 from .._core._wake import current_lib, event_class, loop_dispatcher
 from .._errors import UsageError
@@ -211,15 +211,26 @@ class WorkQueue:
                 async for it in items:
                     await self.put(it)
             else:
-                for it in items:
-                    # with room, an op or a factory is queued without a put() coroutine (which
-                    # would not wait then either): a small item's host time is the queue's bound
-                    if self._lanes.pending < self.capacity and (callable(it) or hasattr(it, "_run")):
-                        if self._tg.cancel_scope.cancel_called:
-                            await self.put(it)  # raises QueueCancelled
-                        self._add(it)
+                # with room, ops and factories are queued by the compiled lanes a queue's worth at
+                # a time, without a put() coroutine (which would not wait then either): a small
+                # item's host time is the queue's bound. put() takes the rest: an item when the
+                # queue is full (it waits for room), one that is not an item (it raises), any
+                # once the queue is cancelled (it raises QueueCancelled)
+                it = iter(items)
+                nxt = next(it, END)
+                lanes = self._lanes
+                while nxt is not END:
+                    if (
+                        lanes.pending < self.capacity
+                        and (callable(nxt) or hasattr(nxt, "_run"))
+                        and not self._tg.cancel_scope.cancel_called
+                    ):
+                        nxt = lanes.feed(nxt, it, self.capacity)
+                        if self._idle:
+                            self._wake(self._idle)
                     else:
-                        await self.put(it)
+                        await self.put(nxt)
+                        nxt = next(it, END)
         return self.results()
 
     def results(self) -> list[ItemResult]:

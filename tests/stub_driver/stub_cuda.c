@@ -22,7 +22,7 @@
 // DEVICEOP_STUB_INLINE=1 runs each item when it is enqueued, on the calling thread, instead of on
 // the stream's worker: every stream then completes in issue order and a synchronize returns at
 // once, so the host cost of deviceop's own paths can be timed and profiled without the workers'
-// wake-ups (docs/internals.md, host_cost.py). Tests never set it: it hides missing dependencies.
+// wake-ups (tests/stub_driver/queue_host_cost.py). Tests never set it: it hides missing dependencies.
 //
 // Build:  cc -O2 -shared -fPIC -Wl,-soname,libcuda.so.1 -o libcuda.so.1 stub_cuda.c -ldl -lpthread
 #define _GNU_SOURCE
@@ -655,4 +655,27 @@ CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned 
 }
 CUresult cuGetProcAddress(const char *sym, void **pfn, int version, unsigned long long flags) {
     return cuGetProcAddress_v2(sym, pfn, version, flags, NULL);
+}
+
+// A stand-in for cublasLtMatmul, with its signature: one empty kernel ("stub_gemm", no
+// parameters) launched on the call's stream, so that deviceop's compiled GEMM path, its replay
+// table and its graph launches run without cuBLAS, to time their host cost
+// (tests/stub_driver/queue_host_cost.py). A launch hook, where one is set, must know the name.
+int stub_ltmatmul(void *h, void *desc, const void *alpha, const void *A, void *Ad, const void *B, void *Bd,
+                  const void *beta, const void *C, void *Cd, void *D, void *Dd, const void *algo, void *ws,
+                  size_t wsb, void *stream) {
+    static __thread func_t fn[MAX_DEVICES];
+    void *ctx = ctx_of_stream(stream);
+    func_t *f = NULL;
+    for (int i = 0; i < MAX_DEVICES && !f; i++) {
+        if (fn[i].ctx == ctx || fn[i].ctx == NULL) f = &fn[i];
+    }
+    if (!f) return 13;  // CUBLAS_STATUS_EXECUTION_FAILED
+    if (f->ctx == NULL) {
+        snprintf(f->name, sizeof f->name, "stub_gemm");
+        f->ctx = ctx;
+        f->nparams = nparams_hook ? nparams_hook(f->name) : 0;
+    }
+    if (f->nparams != 0) return 13;
+    return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL) ? 13 : 0;
 }
