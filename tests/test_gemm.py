@@ -296,6 +296,7 @@ def test_gemm_replays_record_when_hot_remember_failures_and_are_bounded():
     got = [r.get("k", be, None, lambda s: calls.append(s) or 0) for _ in range(HOT + 2)]
     assert got[: HOT - 1] == [0] * (HOT - 1)  # direct calls until the key is hot
     assert got[HOT - 1] == got[HOT] == got[HOT + 1] == 1001 and calls == [7] and r.recorded == 1
+    assert [x.handle_int for x in r.executables()] == [1001]
     # a failed recording (status != 0) is remembered: no retry on every later call
     fails = []
     for _ in range(HOT + 3):
@@ -417,10 +418,11 @@ def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(backend_kind)
 
     if not STUB_DRIVER or backend_kind != "cuda":
         pytest.skip("the stub driver's cuBLASLt stand-in")
+    if GEMM.mode != 0:
+        pytest.skip("DEVICEOP_GEMM is not auto: no replays")
     from stub_driver import emulate
 
     do.use_backend("cuda")  # (not the backend fixture: this file's other cuda tests need cuBLAS)
-
     fake = int(ctypes.cast(ctypes.CDLL("libcuda.so.1").stub_ltmatmul, ctypes.c_void_p).value or 0)
     s = do.streams()[0]
     # a problem no other test makes: its plan's cuBLASLt call is the stand-in while this runs
@@ -429,20 +431,26 @@ def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(backend_kind)
     c = do.empty((24, 56), do.float16).sync_on(s)
     g = GEMM.plan((c, a, b), (1.0, 0.0, False))
     table = GEMM.replays
-    table.clear()
-    table.credit = 1e6  # (what is tested is the path, not the credit)
-    GEMM.blas[s.handle_int] = (0, 0)
-    g.lt_call, g.lt_tried = (fake, 0, 0, 0, 0, 0, 0), True
+    saved = (g.lt_call, g.lt_tried, GEMM.blas.get(s.handle_int), table.credit)
     try:
-        launched = emulate.launches()
+        table.clear()
+        table.credit = 1e6  # (what is tested is the path, not the credit)
+        GEMM.blas[s.handle_int] = (0, 0)
+        g.lt_call, g.lt_tried = (fake, 0, 0, 0, 0, 0, 0), True
+        recorded, replays, launched = table.recorded, table.replays, emulate.launches()
         n = HOT + 3
         for _ in range(n):
             out = K.gemm(c, a, b).sync_on(s)
             assert out[0] is c
-        assert table.recorded == 1 and table.replays == n - HOT  # recorded at the HOT-th call
+        # recorded at the HOT-th call, replayed after it
+        assert table.recorded - recorded == 1 and table.replays - replays == n - HOT
         assert emulate.launches() - launched == n  # every call ran its kernel once, replayed or not
-        assert len(table.executables()) == 1
+        assert [type(x.handle_int) for x in table.executables()] == [int]
     finally:
-        g.lt_call, g.lt_tried = None, False
-        GEMM.blas.pop(s.handle_int, None)
+        g.lt_call, g.lt_tried = saved[0], saved[1]
+        if saved[2] is None:
+            GEMM.blas.pop(s.handle_int, None)
+        else:
+            GEMM.blas[s.handle_int] = saved[2]
         table.clear()
+        table.credit = saved[3]

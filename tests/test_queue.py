@@ -345,6 +345,27 @@ def test_threaded_queue_errors_and_cancel(backend):
     assert q.stats().items == len(res)
 
 
+def test_work_queue_run_stops_when_its_iterator_cancels_it(backend):
+    # run() queues a queue's worth of items at a time: an iterator whose own code cancels the
+    # queue is asked for no more items, and the one it gave then is not queued
+    pulled = []
+
+    async def main():
+        q = WorkQueue(streams=2, capacity=100)
+
+        def items():
+            for i in range(30):
+                pulled.append(i)
+                if i == 3:
+                    q.cancel()
+                yield lambda lane: do.value(lane)
+
+        return await q.run(items())
+
+    res = anyio.run(main)
+    assert pulled == [0, 1, 2, 3] and len(res) == 3
+
+
 def test_gemm_queue_results(backend):
     """The bimodal pattern in miniature: per-lane outputs, shared inputs, checked values."""
     needs_gpu(backend, "cuBLAS")

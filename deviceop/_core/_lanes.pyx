@@ -304,6 +304,7 @@ cdef class Lanes:
     cdef bint selected
     cdef readonly Py_ssize_t slicing  # executions whose chain is still being enqueued a slice at a time
     cdef public Py_ssize_t pending  # items queued or in flight
+    cdef public bint stopped  # the queue was cancelled: feed() queues no more
     cdef readonly double lat  # moving average of an execution's start-to-completion time (s)
 
     def __cinit__(self, list streams, object items, list results, object result_cls, list busy, list space,
@@ -332,10 +333,11 @@ cdef class Lanes:
 
     def feed(self, item, it, Py_ssize_t capacity):
         """Queue ``item`` and then items from iterator ``it`` while fewer than ``capacity`` are
-        pending and each is an op or a callable; return the first one not queued (the caller
-        ``put()``s it: it waits for room, or raises the usage error), or :data:`END` once ``it``
-        is exhausted. One call for a queue's worth of items: the interpreter runs no loop, and
-        the queue checks its cancellation once, not per item."""
+        pending, each is an op or a callable and the queue is not cancelled (``stopped``: the
+        iterator's own code may cancel it); return the first one not queued (the caller
+        ``put()``s it: it waits for room, or raises the usage error or QueueCancelled), or
+        :data:`END` once ``it`` is exhausted. One call for a queue's worth of items: the
+        interpreter runs no loop turn per item."""
         items = self.items
         results = self.results
         cls = self.result_cls
@@ -343,7 +345,8 @@ cdef class Lanes:
             items.append((item, new_result(results, cls)))
             self.pending += 1
             item = next(it, END)
-            if item is END or self.pending >= capacity or not (callable(item) or hasattr(item, "_run")):
+            if (item is END or self.stopped or self.pending >= capacity
+                    or not (callable(item) or hasattr(item, "_run"))):
                 return item
 
     def bind(self, ch, tok, bint selected):

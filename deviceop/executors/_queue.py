@@ -201,6 +201,7 @@ class WorkQueue:
 
     def cancel(self) -> None:
         """Stop the queue: running awaits are cancelled, queued items are reported cancelled."""
+        self._lanes.stopped = True  # (run() queues no more, even while its iterator's own code runs)
         if self._tg is not None:
             self._tg.cancel_scope.cancel()
 
@@ -215,7 +216,7 @@ class WorkQueue:
                 # a time, without a put() coroutine (which would not wait then either): a small
                 # item's host time is the queue's bound. put() takes the rest: an item when the
                 # queue is full (it waits for room), one that is not an item (it raises), any
-                # once the queue is cancelled (it raises QueueCancelled)
+                # once the queue is cancelled (it ends the block), by the iterator's own code too
                 it = iter(items)
                 nxt = next(it, END)
                 lanes = self._lanes

@@ -10,7 +10,8 @@ User kernels run their ``host=`` function: the harness remembers each Kernel by 
 tensor's layout by address (it wraps ``Kernel.__init__`` and ``Tensor.__init__``, and is told
 of each tensor an allocation makes), so a pointer parameter becomes the array the host backend
 would pass. cuBLAS is not emulated: GEMM
-tests skip under the stub, as do tests that need work to run asynchronously (the stub runs
+tests skip under the stub (but one, which runs the compiled GEMM path with the stub's
+``stub_ltmatmul``, an empty kernel, standing in for cuBLASLt's call), as do tests that need work to run asynchronously (the stub runs
 everything at once, in the enqueuing thread).
 """
 

@@ -661,21 +661,22 @@ CUresult cuGetProcAddress(const char *sym, void **pfn, int version, unsigned lon
 // parameters) launched on the call's stream, so that deviceop's compiled GEMM path, its replay
 // table and its graph launches run without cuBLAS, to time their host cost
 // (tests/stub_driver/queue_host_cost.py). A launch hook, where one is set, must know the name.
+static func_t stand_in[MAX_DEVICES];  // per context, made once, never freed: work items and graphs point at it
+static pthread_mutex_t stand_in_lock = PTHREAD_MUTEX_INITIALIZER;
 int stub_ltmatmul(void *h, void *desc, const void *alpha, const void *A, void *Ad, const void *B, void *Bd,
                   const void *beta, const void *C, void *Cd, void *D, void *Dd, const void *algo, void *ws,
                   size_t wsb, void *stream) {
-    static __thread func_t fn[MAX_DEVICES];
     void *ctx = ctx_of_stream(stream);
-    func_t *f = NULL;
-    for (int i = 0; i < MAX_DEVICES && !f; i++) {
-        if (fn[i].ctx == ctx || fn[i].ctx == NULL) f = &fn[i];
-    }
-    if (!f) return 13;  // CUBLAS_STATUS_EXECUTION_FAILED
+    if (!ctx) ctx = current;  // (a legacy stream: the current context's)
+    if (!ctx) return 13;      // CUBLAS_STATUS_EXECUTION_FAILED
+    func_t *f = &stand_in[(int *)ctx - contexts];
+    pthread_mutex_lock(&stand_in_lock);
     if (f->ctx == NULL) {
         snprintf(f->name, sizeof f->name, "stub_gemm");
-        f->ctx = ctx;
         f->nparams = nparams_hook ? nparams_hook(f->name) : 0;
+        f->ctx = ctx;
     }
+    pthread_mutex_unlock(&stand_in_lock);
     if (f->nparams != 0) return 13;
     return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL) ? 13 : 0;
 }
