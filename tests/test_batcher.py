@@ -320,6 +320,29 @@ def test_an_interrupted_batch_tells_its_other_requests(host_backend):
     assert seen["leader"] == 3 and "interrupted (SystemExit" in str(seen["follower"])
 
 
+def test_a_cancelled_batch_says_so_to_its_other_requests(host_backend):
+    # the batch's own task cancelled while it runs (asyncio, as when its loop closes): the other
+    # requests are told that, not that their leading request was interrupted
+    import asyncio
+
+    def fn(items: list[int]) -> do.DeviceOp[list[int]]:
+        raise asyncio.CancelledError  # (what a cancellation of the batch's task raises in it)
+
+    b = Batcher(fn, max_batch=8, max_delay=0.05)
+
+    async def follower() -> int:
+        await asyncio.sleep(0.01)
+        return await b(2)
+
+    async def main() -> list[object]:
+        return await asyncio.wait_for(asyncio.gather(b(1), follower(), return_exceptions=True), 20)
+
+    leader, other = asyncio.run(main())
+    assert isinstance(leader, asyncio.CancelledError)
+    assert isinstance(other, do.UsageError) and "cancelled (CancelledError" in str(other)
+    assert b.stats()["failed_batches"] == 1
+
+
 @pytest.mark.parametrize("loop", LOOPS[:2])
 def test_a_leader_whose_task_is_cancelled_still_runs_its_batch(host_backend, loop):
     """``task.cancel()`` of the request leading a batch (a framework cancelling the handler of

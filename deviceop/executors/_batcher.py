@@ -225,9 +225,11 @@ class Batcher(Generic[X, R]):
             return
         except BaseException as e:  # KeyboardInterrupt, SystemExit in fn: raised by the leader,
             self._failed += 1  # and the others told instead of left waiting
-            err = UsageError(
-                f"this request's batch was interrupted ({type(e).__name__} in the request leading it); retry it"
-            )
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                why = f"interrupted ({type(e).__name__} in the request leading it)"
+            else:  # (asyncio: the batch's own task cancelled, as when its event loop closes)
+                why = f"cancelled ({type(e).__name__}: the task running it was cancelled)"
+            err = UsageError(f"this request's batch was {why}; retry it")
             for r in reqs:
                 r.error = err
                 r.done.set()

@@ -9,10 +9,11 @@ backend's packing of parameters is checked by the results, as on a GPU.
 User kernels run their ``host=`` function: the harness remembers each Kernel by name and each
 tensor's layout by address (it wraps ``Kernel.__init__`` and ``Tensor.__init__``, and is told
 of each tensor an allocation makes), so a pointer parameter becomes the array the host backend
-would pass. cuBLAS is not emulated: GEMM
-tests skip under the stub (but one, which runs the compiled GEMM path with the stub's
-``stub_ltmatmul``, an empty kernel, standing in for cuBLASLt's call), as do tests that need work to run asynchronously (the stub runs
-everything at once, in the enqueuing thread).
+would pass. cuBLAS is not emulated: GEMM tests skip under the stub (but one, which runs the
+compiled GEMM path with the stub's ``stub_ltmatmul``, an empty kernel, standing in for
+cuBLASLt's call), as do tests that need a GPU's own behaviour (its faults, its timing). Each
+stream's work runs on a worker thread of the stub's (as it is enqueued with
+``DEVICEOP_STUB_INLINE=1``, which tests never set).
 """
 
 from __future__ import annotations
