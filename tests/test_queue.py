@@ -284,7 +284,7 @@ def test_work_queue_bad_arguments(backend):
 
 
 def test_lanes_feed_queues_until_capacity_a_non_item_or_the_end():
-    # the compiled feed behind run(): each call queues the item it is given, then more while the
+    # the compiled feed behind run(): each call queues the item it is given, then more, while the
     # queue has room and they are items; it returns the first it did not queue, or END
     from collections import deque
 
@@ -300,7 +300,10 @@ def test_lanes_feed_queues_until_capacity_a_non_item_or_the_end():
     assert lanes.feed(f, it, 3) is f and lanes.pending == 3  # full: the fourth comes back
     assert [r.index for r in results] == [0, 1, 2] and [p[0] for p in items] == [f, f, f]
     assert lanes.feed(f, it, 10) == "junk" and lanes.pending == 4
-    assert lanes.feed("anything", iter([]), 10) is END and lanes.pending == 5  # (queued as given)
+    assert lanes.feed(f, iter([]), 10) is END and lanes.pending == 5
+    assert lanes.feed("junk", iter([f]), 10) == "junk" and lanes.pending == 5  # (not an item: not queued)
+    lanes.stopped = True  # (the queue cancelled)
+    assert lanes.feed(f, iter([f]), 10) is f and lanes.pending == 5
 
 
 def test_work_queue_more_streams_than_the_pool(backend):

@@ -59,8 +59,8 @@ class Lanes:
     def add(self, item: Any) -> None:
         """Queue ``item``: its result joins ``results``; it is pending from now."""
     def feed(self, item: Any, it: Iterator[Any], capacity: int) -> Any:
-        """Queue ``item``, then items of ``it`` while fewer than ``capacity`` are pending and the
-        queue is not ``stopped``; the first not queued, or ``END``."""
+        """Queue ``item``, then items of ``it``, while fewer than ``capacity`` are pending, each is
+        an op or a callable and the queue is not ``stopped``; the first not queued, or ``END``."""
     def bind(self, ch: Any, tok: Any, selected: bool) -> None:
         """The driver's reactor channel and token, and whether every lane's device is selected."""
     def release(self, lane: int) -> None:

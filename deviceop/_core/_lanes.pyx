@@ -334,20 +334,20 @@ cdef class Lanes:
     def feed(self, item, it, Py_ssize_t capacity):
         """Queue ``item`` and then items from iterator ``it`` while fewer than ``capacity`` are
         pending, each is an op or a callable and the queue is not cancelled (``stopped``: the
-        iterator's own code may cancel it); return the first one not queued (the caller
-        ``put()``s it: it waits for room, or raises the usage error or QueueCancelled), or
-        :data:`END` once ``it`` is exhausted. One call for a queue's worth of items: the
-        interpreter runs no loop turn per item."""
+        iterator's own code may cancel it); return the first one not queued (``item`` itself if
+        it was not; the caller ``put()``s it: it waits for room, or raises the usage error or
+        QueueCancelled), or :data:`END` once ``it`` is exhausted. One call for a queue's worth
+        of items: the interpreter runs no loop turn per item."""
         items = self.items
         results = self.results
         cls = self.result_cls
-        while True:
+        while not (self.stopped or self.pending >= capacity or not (callable(item) or hasattr(item, "_run"))):
             items.append((item, new_result(results, cls)))
             self.pending += 1
             item = next(it, END)
-            if (item is END or self.stopped or self.pending >= capacity
-                    or not (callable(item) or hasattr(item, "_run"))):
-                return item
+            if item is END:
+                break
+        return item
 
     def bind(self, ch, tok, bint selected):
         """The driver's reactor channel and token (its wake-ups), and whether every lane's

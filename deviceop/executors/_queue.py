@@ -219,17 +219,11 @@ class WorkQueue:
                 # once the queue is cancelled (it ends the block), by the iterator's own code too
                 it = iter(items)
                 nxt = next(it, END)
-                lanes = self._lanes
                 while nxt is not END:
-                    if (
-                        lanes.pending < self.capacity
-                        and (callable(nxt) or hasattr(nxt, "_run"))
-                        and not self._tg.cancel_scope.cancel_called
-                    ):
-                        nxt = lanes.feed(nxt, it, self.capacity)
-                        if self._idle:
-                            self._wake(self._idle)
-                    else:
+                    nxt = self._lanes.feed(nxt, it, self.capacity)
+                    if self._idle:
+                        self._wake(self._idle)
+                    if nxt is not END:
                         await self.put(nxt)
                         nxt = next(it, END)
         return self.results()
