@@ -254,6 +254,44 @@ def test_repeated_gemm_inside_a_recording_is_recorded_not_replayed(backend):
     np.testing.assert_array_equal(c.numpy(), np.full((32, 32), 96.0, np.float32))
 
 
+def test_a_repeated_batch_of_gemms_is_replayed_as_one_graph(backend):
+    # a work queue's batch (an Each of GEMMs), the same calls again and again, is recorded into
+    # one graph on cuda and replayed: every result must match the reference with the inputs
+    # changed between runs, a call reading what an earlier call of the batch wrote included
+    from deviceop._core._op import Each
+    from deviceop.kernels import _gemm
+    from deviceop.kernels._gemm_replay import HOT
+
+    rng = np.random.default_rng(11)
+    s = pool_of(1)[0]
+    dt = do.float32
+    a, b, d = (do.zeros(shape, dt).sync() for shape in ((64, 32), (32, 64), (64, 32)))
+    c1, c2, c3 = (do.zeros(shape, dt).sync() for shape in ((64, 64), (64, 32), (64, 64)))
+    table = _gemm.GEMM.replays
+    table.clear()
+    table.credit = 1e6  # (see test_repeated_gemms_replay_correctly)
+    recorded, replays = table.recorded, table.replays
+    try:
+        for _ in range(HOT + 3):
+            av, bv, dv = (_rand(rng, t.shape, dt) for t in (a, b, d))
+            for t, v in ((a, av), (b, bv), (d, dv)):
+                K.copy(t.view(-1).partition((256,)), do.from_numpy(v.ravel()).sync_on(s)).sync_on(s)
+            ops = [K.gemm(c1, a, b), K.gemm(c2, c1, d), K.gemm(c3, a, b, alpha=0.5)]
+            for o in ops:
+                o._take("a test")  # (as a work queue takes its items' ops)
+            out = Each(ops).sync_on(s)
+            assert [(ok, o[0]) for ok, o in out] == [(True, c1), (True, c2), (True, c3)]
+            _check(c1.numpy(), _ref(av, bv), dt, 32)
+            _check(c2.numpy(), _ref(c1.numpy(), dv), dt, 64)
+            _check(c3.numpy(), 0.5 * _ref(av, bv), dt, 32)
+        if backend == "cuda" and _gemm.GEMM.mode == 0:  # DEVICEOP_GEMM=auto
+            # one recording, of the batch; replayed from the run after it (the first run plans
+            # the calls one by one where no earlier test planned their layouts)
+            assert table.recorded - recorded == 1 and table.replays - replays >= 2
+    finally:
+        table.clear()
+
+
 class _Ex:
     def __init__(self, n: int) -> None:
         self.handle_int = 1000 + n
@@ -404,15 +442,19 @@ def test_gemm_replays_price_recordings_by_measured_host_times():
     assert r.cost == COST and r.direct_s == r.replay_s == r.record_s == 0.0
 
 
-def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(backend_kind):
+@pytest.mark.parametrize("calls", [1, 3], ids=["one call", "a batch of three"])
+def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(backend_kind, calls):
     """On the stub driver, with cuBLASLt stood in for by the stub's ``stub_ltmatmul`` (one empty
     kernel on the call's stream): the compiled GEMM path enqueues each call, records the exact
     call once it is hot into a graph, and launches that graph for the calls after, one kernel
-    each. (What the GEMM computes is tested on a GPU; this is its path, in CI.)"""
+    each. A work queue's batch of GEMMs (an ``Each`` of them) is recorded and replayed as one
+    graph, once the same batch repeats. (What the GEMM computes is tested on a GPU; this is its
+    path, in CI.)"""
     import ctypes
 
     from conftest import STUB_DRIVER
 
+    from deviceop._core._op import Each
     from deviceop.kernels._gemm import GEMM
     from deviceop.kernels._gemm_replay import HOT
 
@@ -428,10 +470,19 @@ def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(backend_kind)
     # a problem no other test makes: its plan's cuBLASLt call is the stand-in while this runs
     a = do.zeros((24, 40), do.float16).sync_on(s)
     b = do.zeros((40, 56), do.float16).sync_on(s)
-    c = do.empty((24, 56), do.float16).sync_on(s)
-    g = GEMM.plan((c, a, b), (1.0, 0.0, False))
+    cs = [do.empty((24, 56), do.float16).sync_on(s) for _ in range(calls)]
+    g = GEMM.plan((cs[0], a, b), (1.0, 0.0, False))
     table = GEMM.replays
     saved = (g.lt_call, g.lt_tried, GEMM.blas.get(s.handle_int), table.credit)
+
+    def op():
+        if calls == 1:
+            return K.gemm(cs[0], a, b)
+        ops = [K.gemm(c, a, b, alpha=1.0 + i) for i, c in enumerate(cs)]
+        for o in ops:
+            o._take("a test")  # (as a work queue takes its items' ops)
+        return Each(ops)
+
     try:
         table.clear()
         table.credit = 1e6  # (what is tested is the path, not the credit)
@@ -440,11 +491,11 @@ def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(backend_kind)
         recorded, replays, launched = table.recorded, table.replays, emulate.launches()
         n = HOT + 3
         for _ in range(n):
-            out = K.gemm(c, a, b).sync_on(s)
-            assert out[0] is c
-        # recorded at the HOT-th call, replayed after it
+            out = op().sync_on(s)
+            assert out[0] is cs[0] if calls == 1 else [(ok, o[0]) for ok, o in out] == [(True, c) for c in cs]
+        # recorded at the HOT-th run, replayed after it: a batch as one graph
         assert table.recorded - recorded == 1 and table.replays - replays == n - HOT
-        assert emulate.launches() - launched == n  # every call ran its kernel once, replayed or not
+        assert emulate.launches() - launched == n * calls  # every call ran its kernel once, replayed or not
         assert [type(x.handle_int) for x in table.executables()] == [int]
     finally:
         g.lt_call, g.lt_tried = saved[0], saved[1]

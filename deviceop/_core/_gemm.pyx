@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """GEMM's compiled path: a planned call as an op, its cublasLtMatmul call, and replays of calls
-that repeat exactly, ordered through the ledger.
+(and of a work queue's batches of calls) that repeat exactly, ordered through the ledger.
 
 The kernels layer (``deviceop.kernels._gemm``) validates, makes the plan (descriptors and
 algorithm, once per problem layout) and handles what is not a plain cuBLASLt call (the host
@@ -255,6 +255,21 @@ cdef class _LtCall:
         return _lt(self.p, self.pa, self.pb, self.pc, self.alpha, self.beta, self.ws, self.ws_bytes, on)
 
 
+cdef class _LtBatch:
+    """cublasLtMatmul calls made in order on the stream they are given (a batch's recording)."""
+
+    cdef list calls  # [_LtCall]
+
+    def __call__(self, uintptr_t on):
+        cdef _LtCall c
+        cdef int status
+        for c in self.calls:
+            status = _lt(c.p, c.pa, c.pb, c.pc, c.alpha, c.beta, c.ws, c.ws_bytes, on)
+            if status:
+                return status
+        return 0
+
+
 cdef int _lt(GemmPlan p, uintptr_t pa, uintptr_t pb, uintptr_t pc, float alpha, float beta, uintptr_t ws,
              size_t ws_bytes, uintptr_t stream) noexcept nogil:
     # row-major c = a @ b as column-major c^T = b^T a^T: cuBLAS's A is our b; D is C (in place)
@@ -352,6 +367,76 @@ cdef class GemmLauncher:
         return 0
 
 
+    cdef list run_lt_group(self, ExecutionContext cx, list ops, uintptr_t ws):
+        """Order and enqueue a batch of planned cuBLASLt GEMMs (``GemmCall``s of this kernel) on
+        ``cx.stream``, atomically: once the same batch (every call's key, in order) repeats, as
+        one recorded graph, else call by call. Each call's ``(True, args)`` or ``(False,
+        error)``, as :class:`Each` gives them."""
+        cdef uintptr_t sh = cx.sh
+        cdef uintptr_t ex = 0
+        cdef int err = 0
+        cdef Driver d = cx.drv
+        cdef GemmCall o
+        cdef GemmPlan p
+        cdef TensorBase ct, ta, tb
+        cdef _LtCall call
+        cdef _LtBatch batch
+        cdef Py_ssize_t i, n = len(ops)
+        cdef list out = [None] * n
+        cdef list calls = []
+        cdef list keys = [sh]
+        cdef list at = []  # the index in ``ops`` of each call in ``calls``
+        LOCK.take()
+        try:
+            for i in range(n):
+                o = <GemmCall>ops[i]
+                p = o.plan
+                c = o.args[0]
+                ct = (<PartitionBase>c).tensor if isinstance(c, PartitionBase) else <TensorBase?>c
+                ta, tb = <TensorBase?>o.args[1], <TensorBase?>o.args[2]
+                try:  # (a call whose ordering fails gets its error; the others still run)
+                    order_tensor(cx, ct, True, self)
+                    order_tensor(cx, ta, False, self)
+                    order_tensor(cx, tb, False, self)
+                except Exception as e:
+                    out[i] = (False, e)
+                    continue
+                call = _LtCall.__new__(_LtCall)
+                call.p, call.pc, call.ws, call.ws_bytes = p, ct.addr, ws, self.ws_bytes
+                call.pa = tb.addr if p.swap else ta.addr
+                call.pb = ta.addr if p.swap else tb.addr
+                call.alpha, call.beta = o.alpha, o.beta
+                calls.append(call)
+                at.append(i)
+                keys.append((p, call.pa, call.pb, call.pc, call.alpha, call.beta))
+            if len(calls) > 1:
+                key = tuple(keys)
+                ex = self.replays.find(key)
+                if ex == 0:
+                    batch = _LtBatch.__new__(_LtBatch)
+                    batch.calls = calls
+                    ex = self.replays.miss(key, cx.backend, cx.stream, batch)
+            if ex:
+                with nogil:
+                    err = d.graph_launch(<void*>ex, <void*>sh)
+                if err:
+                    e = d.error(err, "cuGraphLaunch (a recorded batch of GEMMs)")
+                    for i in at:
+                        out[i] = (False, e)
+                else:
+                    for i in at:
+                        out[i] = (True, (<GemmCall>ops[i]).args)
+            else:
+                for i in range(len(calls)):
+                    call = <_LtCall>calls[i]
+                    err = _lt(call.p, call.pa, call.pb, call.pc, call.alpha, call.beta, ws, self.ws_bytes, sh)
+                    o = <GemmCall>ops[<Py_ssize_t>at[i]]
+                    out[<Py_ssize_t>at[i]] = (False, self.status_error(err, "cublasLtMatmul")) if err else (True, o.args)
+        finally:
+            LOCK.drop()
+        return out
+
+
 cdef class GemmCall(DeviceOp):
     """A planned GEMM; its output is its arguments ``(c, a, b)``."""
 
@@ -381,6 +466,26 @@ cdef class GemmCall(DeviceOp):
                 return args
         k.enqueue(cx, args, self.opts, p)  # the kernels layer: first call, other paths
         return args
+
+    cdef object _run_group(self, ExecutionContext cx, list ops):
+        # a batch of GEMMs that all take the compiled cuBLASLt path (as _run would, call by
+        # call) runs as one piece of work: one graph launch once the batch repeats
+        cdef GemmLauncher k = self.kernel
+        cdef GemmCall o
+        cdef GemmPlan p
+        if k.mode != 0 or cx.captured is not None or cx.drv is None:
+            return None
+        blas = k.blas.get(cx.sh)
+        if blas is None:
+            return None
+        for x in ops:
+            if type(x) is not type(self):
+                return None
+            o = <GemmCall>x
+            p = o.plan
+            if o.kernel is not k or p.be is not cx.backend or p.lt[0] == 0 or p.m == 0 or p.n == 0:
+                return None
+        return k.run_lt_group(cx, ops, (<tuple>blas)[1])
 
 
 cpdef GemmCall gemm_call(GemmLauncher kernel, tuple args, tuple opts, GemmPlan plan):

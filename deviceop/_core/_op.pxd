@@ -6,6 +6,7 @@ cdef class DeviceOp:
     cpdef object _run(self, ExecutionContext cx)
     cdef int take(self, str by) except -1
     cpdef tuple _start_sliced(self, object stream, str label, double seconds)
+    cdef object _run_group(self, ExecutionContext cx, list ops)
 
 
 cpdef object run_sync(DeviceOp op, object stream, str label)

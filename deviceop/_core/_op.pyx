@@ -293,6 +293,12 @@ cdef class DeviceOp:
         below this module, starts it."""
         return start_sliced(self, stream, label, seconds)
 
+    cdef object _run_group(self, ExecutionContext cx, list ops):
+        """Run ``ops`` (this op first) as :class:`Each` does, as one piece of work, or return
+        None to have each run on its own (this default). A kind of op that enqueues a batch of
+        its own kind cheaper than one at a time overrides it (GEMMs: one graph for the batch)."""
+        return None
+
     def graph(self, stream=None):
         """Record this op into a :class:`~deviceop.graph.CudaGraph` (nothing runs now).
 
@@ -427,8 +433,13 @@ cdef class Each(DeviceOp):
         return f"<{len(self.ops)} ops, each with its own outcome>"
 
     cpdef object _run(self, ExecutionContext cx):
-        cdef list out = []
+        cdef list out
         cdef DeviceOp o
+        if len(self.ops) > 1:
+            out = (<DeviceOp?>self.ops[0])._run_group(cx, self.ops)
+            if out is not None:
+                return out
+        out = []
         for o in self.ops:
             try:
                 out.append((True, o._run(cx)))

@@ -9,7 +9,10 @@ times it is recorded into a graph on a private stream and replayed from then on.
 The graph is a pure function of its key: plan (shapes, layouts, algorithm), the three device
 pointers, alpha and beta, and the stream whose workspace it uses; replaying it on that stream is
 the same call. Memory freed and reused at the same address is the same computation on the new
-tensor. At most ``MAX`` graphs are kept (``Replays.limit``); the oldest is dropped first,
+tensor. A batch of GEMMs run as one execution (a work queue's batch: an ``Each`` of them) is
+recorded the same way, as one graph of its calls in order, keyed by the stream and every
+call's key: once the same batch repeats, one graph launch enqueues all of it, where one per
+call would cost the host a launch each. At most ``MAX`` graphs are kept (``Replays.limit``); the oldest is dropped first,
 unless it was replayed since eviction last passed it (then it is kept once more, as a clock
 cache does), so the graphs in use stay while those of addresses that did not come back go (the
 driver frees a graph that is still running once it ends); drops are counted in
