@@ -271,7 +271,7 @@ class GcPauses:
 def main(argv: list[str] | None = None) -> int:
     from exec_modes import host_probe, machine_info
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--items", type=int, default=2000)
     ap.add_argument("--streams", default="1,2,4,8,16,32")
     ap.add_argument("--reps", type=int, default=3)

@@ -10,11 +10,30 @@ from typing import Any
 import numpy as np
 
 
+def _backend() -> Any:
+    """The default backend. Where it falls back to the host backend (no GPU), the warning that
+    says why is printed as a note: run as a program, the first caller outside deviceop, to which
+    the library attributes its warnings, is the interpreter's start-up code."""
+    import warnings
+
+    from deviceop._core._select import current
+    from deviceop._errors import DeviceOpWarning
+
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always", DeviceOpWarning)
+        be = current()
+    for w in got:
+        if issubclass(w.category, DeviceOpWarning):
+            print(f"note: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return be
+
+
 def _info() -> int:
     import deviceop as do
-    from deviceop._core._select import current
 
-    be = current()
+    be = _backend()
     print(f"backend:            {be.name}")
     print(f"devices:            {', '.join(do.devices())} (default {be.device_label})")
     print(f"device:             {be.device_name}")
@@ -29,11 +48,10 @@ def _info() -> int:
 
 def _demo() -> int:
     import deviceop as do
-    from deviceop._core._select import current
 
     K = do.kernels
     t0 = time.perf_counter()
-    be = current()
+    be = _backend()
     print(f"deviceop demo on the {be.name} backend ({be.device_name})")
     print("  (Listing 1 is the first listing of 'Fearless Concurrency on the GPU', arXiv:2606.15991)")
 

@@ -309,6 +309,27 @@ def test_info_lists_the_devices() -> None:
     assert "devices:            host:0, host:1 (default host:0)" in r.stdout
 
 
+def test_demo_says_as_a_note_why_it_runs_on_the_host_backend() -> None:
+    # the README's first command: its checks pass; where it falls back to the host backend (no
+    # GPU), the reason is a note on stderr, not a warning attributed to the interpreter's
+    # start-up code (the first caller outside deviceop when deviceop is the program)
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DEVICEOP_BACKEND"}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    if env.pop("DEVICEOP_STUB_DRIVER", None) == "1":
+        env.pop("LD_LIBRARY_PATH", None)  # (the stub driver computes only under the tests' harness)
+    r = subprocess.run([sys.executable, "-m", "deviceop", "demo"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert len(re.findall(r":\s+ok\s", r.stdout)) == 2 and "WRONG" not in r.stdout, r.stdout
+    assert "runpy" not in r.stderr and "Warning" not in r.stderr, r.stderr
+    if "on the host backend" in r.stdout:
+        assert r.stderr.startswith("note: deviceop: ") and "using the host backend" in r.stderr, r.stderr
+
+
 def test_multi_device_experiment_runs_on_two_emulated_devices(tmp_path) -> None:
     import json
     import os

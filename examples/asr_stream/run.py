@@ -938,7 +938,7 @@ def _requirements(model: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     gpu = do.backend_name() == "cuda"
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--wav", default=os.path.join(HERE, "speech.wav"))
     ap.add_argument(
         "--model",

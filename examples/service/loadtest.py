@@ -290,7 +290,7 @@ def _main(argv: list[str] | None = None) -> int:
     # minute (the encoder of BERT-base size takes tens of milliseconds a request on a CPU)
     backend = _backend()
     gpu = backend == "cuda"
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     ap.add_argument("--impls", default="all", help=f"comma-separated, of {', '.join(IMPLS)}; all: those that can run")
     ap.add_argument("--seconds", type=float, default=10.0 if gpu else 1.0)
     ap.add_argument("--warmup", type=float, default=3.0 if gpu else 0.5)
