@@ -20,8 +20,9 @@ run; ``gc_full_before`` counts those made before it), and the host's speed is me
 every run (``host_probe_us``); each run also records the CPU time the hypervisor took from the
 machine meanwhile (``steal_ms``, all CPUs summed), how long the main thread waited runnable for
 a CPU (``runq_wait_ms``), parked awaits (``parks``) and those that only their 20 ms re-check
-ended (``late_wakeups``), and the collector's pauses (``gc_pause_ms``) and full collections
-(``gc_full``).
+ended (``late_wakeups``), the collector's pauses (``gc_pause_ms``) and full collections
+(``gc_full``), and the GEMM replay table's graph launches and recordings (``gemm_replays``,
+``gemm_recorded``: a queue's batch of GEMMs that repeats is one launch).
 
     python benchmarks/bimodal.py --out bimodal.json --png bimodal.png
 """
@@ -227,6 +228,13 @@ def sched_counters() -> tuple[float, float]:
     return steal, wait
 
 
+def replay_counts() -> tuple[int, int]:
+    """The GEMM replay table's (graph launches, recordings) so far."""
+    from deviceop.kernels._gemm import GEMM
+
+    return GEMM.replays.replays, GEMM.replays.recorded
+
+
 def median_row(rows: list[dict]) -> dict:
     best = sorted(rows, key=lambda r: r["wu_per_ms"])[len(rows) // 2]
     return dict(
@@ -240,6 +248,8 @@ def median_row(rows: list[dict]) -> dict:
         parks=[r.get("parks") for r in rows],
         gc_pause_ms=[r.get("gc_pause_ms") for r in rows],
         gc_full=[r.get("gc_full") for r in rows],
+        gemm_replays=[r.get("gemm_replays") for r in rows],
+        gemm_recorded=[r.get("gemm_recorded") for r in rows],
     )
 
 
@@ -324,14 +334,15 @@ def main(argv: list[str] | None = None) -> int:
         # the host's speed just before each run: the one-thread queues are bound by it; and
         # what took the CPU from the run: the hypervisor (steal), other runnable threads
         # (this thread's run-queue wait), parked awaits (and those only their re-check ended),
-        # the garbage collector
+        # the garbage collector; and the GEMM replay table's graph launches and recordings (a
+        # call or a queue's batch of calls each), which say whether the run's GEMMs were replayed
         rows = []
         for _ in range(a.reps):
             probe = host_probe()
-            s0, w0 = sched_counters(), await_stats()
+            s0, w0, t0 = sched_counters(), await_stats(), replay_counts()
             with GcPauses() as pauses:
                 row = fn(*args)
-            s1, w1 = sched_counters(), await_stats()
+            s1, w1, t1 = sched_counters(), await_stats(), replay_counts()
             rows.append(
                 dict(
                     row,
@@ -342,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                     parks=w1["parks"] - w0["parks"],
                     gc_pause_ms=pauses.ms,
                     gc_full=pauses.full,
+                    gemm_replays=t1[0] - t0[0],
+                    gemm_recorded=t1[1] - t0[1],
                 )
             )
         return median_row(rows)
