@@ -21,8 +21,9 @@ every run (``host_probe_us``); each run also records the CPU time the hypervisor
 machine meanwhile (``steal_ms``, all CPUs summed), how long the main thread waited runnable for
 a CPU (``runq_wait_ms``), parked awaits (``parks``) and those that only their 20 ms re-check
 ended (``late_wakeups``), the collector's pauses (``gc_pause_ms``) and full collections
-(``gc_full``), and the GEMM replay table's graph launches and recordings (``gemm_replays``,
-``gemm_recorded``: a queue's batch of GEMMs that repeats is one launch).
+(``gc_full``), and the GEMM replay tables' graph launches and recordings, of calls on their
+own (``gemm_replays``, ``gemm_recorded``) and of a queue's batches that repeat, each one launch
+for its calls (``gemm_batch_replays``, ``gemm_batch_recorded``).
 
     python benchmarks/bimodal.py --out bimodal.json --png bimodal.png
 """
@@ -228,11 +229,13 @@ def sched_counters() -> tuple[float, float]:
     return steal, wait
 
 
-def replay_counts() -> tuple[int, int]:
-    """The GEMM replay table's (graph launches, recordings) so far."""
+def replay_counts() -> tuple[int, int, int, int]:
+    """The GEMM replay tables' graph launches and recordings so far: of calls on their own, and
+    of batches of calls (a queue's batch that repeats)."""
     from deviceop.kernels._gemm import GEMM
 
-    return GEMM.replays.replays, GEMM.replays.recorded
+    b = GEMM.batch_replays
+    return GEMM.replays.replays, GEMM.replays.recorded, b.replays if b else 0, b.recorded if b else 0
 
 
 def median_row(rows: list[dict]) -> dict:
@@ -250,6 +253,8 @@ def median_row(rows: list[dict]) -> dict:
         gc_full=[r.get("gc_full") for r in rows],
         gemm_replays=[r.get("gemm_replays") for r in rows],
         gemm_recorded=[r.get("gemm_recorded") for r in rows],
+        gemm_batch_replays=[r.get("gemm_batch_replays") for r in rows],
+        gemm_batch_recorded=[r.get("gemm_batch_recorded") for r in rows],
     )
 
 
@@ -334,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         # the host's speed just before each run: the one-thread queues are bound by it; and
         # what took the CPU from the run: the hypervisor (steal), other runnable threads
         # (this thread's run-queue wait), parked awaits (and those only their re-check ended),
-        # the garbage collector; and the GEMM replay table's graph launches and recordings (a
-        # call or a queue's batch of calls each), which say whether the run's GEMMs were replayed
+        # the garbage collector; and the GEMM replay tables' graph launches and recordings, which
+        # say whether the run's GEMMs (or its batches) were replayed
         rows = []
         for _ in range(a.reps):
             probe = host_probe()
@@ -355,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                     gc_full=pauses.full,
                     gemm_replays=t1[0] - t0[0],
                     gemm_recorded=t1[1] - t0[1],
+                    gemm_batch_replays=t1[2] - t0[2],
+                    gemm_batch_recorded=t1[3] - t0[3],
                 )
             )
         return median_row(rows)

@@ -267,7 +267,8 @@ def test_a_repeated_batch_of_gemms_is_replayed_as_one_graph(backend):
     dt = do.float32
     a, b, d = (do.zeros(shape, dt).sync() for shape in ((64, 32), (32, 64), (64, 32)))
     c1, c2, c3 = (do.zeros(shape, dt).sync() for shape in ((64, 64), (64, 32), (64, 64)))
-    table = _gemm.GEMM.replays
+    table = _gemm.GEMM.batch_replays
+    saved = table.credit
     table.clear()
     table.credit = 1e6  # (see test_repeated_gemms_replay_correctly)
     recorded, replays = table.recorded, table.replays
@@ -290,6 +291,7 @@ def test_a_repeated_batch_of_gemms_is_replayed_as_one_graph(backend):
             assert table.recorded - recorded == 1 and table.replays - replays >= 2
     finally:
         table.clear()
+        table.credit = saved
 
 
 class _Ex:
@@ -442,21 +444,52 @@ def test_gemm_replays_price_recordings_by_measured_host_times():
     assert r.cost == COST and r.direct_s == r.replay_s == r.record_s == 0.0
 
 
-@pytest.mark.parametrize("calls", [1, 3], ids=["one call", "a batch of three"])
-def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(backend_kind, calls):
+def test_gemm_batch_table_draws_on_the_calls_credit_and_leaves_their_price_alone():
+    # a table made with a bank (the batches' table, banked on the calls') spends the bank's
+    # credit on its recordings at the bank's price and earns into it with its replays; its own
+    # recordings' time does not price the bank's
+    from deviceop.kernels._gemm_replay import HOT, Replays
+
+    be = _stand_in_backend()
+    calls = Replays()
+    batches = Replays(bank=calls)
+    assert batches.bank is calls and calls.bank is calls
+    with pytest.raises(do.UsageError, match="another replay table"):
+        Replays(bank=object())  # type: ignore[arg-type]
+    calls.observe(False, 10e-6)
+    calls.observe(True, 2e-6)
+    calls.record_s = 16e-6  # a call's recording: 2 replays' saving
+    assert calls.cost == batches.cost == pytest.approx(2.0)
+    credit, own = calls.credit, batches.credit
+    for _ in range(HOT):
+        batches.get("batch", be, None, lambda s: 0)
+    assert batches.recorded == 1 and calls.credit == pytest.approx(credit - 2.0)
+    assert calls.record_s == 16e-6 and batches.record_s > 0  # (its own, apart)
+    calls.credit = 3.0  # (under the cap, 8 recordings' worth)
+    for _ in range(5):
+        assert batches.get("batch", be, None, lambda s: 0) != 0
+    assert calls.credit == pytest.approx(8.0) and batches.credit == own
+    calls.credit = 1.0  # short of a recording at the bank's price: none is made
+    for _ in range(HOT + 1):
+        assert batches.get("other", be, None, lambda s: 0) == 0
+    assert batches.recorded == 1
+    batches.clear()
+    assert batches.cost == calls.cost  # (clearing a banked table leaves the bank's price)
+
+
+@pytest.fixture
+def stub_gemm(backend_kind):
     """On the stub driver, with cuBLASLt stood in for by the stub's ``stub_ltmatmul`` (one empty
-    kernel on the call's stream): the compiled GEMM path enqueues each call, records the exact
-    call once it is hot into a graph, and launches that graph for the calls after, one kernel
-    each. A work queue's batch of GEMMs (an ``Each`` of them) is recorded and replayed as one
-    graph, once the same batch repeats. (What the GEMM computes is tested on a GPU; this is its
-    path, in CI.)"""
+    kernel on the call's stream): ``(a, b, cs, stream, emulate)`` for GEMMs ``cs[i] = a @ b`` of
+    a problem no other test makes, whose plan's cuBLASLt call is the stand-in meanwhile; both
+    replay tables cleared, with credit to record freely (what is tested is the path, not the
+    credit), and restored after. (What the GEMM computes is tested on a GPU; this is its path,
+    in CI.)"""
     import ctypes
 
     from conftest import STUB_DRIVER
 
-    from deviceop._core._op import Each
     from deviceop.kernels._gemm import GEMM
-    from deviceop.kernels._gemm_replay import HOT
 
     if not STUB_DRIVER or backend_kind != "cuda":
         pytest.skip("the stub driver's cuBLASLt stand-in")
@@ -467,41 +500,101 @@ def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(backend_kind,
     do.use_backend("cuda")  # (not the backend fixture: this file's other cuda tests need cuBLAS)
     fake = int(ctypes.cast(ctypes.CDLL("libcuda.so.1").stub_ltmatmul, ctypes.c_void_p).value or 0)
     s = do.streams()[0]
-    # a problem no other test makes: its plan's cuBLASLt call is the stand-in while this runs
-    a = do.zeros((24, 40), do.float16).sync_on(s)
-    b = do.zeros((40, 56), do.float16).sync_on(s)
-    cs = [do.empty((24, 56), do.float16).sync_on(s) for _ in range(calls)]
+    a = do.zeros((24, 40), do.float32).sync_on(s)
+    b = do.zeros((40, 64), do.float32).sync_on(s)
+    cs = [do.empty((24, 64), do.float32).sync_on(s) for _ in range(3)]
     g = GEMM.plan((cs[0], a, b), (1.0, 0.0, False))
-    table = GEMM.replays
-    saved = (g.lt_call, g.lt_tried, GEMM.blas.get(s.handle_int), table.credit)
-
-    def op():
-        if calls == 1:
-            return K.gemm(cs[0], a, b)
-        ops = [K.gemm(c, a, b, alpha=1.0 + i) for i, c in enumerate(cs)]
-        for o in ops:
-            o._take("a test")  # (as a work queue takes its items' ops)
-        return Each(ops)
-
+    tables = (GEMM.replays, GEMM.batch_replays)
+    saved = (g.lt_call, g.lt_tried, GEMM.blas.get(s.handle_int), [t.credit for t in tables])
     try:
-        table.clear()
-        table.credit = 1e6  # (what is tested is the path, not the credit)
+        for t in tables:
+            t.clear()
+            t.credit = 1e6
         GEMM.blas[s.handle_int] = (0, 0)
         g.lt_call, g.lt_tried = (fake, 0, 0, 0, 0, 0, 0), True
-        recorded, replays, launched = table.recorded, table.replays, emulate.launches()
-        n = HOT + 3
-        for _ in range(n):
-            out = op().sync_on(s)
-            assert out[0] is cs[0] if calls == 1 else [(ok, o[0]) for ok, o in out] == [(True, c) for c in cs]
-        # recorded at the HOT-th run, replayed after it: a batch as one graph
-        assert table.recorded - recorded == 1 and table.replays - replays == n - HOT
-        assert emulate.launches() - launched == n * calls  # every call ran its kernel once, replayed or not
-        assert [type(x.handle_int) for x in table.executables()] == [int]
+        yield a, b, cs, s, emulate
     finally:
         g.lt_call, g.lt_tried = saved[0], saved[1]
         if saved[2] is None:
             GEMM.blas.pop(s.handle_int, None)
         else:
             GEMM.blas[s.handle_int] = saved[2]
-        table.clear()
-        table.credit = saved[3]
+        for t, credit in zip(tables, saved[3]):
+            t.clear()
+            t.credit = credit
+
+
+def _batch(a, b, cs):
+    """A work queue's batch of GEMMs: an Each of ``cs[i] = (1 + i) * a @ b``, its ops taken."""
+    from deviceop._core._op import Each
+
+    ops = [K.gemm(c, a, b, alpha=1.0 + i) for i, c in enumerate(cs)]
+    for o in ops:
+        o._take("a test")  # (as a work queue takes its items' ops)
+    return Each(ops)
+
+
+def _counts(table) -> tuple[int, int]:
+    return table.recorded, table.replays
+
+
+def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(stub_gemm):
+    """The compiled GEMM path enqueues each call, records the exact call once it is hot into a
+    graph, and launches that graph for the calls after, one kernel each."""
+    from deviceop.kernels._gemm import GEMM
+    from deviceop.kernels._gemm_replay import HOT
+
+    a, b, cs, s, emulate = stub_gemm
+    before, launched = _counts(GEMM.replays), emulate.launches()
+    n = HOT + 3
+    for _ in range(n):
+        assert K.gemm(cs[0], a, b).sync_on(s)[0] is cs[0]
+    recorded, replays = (x - y for x, y in zip(_counts(GEMM.replays), before))
+    assert (recorded, replays) == (1, n - HOT)  # recorded at the HOT-th call, replayed after it
+    assert emulate.launches() - launched == n  # every call ran its kernel once, replayed or not
+    assert [type(x.handle_int) for x in GEMM.replays.executables()] == [int]
+
+
+def test_gemm_batch_runs_call_by_call_until_it_repeats_then_as_one_graph(stub_gemm):
+    """A work queue's batch of GEMMs whose batch has not repeated runs call by call, each call
+    replayed once it is hot on its own (batches that form by timing keep their calls' replays);
+    once the same batch has come HOT times it is recorded as one graph and replayed with one
+    launch."""
+    from deviceop.kernels._gemm import GEMM
+    from deviceop.kernels._gemm_replay import HOT
+
+    a, b, cs, s, emulate = stub_gemm
+    recorded = GEMM.replays.recorded
+    for _ in range(HOT):  # each call hot and recorded on its own
+        for i, c in enumerate(cs):
+            K.gemm(c, a, b, alpha=1.0 + i).sync_on(s)
+    assert GEMM.replays.recorded - recorded == 3
+    calls, batches, launched = _counts(GEMM.replays), _counts(GEMM.batch_replays), emulate.launches()
+    for r in range(HOT + 2):
+        out = _batch(a, b, cs).sync_on(s)
+        assert [(ok, o[0]) for ok, o in out] == [(True, c) for c in cs]
+        if r < HOT - 1:  # not yet a repeated batch: each call its own replay
+            assert GEMM.replays.replays - calls[1] == 3 * (r + 1)
+    assert GEMM.replays.recorded == calls[0]
+    recorded, replays = (x - y for x, y in zip(_counts(GEMM.batch_replays), batches))
+    assert (recorded, replays) == (1, 2)  # the batch recorded at its HOT-th run, replayed after
+    assert emulate.launches() - launched == 3 * (HOT + 2)  # every call ran its kernel once
+
+
+def test_gemm_batch_keeps_each_calls_outcome_on_the_stub_driver(stub_gemm):
+    """A call of a batch that cannot be ordered (its output written on another stream meanwhile,
+    under the raise policy) gets its own error; the batch's other calls run, as in ``Each``."""
+    from helpers import slow_fill
+
+    a, b, cs, s, emulate = stub_gemm
+    other = next(x for x in do.streams() if x is not s)
+    launched, policy = emulate.launches(), do.borrow_policy()
+    do.set_borrow_policy("raise")
+    try:
+        fut = slow_fill(cs[1].view(-1), 1.0, 0.3).submit(other)
+        out = _batch(a, b, cs).sync_on(s)
+        fut.result(timeout=30)
+    finally:
+        do.set_borrow_policy(policy)
+    assert [ok for ok, _ in out] == [True, False, True] and isinstance(out[1][1], do.BorrowError)
+    assert emulate.launches() - launched == 1 + 2  # the fill, and the two GEMMs that could run

@@ -37,8 +37,13 @@ class Replays:
     replay_s: float
     record_s: float
 
-    def __init__(self, record: Callable[[Any, Any, Callable[[int], int]], Any]) -> None: ...
+    def __init__(
+        self, record: Callable[[Any, Any, Callable[[int], int]], Any], bank: Replays | None = None
+    ) -> None: ...
     def __len__(self) -> int: ...
+    @property
+    def bank(self) -> Replays:
+        """The table whose credit and price this one's recordings use (itself by default)."""
     @property
     def cost(self) -> float:
         """What one recording costs, in replays (``COST`` until measured, at most ``COST_MAX``)."""
@@ -54,6 +59,7 @@ class GemmLauncher:
     plans: PlanCache
     blas: dict[int, tuple[int, int]]
     replays: Replays
+    batch_replays: Replays | None
     mode: int
     ws_bytes: int
     status_error: Any

@@ -93,7 +93,8 @@ cdef class Replays:
     What a recording costs, in replays' savings, is measured as calls run (:meth:`observe`): the
     host time of a recording, of a direct call and of a replay. Until all three are known it is
     ``COST``; where a replay saves (almost) nothing it is ``COST_MAX``, and recordings become
-    rare.
+    rare. ``bank``: another table whose credit this one's recordings spend and its replays
+    earn, and whose measurements price them (batches of GEMMs draw on the calls' table).
     """
 
     cdef dict _seen
@@ -106,14 +107,24 @@ cdef class Replays:
     cdef public double credit
     # host seconds (moving averages; 0: not measured yet)
     cdef public double direct_s, replay_s, record_s
+    cdef Replays _bank  # the table whose credit and price this one's recordings use (itself by default)
 
-    def __init__(self, record):
+    def __init__(self, record, bank=None):
         self._seen = {}
         self._execs = {}
         self._record = record
         self._limit = MAX
         self.credit = 4 * COST  # a few recordings up front: a queue's first problems pay back at once
         self.direct_s = self.replay_s = self.record_s = 0.0
+        if bank is not None and not isinstance(bank, Replays):
+            raise UsageError(f"a replay table's bank is another replay table, got {type(bank).__name__}")
+        self._bank = self if bank is None else <Replays>bank
+
+    @property
+    def bank(self):
+        """The table whose credit this one's recordings spend and its replays earn, and whose
+        measurements price them (this table itself, unless it was made with another)."""
+        return self._bank
 
     def __len__(self):
         return len(self._execs)
@@ -135,8 +146,8 @@ cdef class Replays:
     def cost(self):
         """What one recording costs, in replays: its host time over what a replay saves against
         a direct call (``COST`` until measured; at most ``COST_MAX``, which is also the price
-        where a replay saves next to nothing)."""
-        return self.cost_c()
+        where a replay saves next to nothing); the bank's price where the table has one."""
+        return self._bank.cost_c()
 
     cdef double cost_c(self) noexcept:
         cdef double saving, c
@@ -166,25 +177,27 @@ cdef class Replays:
             return 0
         e.used = True
         self.replays += 1
-        if self.credit < 8 * self.cost_c():
-            self.credit += 1.0
+        cdef Replays b = self._bank
+        if b.credit < 8 * b.cost_c():
+            b.credit += 1.0
         return e.handle
 
     cdef uintptr_t miss(self, key, backend, stream, call) except? 0:
-        cdef double cost = self.cost_c()
+        cdef Replays b = self._bank
+        cdef double cost = b.cost_c()
         cdef int64_t t0
         if key in self._execs:
             return 0  # recording this one failed before: stay direct
         n = self._seen.get(key, 0) + 1
-        if n < HOT or self.credit < cost:
+        if n < HOT or b.credit < cost:
             if n >= HOT:
-                self.credit += 1.0 / cost  # hot, but recordings have not paid lately
+                b.credit += 1.0 / cost  # hot, but recordings have not paid lately
             if len(self._seen) >= 4 * self._limit:
                 self._seen.clear()
             self._seen[key] = n
             return 0
         self._seen.pop(key, None)
-        self.credit -= cost
+        b.credit -= cost
         t0 = _now_ns()
         ex = self._record(backend, stream, call)
         t = (_now_ns() - t0) * 1e-9
@@ -256,15 +269,17 @@ cdef class _LtCall:
 
 
 cdef class _LtBatch:
-    """cublasLtMatmul calls made in order on the stream they are given (a batch's recording)."""
+    """cublasLtMatmul calls made in order on the stream they are given (a batch's recording):
+    each call's key is ``(plan, pa, pb, pc, alpha, beta, stream)``."""
 
-    cdef list calls  # [_LtCall]
+    cdef list keys
+    cdef uintptr_t ws
+    cdef size_t ws_bytes
 
     def __call__(self, uintptr_t on):
-        cdef _LtCall c
         cdef int status
-        for c in self.calls:
-            status = _lt(c.p, c.pa, c.pb, c.pc, c.alpha, c.beta, c.ws, c.ws_bytes, on)
+        for k in self.keys:
+            status = _lt(<GemmPlan>k[0], k[1], k[2], k[3], k[4], k[5], self.ws, self.ws_bytes, on)
             if status:
                 return status
         return 0
@@ -283,13 +298,15 @@ cdef class GemmLauncher:
     """The compiled half of the GEMM kernel (the kernels layer subclasses it).
 
     ``plans``: geometry by layout key; ``blas``: per stream handle, ``(cuBLAS handle, workspace
-    address)``; ``mode``: 0 cuBLASLt with replays, 1 cuBLASLt only, 2 cublasGemmEx (the
+    address)``; ``replays``: graphs of repeated calls; ``batch_replays``: graphs of repeated
+    batches of calls (None: batches run call by call); ``mode``: 0 cuBLASLt with replays, 1 cuBLASLt only, 2 cublasGemmEx (the
     subclass's ``enqueue``); ``status_error(status, call)`` makes the error for a cuBLAS status.
     """
 
     cdef public PlanCache plans
     cdef public dict blas
     cdef public Replays replays
+    cdef public Replays batch_replays
     cdef public int mode
     cdef public size_t ws_bytes
     cdef public object status_error
@@ -328,12 +345,9 @@ cdef class GemmLauncher:
         cdef uintptr_t pa = b.addr if p.swap else a.addr
         cdef uintptr_t pb = a.addr if p.swap else b.addr
         cdef uintptr_t pc = c.addr
-        cdef uintptr_t sh = cx.sh
-        cdef uintptr_t ex = 0
         cdef int err = 0, status = 0
+        cdef int64_t ns = 0
         cdef Driver d = cx.drv
-        cdef _LtCall call
-        cdef int64_t t0
         if p.lt[0] == 0 or d is None:
             raise TypeError("run_lt: this GEMM has no plain cuBLASLt plan, or the execution no driver")
         LOCK.take()
@@ -341,23 +355,8 @@ cdef class GemmLauncher:
             order_tensor(cx, c, True, self)
             order_tensor(cx, a, False, self)
             order_tensor(cx, b, False, self)
-            if self.mode == 0 and cx.captured is None:
-                key = (p, pa, pb, pc, alpha, beta, sh)
-                ex = self.replays.find(key)
-                if ex == 0:
-                    call = _LtCall.__new__(_LtCall)
-                    call.p, call.pa, call.pb, call.pc, call.ws, call.ws_bytes = p, pa, pb, pc, ws, self.ws_bytes
-                    call.alpha, call.beta = alpha, beta
-                    ex = self.replays.miss(key, cx.backend, cx.stream, call)
-            with nogil:
-                t0 = _now_ns()
-                if ex:
-                    err = d.graph_launch(<void*>ex, <void*>sh)
-                else:
-                    status = _lt(p, pa, pb, pc, alpha, beta, ws, self.ws_bytes, sh)
-                t0 = _now_ns() - t0
-            if self.mode == 0 and cx.captured is None:  # what a replay saves decides whether recordings pay (Replays.cost)
-                self.replays.observe_c(ex != 0, t0 * 1e-9)
+            key = (p, pa, pb, pc, alpha, beta, cx.sh) if self.mode == 0 and cx.captured is None else None
+            self._one(cx, p, pa, pb, pc, alpha, beta, ws, key, &err, &status, &ns)
         finally:
             LOCK.drop()
         if err:
@@ -366,74 +365,118 @@ cdef class GemmLauncher:
             raise self.status_error(status, "cublasLtMatmul")
         return 0
 
+    cdef int _one(self, ExecutionContext cx, GemmPlan p, uintptr_t pa, uintptr_t pb, uintptr_t pc, float alpha,
+                  float beta, uintptr_t ws, object key, int* err, int* status, int64_t* ns) except -1:
+        """Enqueue one ordered call on ``cx.stream``: its recorded graph once its ``key`` (None:
+        no replays) repeats, else the cuBLASLt call. The driver's error (0: none) in ``err``,
+        cuBLAS's status in ``status``; the launch's host time is added to ``ns``. Call with the
+        ledger lock held."""
+        cdef uintptr_t ex = 0
+        cdef uintptr_t sh = cx.sh
+        cdef Driver d = cx.drv
+        cdef int e = 0, st = 0
+        cdef int64_t t0
+        cdef _LtCall call
+        if key is not None:
+            ex = self.replays.find(key)
+            if ex == 0:
+                call = _LtCall.__new__(_LtCall)
+                call.p, call.pa, call.pb, call.pc, call.ws, call.ws_bytes = p, pa, pb, pc, ws, self.ws_bytes
+                call.alpha, call.beta = alpha, beta
+                ex = self.replays.miss(key, cx.backend, cx.stream, call)
+        with nogil:
+            t0 = _now_ns()
+            if ex:
+                e = d.graph_launch(<void*>ex, <void*>sh)
+            else:
+                st = _lt(p, pa, pb, pc, alpha, beta, ws, self.ws_bytes, sh)
+            t0 = _now_ns() - t0
+        if key is not None:  # what a replay saves decides whether recordings pay (Replays.cost)
+            self.replays.observe_c(ex != 0, t0 * 1e-9)
+        err[0] = e
+        status[0] = st
+        ns[0] += t0
+        return 0
 
     cdef list run_lt_group(self, ExecutionContext cx, list ops, uintptr_t ws):
-        """Order and enqueue a batch of planned cuBLASLt GEMMs (``GemmCall``s of this kernel) on
-        ``cx.stream``, atomically: once the same batch (every call's key, in order) repeats, as
-        one recorded graph, else call by call. Each call's ``(True, args)`` or ``(False,
-        error)``, as :class:`Each` gives them."""
+        """Order and enqueue a batch of planned cuBLASLt GEMMs (``GemmCall``s of this kernel, with
+        replays on) on ``cx.stream``, atomically: as one recorded graph once the same batch (every
+        call's key, in order) repeats, else call by call as :meth:`run_lt` makes them (each its
+        own replay once it repeats). Each call's ``(True, args)`` or ``(False, error)``, as
+        :class:`Each` gives them.
+
+        An exception other than a call's own error (out of memory, an interrupt) leaves from the
+        middle of the batch, what was enqueued enqueued: the whole execution fails, as any op's
+        does, and its watcher keeps the buffers until that work completes."""
+        cdef Replays batches = self.batch_replays
         cdef uintptr_t sh = cx.sh
         cdef uintptr_t ex = 0
-        cdef int err = 0
+        cdef int err = 0, st = 0
+        cdef int64_t ns = 0
         cdef Driver d = cx.drv
         cdef GemmCall o
         cdef GemmPlan p
         cdef TensorBase ct, ta, tb
-        cdef _LtCall call
         cdef _LtBatch batch
-        cdef Py_ssize_t i, n = len(ops)
+        cdef Py_ssize_t i, j, n = len(ops)
+        cdef tuple k
+        cdef object osh = sh  # (boxed once for every call's key)
         cdef list out = [None] * n
-        cdef list calls = []
-        cdef list keys = [sh]
-        cdef list at = []  # the index in ``ops`` of each call in ``calls``
+        cdef list keys = []  # each ordered call's key, as run_lt makes it
+        cdef list at = []  # the index in ``ops`` of each call in ``keys``
+        cdef list failed = []  # (index, driver error, cuBLAS status): errors made once the lock is dropped
         LOCK.take()
         try:
             for i in range(n):
                 o = <GemmCall>ops[i]
                 p = o.plan
-                c = o.args[0]
-                ct = (<PartitionBase>c).tensor if isinstance(c, PartitionBase) else <TensorBase?>c
-                ta, tb = <TensorBase?>o.args[1], <TensorBase?>o.args[2]
-                try:  # (a call whose ordering fails gets its error; the others still run)
+                try:  # (a call that cannot be ordered gets its error; the others still run)
+                    c = o.args[0]
+                    ct = (<PartitionBase>c).tensor if isinstance(c, PartitionBase) else <TensorBase?>c
+                    ta, tb = <TensorBase?>o.args[1], <TensorBase?>o.args[2]
                     order_tensor(cx, ct, True, self)
                     order_tensor(cx, ta, False, self)
                     order_tensor(cx, tb, False, self)
                 except Exception as e:
                     out[i] = (False, e)
                     continue
-                call = _LtCall.__new__(_LtCall)
-                call.p, call.pc, call.ws, call.ws_bytes = p, ct.addr, ws, self.ws_bytes
-                call.pa = tb.addr if p.swap else ta.addr
-                call.pb = ta.addr if p.swap else tb.addr
-                call.alpha, call.beta = o.alpha, o.beta
-                calls.append(call)
+                keys.append((p, tb.addr if p.swap else ta.addr, ta.addr if p.swap else tb.addr, ct.addr, o.alpha,
+                             o.beta, osh))
                 at.append(i)
-                keys.append((p, call.pa, call.pb, call.pc, call.alpha, call.beta))
-            if len(calls) > 1:
-                key = tuple(keys)
-                ex = self.replays.find(key)
+            if len(keys) > 1 and batches is not None:
+                bkey = tuple(keys)
+                ex = batches.find(bkey)
                 if ex == 0:
                     batch = _LtBatch.__new__(_LtBatch)
-                    batch.calls = calls
-                    ex = self.replays.miss(key, cx.backend, cx.stream, batch)
+                    batch.keys, batch.ws, batch.ws_bytes = keys, ws, self.ws_bytes
+                    ex = batches.miss(bkey, cx.backend, cx.stream, batch)
             if ex:
                 with nogil:
+                    ns = _now_ns()
                     err = d.graph_launch(<void*>ex, <void*>sh)
-                if err:
-                    e = d.error(err, "cuGraphLaunch (a recorded batch of GEMMs)")
-                    for i in at:
-                        out[i] = (False, e)
-                else:
-                    for i in at:
-                        out[i] = (True, (<GemmCall>ops[i]).args)
-            else:
-                for i in range(len(calls)):
-                    call = <_LtCall>calls[i]
-                    err = _lt(call.p, call.pa, call.pb, call.pc, call.alpha, call.beta, ws, self.ws_bytes, sh)
-                    o = <GemmCall>ops[<Py_ssize_t>at[i]]
-                    out[<Py_ssize_t>at[i]] = (False, self.status_error(err, "cublasLtMatmul")) if err else (True, o.args)
+                    ns = _now_ns() - ns
+                batches.observe_c(True, ns * 1e-9)
+            else:  # call by call, each its own replay once it repeats (a batch's calls may, where it does not)
+                for j in range(len(keys)):
+                    k = <tuple>keys[j]
+                    self._one(cx, <GemmPlan>k[0], k[1], k[2], k[3], k[4], k[5], ws, k, &err, &st, &ns)
+                    if err or st:
+                        failed.append((at[j], err, st))
+                if len(keys) > 1 and batches is not None:  # (the launches' time: what a replay would save)
+                    batches.observe_c(False, ns * 1e-9)
         finally:
             LOCK.drop()
+        if ex and err:
+            for i in at:
+                out[i] = (False, d.error(err, "cuGraphLaunch (a recorded batch of GEMMs)"))
+            return out
+        for code in failed:
+            i, err, st = code
+            out[i] = (False, d.error(err, "cuGraphLaunch (a recorded GEMM)") if err else
+                      self.status_error(st, "cublasLtMatmul"))
+        for i in at:
+            if out[i] is None:
+                out[i] = (True, (<GemmCall>ops[i]).args)
         return out
 
 
@@ -473,7 +516,7 @@ cdef class GemmCall(DeviceOp):
         cdef GemmLauncher k = self.kernel
         cdef GemmCall o
         cdef GemmPlan p
-        if k.mode != 0 or cx.captured is not None or cx.drv is None:
+        if k.mode != 0 or k.batch_replays is None or cx.captured is not None or cx.drv is None:
             return None
         blas = k.blas.get(cx.sh)
         if blas is None:

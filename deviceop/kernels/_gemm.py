@@ -22,7 +22,7 @@ from .._dtypes import DType, bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
 from ._blas import WORKSPACE_BYTES, call, cublas, handle_for, workspace_of
 from ._blaslt import _lt, lt_handle, lt_plan, matmul_address, status_error
-from ._gemm_replay import Replays
+from ._gemm_replay import BATCHES, Replays
 from ._kernel import check_scalar
 from ._launch import KernelCall, has_op, host_array, launch_host
 
@@ -79,8 +79,11 @@ class _Gemm(GemmLauncher):
         self.plans = PlanCache(1024)
         #: per stream handle: its cuBLAS handle and workspace
         self.blas = {}
-        #: graphs of repeated GEMM calls (see _gemm_replay)
+        #: graphs of repeated GEMM calls, and of repeated batches of calls, which draw on the
+        #: calls' credit (see _gemm_replay)
         self.replays = Replays()
+        self.batch_replays = Replays(bank=self.replays)
+        self.batch_replays.limit = BATCHES
         self.mode = _MODES.index(os.environ.get("DEVICEOP_GEMM", "auto"))
         self.ws_bytes = WORKSPACE_BYTES
         self.status_error = status_error

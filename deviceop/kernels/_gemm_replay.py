@@ -9,14 +9,22 @@ times it is recorded into a graph on a private stream and replayed from then on.
 The graph is a pure function of its key: plan (shapes, layouts, algorithm), the three device
 pointers, alpha and beta, and the stream whose workspace it uses; replaying it on that stream is
 the same call. Memory freed and reused at the same address is the same computation on the new
-tensor. A batch of GEMMs run as one execution (a work queue's batch: an ``Each`` of them) is
-recorded the same way, as one graph of its calls in order, keyed by the stream and every
-call's key: once the same batch repeats, one graph launch enqueues all of it, where one per
-call would cost the host a launch each. At most ``MAX`` graphs are kept (``Replays.limit``); the oldest is dropped first,
+tensor. At most ``MAX`` graphs are kept (``Replays.limit``); the oldest is dropped first,
 unless it was replayed since eviction last passed it (then it is kept once more, as a clock
 cache does), so the graphs in use stay while those of addresses that did not come back go (the
 driver frees a graph that is still running once it ends); drops are counted in
 ``Replays.evicted``.
+
+A batch of GEMMs run as one execution (a work queue's batch: an ``Each`` of them) is looked up
+in a second table (``GEMM.batch_replays``, at most ``BATCHES`` graphs) by every call's key in
+order: once the same batch has come ``HOT`` times it is recorded as one graph of its calls and
+replayed with one launch, where one per call would cost the host a launch each. Until then, and
+for batches that do not repeat (a queue whose batches form by timing), its calls run one by one,
+each looked up in the first table as a call on its own is. The second table's recordings draw
+on the first table's credit and are priced as the calls' are (its ``bank``): priced by what a
+batch's own replays save, a queue's batches would be recorded only as fast as the batches
+already recorded earn it, a few runs of the queue for each new way its items fall into
+batches, while the calls' replays, which save a direct cuBLASLt call each, fund them at once.
 
 Recording costs what many replays save. Calls that do not repeat (fresh buffers per request,
 addresses that recur only now and then) must not pay it again and again, so recordings draw on
@@ -39,15 +47,20 @@ from typing import Any
 from .._core._gemm import COST, COST_MAX, HOT, MAX
 from .._core._gemm import Replays as _Table
 
-__all__ = ["COST", "COST_MAX", "HOT", "MAX", "Replays"]
+__all__ = ["BATCHES", "COST", "COST_MAX", "HOT", "MAX", "Replays"]
+
+#: batches' graphs kept (``GEMM.batch_replays.limit``): a queue's streams times the few ways its
+#: items fall into batches
+BATCHES = 1024
 
 
 class Replays(_Table):
     """Graph executables by GEMM call key, recorded (by :func:`_record`) once a key is hot and
-    the credit allows; the table and its lookups are compiled (``deviceop._core._gemm``)."""
+    the credit allows; the table and its lookups are compiled (``deviceop._core._gemm``).
+    ``bank``: the table whose credit and price this one's recordings use (itself if None)."""
 
-    def __init__(self) -> None:
-        super().__init__(_record)
+    def __init__(self, bank: _Table | None = None) -> None:
+        super().__init__(_record, bank)
 
 
 def _record(backend: Any, stream: Any, call: Callable[[int], int]) -> Any:

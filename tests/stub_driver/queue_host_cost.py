@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"a GEMM item's op, built and taken: {built:.2f} µs; started and finished in a batch of 8: {run - built:.2f} µs"
     )
-    t = GEMM.replays
-    doc["replay_table"] = {"recorded": t.recorded, "replays": t.replays}
-    print(f"GEMM replay table: {t.recorded} recorded, {t.replays} replays")
+    for name, t in (("replay_table", GEMM.replays), ("batch_replay_table", GEMM.batch_replays)):
+        doc[name] = {"recorded": t.recorded, "replays": t.replays}
+        print(f"GEMM {name.replace('_', ' ')}: {t.recorded} recorded, {t.replays} replays")
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(doc, fh, indent=1)
