@@ -299,8 +299,9 @@ cdef class GemmLauncher:
 
     ``plans``: geometry by layout key; ``blas``: per stream handle, ``(cuBLAS handle, workspace
     address)``; ``replays``: graphs of repeated calls; ``batch_replays``: graphs of repeated
-    batches of calls (None: batches run call by call); ``mode``: 0 cuBLASLt with replays, 1 cuBLASLt only, 2 cublasGemmEx (the
-    subclass's ``enqueue``); ``status_error(status, call)`` makes the error for a cuBLAS status.
+    batches of calls (None: batches run call by call); ``mode``: 0 cuBLASLt with replays, 1
+    cuBLASLt only, 2 cublasGemmEx (the subclass's ``enqueue``); ``status_error(status, call)``
+    makes the error for a cuBLAS status.
     """
 
     cdef public PlanCache plans

@@ -23,8 +23,8 @@ for batches that do not repeat (a queue whose batches form by timing), its calls
 each looked up in the first table as a call on its own is. The second table's recordings draw
 on the first table's credit and are priced as the calls' are (its ``bank``): priced by what a
 batch's own replays save, a queue's batches would be recorded only as fast as the batches
-already recorded earn it, a few runs of the queue for each new way its items fall into
-batches, while the calls' replays, which save a direct cuBLASLt call each, fund them at once.
+already recorded earn it, while the calls' replays, which save a direct cuBLASLt call each,
+fund them at once.
 
 Recording costs what many replays save. Calls that do not repeat (fresh buffers per request,
 addresses that recur only now and then) must not pay it again and again, so recordings draw on
