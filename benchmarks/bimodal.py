@@ -234,8 +234,10 @@ def replay_counts() -> tuple[int, int, int, int]:
     of batches of calls (a queue's batch that repeats)."""
     from deviceop.kernels._gemm import GEMM
 
-    b = GEMM.batch_replays
-    return GEMM.replays.replays, GEMM.replays.recorded, b.replays if b else 0, b.recorded if b else 0
+    b = GEMM.batch_replays  # (None where batches run call by call; an empty table is falsy)
+    if b is None:
+        return GEMM.replays.replays, GEMM.replays.recorded, 0, 0
+    return GEMM.replays.replays, GEMM.replays.recorded, b.replays, b.recorded
 
 
 def median_row(rows: list[dict]) -> dict:
