@@ -425,3 +425,36 @@ def test_the_queue_benchmark_counts_full_collections_and_their_pauses():
     assert full.full == 1 and full.ms > 0
     gc.collect()  # (after the context: no longer counted)
     assert full.full == 1 and GcPauses not in map(type, gc.callbacks)
+
+
+def test_the_pipeline_benchmark_warms_up_until_each_variant_stops_recording():
+    # 64 gathered requests' calls are many more keys than one request's: the warm-up waits for
+    # the variant still recording, even while the others' replays dwarf its recordings
+    from benchmarks.pipeline_cost import measure
+
+    table = {"recorded": 0, "replays": 0}
+    passes = {"gathered": 0}
+
+    def one_at_a_time() -> None:
+        table["replays"] += 10_000
+
+    def gathered() -> None:
+        passes["gathered"] += 1
+        table["replays"] += 100
+        table["recorded"] += 20 if passes["gathered"] <= 5 else 0  # settles in its sixth pass
+
+    fns = {"deviceop_awaited_one_at_a_time": one_at_a_time, "deviceop_gathered": gathered}
+    for k in (
+        "deviceop_tasks_one_at_a_time",
+        "deviceop_sync_one_at_a_time",
+        "torch_one_at_a_time",
+        "torch_in_flight",
+    ):
+        fns[k] = one_at_a_time
+    out = measure(fns, 3, 1, lambda: (table["recorded"], table["replays"]), warmup_s=60.0)
+    assert out["warmup"]["passes"] == 6 and out["warmup"]["settled"] is True
+    assert out["deviceop_gathered"]["gemm_recorded_per_round"] == 0
+    # past warmup_s, the warm-up ends after that pass, and says it did not settle
+    passes["gathered"] = -100
+    out = measure(fns, 3, 1, lambda: (table["recorded"], table["replays"]), warmup_s=0.0)
+    assert out["warmup"]["passes"] == 1 and out["warmup"]["settled"] is False
