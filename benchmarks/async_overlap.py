@@ -45,7 +45,7 @@ def host_work(seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--elems", type=int, default=1 << 26)
     ap.add_argument("--factors", default="0,0.25,0.5,0.75,1,1.25,1.5,2,3")

@@ -332,7 +332,7 @@ def _trace_stages() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--loops", default="uvloop,asyncio,trio")

@@ -288,7 +288,7 @@ class GcPauses:
 def main(argv: list[str] | None = None) -> int:
     from exec_modes import host_probe, machine_info
 
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--items", type=int, default=2000)
     ap.add_argument("--streams", default="1,2,4,8,16,32")
     ap.add_argument("--reps", type=int, default=3)

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     import anyio
     from exec_modes import machine_info
 
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--items", type=int, default=400)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--w-ms", default="0,0.1,0.25,0.5,1,2,3")

@@ -29,7 +29,7 @@ def work(n: int = 20000) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)

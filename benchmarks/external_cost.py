@@ -269,7 +269,7 @@ def mlp_service(requests: int, rounds: int, profile: bool = False) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--requests", type=int, default=1024)

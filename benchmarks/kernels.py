@@ -313,7 +313,7 @@ NUMPY_ONLY = "import time; t = time.perf_counter(); import numpy; print((time.pe
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--elements", type=int, default=1 << 28)
     ap.add_argument("--width", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=20)

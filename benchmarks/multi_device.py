@@ -127,7 +127,7 @@ def copies(sizes_mib: list[float], reps: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--items", type=int, default=2000)
     ap.add_argument("--small", type=int, default=512)
     ap.add_argument("--large", type=int, default=2048)

@@ -240,7 +240,7 @@ def check(request, torch_request) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--steps", default="1,8,32")
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--width", type=int, default=64)

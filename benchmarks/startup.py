@@ -55,7 +55,7 @@ def run(code: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)

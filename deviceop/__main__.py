@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -17,11 +18,21 @@ def _backend() -> Any:
     import warnings
 
     from deviceop._core._select import current
-    from deviceop._errors import DeviceOpWarning
+    from deviceop._errors import BackendError, DeviceOpWarning
 
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always", DeviceOpWarning)
-        be = current()
+        try:
+            be = current()
+        except BackendError as e:  # (the backend asked for by DEVICEOP_BACKEND, not usable here)
+            chosen = os.environ.get("DEVICEOP_BACKEND", "")
+            hint = (
+                f"; DEVICEOP_BACKEND={chosen} chose it: unset it (deviceop then falls back to the host "
+                "backend where there is no GPU) or set DEVICEOP_BACKEND=host"
+                if chosen
+                else ""
+            )
+            raise SystemExit(f"python -m deviceop: {e}{hint}") from None
     for w in got:
         if issubclass(w.category, DeviceOpWarning):
             print(f"note: {w.message}", file=sys.stderr)
@@ -37,8 +48,9 @@ def _info() -> int:
     print(f"backend:            {be.name}")
     print(f"devices:            {', '.join(do.devices())} (default {be.device_label})")
     print(f"device:             {be.device_name}")
-    print(f"compute capability: {be.compute_capability[0]}.{be.compute_capability[1]}")
-    print(f"driver:             {be.driver_version}")
+    cc = be.compute_capability
+    print(f"compute capability: {f'{cc[0]}.{cc[1]}' if be.name == 'cuda' else 'none (an emulated device)'}")
+    print(f"driver:             {be.driver_version if be.name == 'cuda' else 'none (the host backend needs none)'}")
     print(f"stream pool:        {len(be.streams)} streams")
     print(f"kernel cache:       {do.kernels.cache_dir()}")
     print(f"await poll budget:  {do.poll_budget() * 1e6:.0f} us")
@@ -52,7 +64,10 @@ def _demo() -> int:
     K = do.kernels
     t0 = time.perf_counter()
     be = _backend()
-    print(f"deviceop demo on the {be.name} backend ({be.device_name})")
+    print(
+        f"deviceop demo on the {be.name} backend"
+        + (f" ({be.device_name})" if be.name == "cuda" else ", an emulated device")
+    )
     print("  (Listing 1 is the first listing of 'Fearless Concurrency on the GPU', arXiv:2606.15991)")
 
     # Listing 1 of "Fearless Concurrency on the GPU" (Elibol et al., arXiv:2606.15991): z = x + y,
@@ -117,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m deviceop", description="deviceop command line")
     ap.add_argument("--version", action="version", version=f"deviceop {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,info,compile}")
     sub.add_parser(
         "demo",
         help="run Listing 1 of 'Fearless Concurrency on the GPU' (arXiv:2606.15991) and a then-chain, checked against numpy",

@@ -312,7 +312,7 @@ def _fault_in_subprocess() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--seconds", type=float, default=600.0)
     ap.add_argument("--tasks", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)

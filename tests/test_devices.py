@@ -330,6 +330,24 @@ def test_demo_says_as_a_note_why_it_runs_on_the_host_backend() -> None:
         assert r.stderr.startswith("note: deviceop: ") and "using the host backend" in r.stderr, r.stderr
 
 
+def test_info_says_what_to_do_when_the_chosen_backend_is_unusable() -> None:
+    # DEVICEOP_BACKEND=cuda where there is no driver: one line saying so and what to set, not a
+    # traceback (where a driver is found, info describes it)
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, DEVICEOP_BACKEND="cuda", PYTHONPATH=os.pathsep.join(sys.path))
+    if env.pop("DEVICEOP_STUB_DRIVER", None) == "1":
+        env.pop("LD_LIBRARY_PATH", None)  # (no stub: no driver, unless the machine has one)
+    r = subprocess.run([sys.executable, "-m", "deviceop", "info"], capture_output=True, text=True, env=env, timeout=120)
+    if r.returncode == 0:
+        assert "backend:            cuda" in r.stdout, r.stdout
+        return
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("python -m deviceop: ") and "set DEVICEOP_BACKEND=host" in r.stderr, r.stderr
+
+
 def test_multi_device_experiment_runs_on_two_emulated_devices(tmp_path) -> None:
     import json
     import os

@@ -330,6 +330,14 @@ def test_asr_kernel_loop_needs_the_residual_model() -> None:
     assert r.returncode == 2 and "--model residual" in r.stderr, r.stderr[-2000:]
 
 
+def test_asr_stream_says_a_missing_wav_is_missing(tmp_path) -> None:
+    # a one-line usage error, before anything is loaded (not a traceback from inside wave.open)
+    missing = tmp_path / "talk.wav"
+    r = _run("host", [os.path.join(EXAMPLES, "asr_stream", "run.py"), "--wav", str(missing)], timeout=120)
+    assert r.returncode == 2 and f"--wav {missing}: no such file" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
 def _replicas(backend: str, tmp_path, script: str, *extra: str) -> dict:
     """Run a Ray example with two small replicas (sharing the GPU where there is one); its JSON,
     checked for what both examples report."""

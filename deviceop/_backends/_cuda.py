@@ -192,7 +192,10 @@ class CudaBackend:
         except CudaError as e:
             raise BackendError(f"no usable CUDA device: {e}") from e
         except Exception as e:  # cuda-python raises DynamicLibNotFoundError without a driver
-            raise BackendError(f"no CUDA driver found ({type(e).__name__}: {e})") from e
+            raise BackendError(
+                f"no CUDA driver found: this machine has no NVIDIA GPU, or its driver is not installed "
+                f"({type(e).__name__}: {e})"
+            ) from e
         n = check(_drv.cuDeviceGetCount(), "cuDeviceGetCount")
         if n <= ordinal:
             raise BackendError(f"CUDA device {ordinal} requested but {n} device(s) are present")

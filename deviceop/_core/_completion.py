@@ -107,7 +107,9 @@ def set_poll_budget(seconds: float) -> None:
     other tasks run meanwhile; work that runs late parks again.
     """
     if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 <= float(seconds) <= 1:
-        raise SettingError(f"poll budget {seconds!r} s is not accepted; use a number from 0 to 1 second (default 1e-3)")
+        raise SettingError(
+            f"a poll budget of {seconds!r} is not accepted; use a number of seconds from 0 to 1 (default 1e-3)"
+        )
     _POLL[0] = float(seconds)
 
 

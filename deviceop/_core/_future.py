@@ -27,6 +27,11 @@ class DeviceFuture(Generic[T]):
     it did not complete in time) and returns the op's output, or raises its error (a
     :class:`CudaError` if the device failed). Dropping a future does not cancel or free
     anything early: the work runs to completion and its buffers stay alive until then.
+
+    It is not a :class:`concurrent.futures.Future` (``concurrent.futures.wait`` and
+    ``asyncio.wrap_future`` do not take it, and it has no ``cancel()``: work on the GPU cannot be
+    called back): ``await`` it in an event loop (asyncio, uvloop, trio), call ``result()`` in a
+    thread, or give ``add_done_callback`` a function.
     """
 
     __slots__ = ("_callbacks", "_cx", "_done_event", "_error", "_event", "_lock", "_value", "_watcher")

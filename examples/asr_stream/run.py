@@ -938,7 +938,7 @@ def _requirements(model: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     gpu = do.backend_name() == "cuda"
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--wav", default=os.path.join(HERE, "speech.wav"))
     ap.add_argument(
         "--model",
@@ -994,9 +994,11 @@ def main(argv: list[str] | None = None) -> int:
     size = SIZES[a.model][0 if gpu else 1]
     a.width = size[0] if a.width is None else a.width
     a.layers = size[1] if a.layers is None else a.layers
+    if not os.path.isfile(a.wav):
+        ap.error(f"--wav {a.wav}: no such file (a 16-bit mono WAV; the default is {os.path.join(HERE, 'speech.wav')})")
     need = _requirements(a.model)
-    if need:
-        ap.error(need)
+    if need:  # (the arguments were fine: no usage text)
+        raise SystemExit(f"{ap.prog}: {need}")
     cuda = gpu
     if not gpu:
         print(
@@ -1012,6 +1014,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.loops
         else [n for n in LOOPS if (cuda or n not in CUDA_ONLY) and (kernels or n not in KERNEL_LOOPS)]
     )
+    if not a.loops and not cuda and CUDA_ONLY:  # (say which the host leaves out, as loadtest.py does)
+        print(f"left out without a GPU: {', '.join(sorted(CUDA_ONLY))} (PyTorch's CUDA graphs)", flush=True)
     bad = [n for n in loops if n not in LOOPS]
     if bad:
         ap.error(f"unknown --loops {bad}; choose from {', '.join(LOOPS)}")
@@ -1057,7 +1061,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(a.rounds):
         for n in loops[r % len(loops) :] + loops[: r % len(loops)]:
             print(
-                f"round {r + 1} of {a.rounds}: the {n} loop over {st.seconds / a.speed:.1f} s of audio...", flush=True
+                f"round {r + 1} of {a.rounds}: the {n} loop over {st.seconds:.1f} s of audio "
+                f"({st.seconds / a.speed:.1f} s at --speed {a.speed:g})...",
+                flush=True,
             )
             rep = LOOPS[n](st, enc, a)
             by[n] = by[n].merge(rep) if n in by else rep

@@ -117,7 +117,7 @@ def one_at_a_time(jobs: Jobs) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     gpu = do.backend_name() == "cuda"
     # on the host backend (no GPU) a small configuration: numpy GEMMs of 2048^3 take seconds each
     ap.add_argument("--items", type=int, default=2000 if gpu else 200)

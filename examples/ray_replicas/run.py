@@ -319,10 +319,11 @@ def parse(doc: str, argv: list[str] | None, extra: Any = None, needs_ray: bool =
         try:
             import ray  # noqa: F401
         except ImportError:
-            ap.error(
-                "Ray is not installed: python -m pip install --group ray (or pip install 'ray[serve]')"
+            raise SystemExit(  # (the arguments were fine: no usage text)
+                f"{ap.prog}: Ray is not installed: python -m pip install --group ray (pip 25.1 or later: "
+                "python -m pip install -U pip), or pip install 'ray[serve]'"
                 + ("; or run the replicas as plain processes with --no-ray" if extra is not None else "")
-            )
+            ) from None
     if a.gpus_per_replica and not gpu:
         ap.error(
             f"--gpus-per-replica {a.gpus_per_replica:g}: no GPU is visible (deviceop runs on the "

@@ -74,11 +74,16 @@ def start_server(
         env=env,
     )
     assert p.stdout is not None
-    line = p.stdout.readline()  # blocks until the server listens (or dies)
-    if not line.startswith("listening on "):
+    said: list[str] = []  # what it printed while starting (the model it builds, a no-GPU note)
+    line = p.stdout.readline()  # blocks until the server prints a line (or dies)
+    while line and not line.startswith("listening on "):
+        said.append(line.strip())
+        line = p.stdout.readline()
+    if not line:
         p.kill()
-        said = f": it printed {line!r}" if line else ""
-        raise SystemExit(f"server {impl} did not start (exit {p.wait()}){said}; its error is above (its stderr)")
+        printed = f": it printed {said[-3:]!r}" if said else ""
+        raise SystemExit(f"server {impl} did not start (exit {p.wait()}){printed}; its error is above (its stderr)")
+    print(f"  {impl}: listening", flush=True)
     return p, f"http://127.0.0.1:{int(line.split()[-1])}"
 
 
@@ -276,6 +281,27 @@ def _backend() -> str:
     return r.stdout.strip().rsplit("\n", 1)[-1] if r.returncode == 0 else "host"
 
 
+def print_table(summary: dict[str, Any]) -> None:
+    """The variants' medians over the rounds, one line each (``--out`` writes every figure)."""
+
+    def f(x: float | None, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    print(
+        f"\n{'variant':<20} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'lag p99':>7} {'CPU µs/req':>10}"
+        f" {'errors':>6}  vs the best PyTorch variant"
+    )
+    for impl, m in summary.items():
+        vs = m.get("vs_best_torch")
+        print(
+            f"{impl:<20} {f(m.get('req_s'), '8.0f')} {f(m.get('latency_ms_p50'), '7.2f')}"
+            f" {f(m.get('latency_ms_p99'), '7.2f')} {f(m.get('lag_ms_p99'), '7.2f')}"
+            f" {f(m.get('server_cpu_us_per_req'), '10.0f')} {m['errors'] + m['mismatches']:>6}"
+            + (f"  {vs['ratio']:.2f}x {vs['impl']}" if vs else "")
+        )
+    print("(medians over the rounds; lag: the server loop's timer lateness; errors: failed or wrong answers)")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -290,7 +316,7 @@ def _main(argv: list[str] | None = None) -> int:
     # minute (the encoder of BERT-base size takes tens of milliseconds a request on a CPU)
     backend = _backend()
     gpu = backend == "cuda"
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--impls", default="all", help=f"comma-separated, of {', '.join(IMPLS)}; all: those that can run")
     ap.add_argument("--seconds", type=float, default=10.0 if gpu else 1.0)
     ap.add_argument("--warmup", type=float, default=3.0 if gpu else 0.5)
@@ -478,7 +504,7 @@ def _main(argv: list[str] | None = None) -> int:
             if impl != "cached":
                 summary[impl]["of_ceiling"] = summary[impl]["req_s"] / summary["cached"]["req_s"]
     doc["summary"] = summary
-    print(json.dumps(summary, indent=1))
+    print_table(summary)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)

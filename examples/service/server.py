@@ -37,6 +37,9 @@ leaves it out), as services do, for every variant. The server prints ``listening
 it accepts requests.
 
     python examples/service/server.py --impl deviceop-batch --port 8080
+
+Without a GPU (the host backend) the model's defaults are a small configuration, and the server
+says so.
 """
 
 from __future__ import annotations
@@ -392,14 +395,21 @@ async def serve(
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--impl", choices=IMPLS, default="deviceop-batch")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     ap.add_argument("--rows", type=int, default=32, help="tokens of one request")
-    ap.add_argument("--width", type=int, default=768, help="the encoder's width (an embedding's values)")
-    ap.add_argument("--layers", type=int, default=12, help="the encoder's layers")
-    ap.add_argument("--heads", type=int, default=12, help="attention heads (a divisor of --width)")
+    ap.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help="the encoder's width (an embedding's values); default 768, 64 on the host",
+    )
+    ap.add_argument("--layers", type=int, default=None, help="the encoder's layers; default 12, 2 on the host")
+    ap.add_argument(
+        "--heads", type=int, default=None, help="attention heads (a divisor of --width); default 12, 4 on the host"
+    )
     ap.add_argument("--max-batch", type=int, default=16, help="batched variants: requests per batch")
     ap.add_argument("--max-delay", type=float, default=0.001, help="batched variants: seconds a batch waits")
     ap.add_argument(
@@ -431,6 +441,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "(reported in /stats as 'stalls')",
     )
     a = ap.parse_args(argv)
+    import deviceop as do
+
+    # on a GPU the encoder of BERT-base size; on the host backend a small one (the large one
+    # takes tens of milliseconds a request on a CPU and seconds to build)
+    gpu = do.backend_name() == "cuda"
+    size = (768, 12, 12) if gpu else (64, 2, 4)
+    a.width, a.layers, a.heads = (size[i] if v is None else v for i, v in enumerate((a.width, a.layers, a.heads)))
+    if not gpu:
+        print(
+            f"no GPU: the {do.backend_name()} backend (an emulated device) serves a small model by default "
+            f"(--width {a.width} --layers {a.layers} --heads {a.heads}); its figures show that the service "
+            "works, not what a GPU does",
+            flush=True,
+        )
     if a.width % a.heads:
         ap.error(f"--heads {a.heads} must divide --width {a.width} (each head takes width / heads features)")
     if not 1 <= a.copies <= 64:
@@ -463,6 +487,7 @@ def main(argv: list[str] | None = None) -> None:
         restart_profile()
     # the model is made (its weights uploaded, blocking) before the event loop starts: blocking
     # calls are refused on a running loop's thread
+    print(f"{a.impl}: building the model (width {a.width}, {a.layers} layers) and warming up...", flush=True)
     infer, counters = make_infer(a)
     try:
         import uvloop
