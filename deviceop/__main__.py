@@ -17,21 +17,25 @@ def _backend() -> Any:
     the library attributes its warnings, is the interpreter's start-up code."""
     import warnings
 
-    from deviceop._core._select import current
+    from deviceop._core._select import _pool_size, current
     from deviceop._errors import BackendError, DeviceOpWarning
 
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always", DeviceOpWarning)
         try:
             be = current()
-        except BackendError as e:  # (the backend asked for by DEVICEOP_BACKEND, not usable here)
-            chosen = os.environ.get("DEVICEOP_BACKEND", "")
-            hint = (
-                f"; DEVICEOP_BACKEND={chosen} chose it: unset it (deviceop then falls back to the host "
-                "backend where there is no GPU) or set DEVICEOP_BACKEND=host"
-                if chosen
-                else ""
-            )
+        except BackendError as e:  # a setting's error, or the cuda backend asked for and unusable
+            hint = ""
+            if os.environ.get("DEVICEOP_BACKEND", "").strip().lower() == "cuda":
+                try:
+                    _pool_size()  # (DEVICEOP_STREAMS's own error needs no word on the backend)
+                except BackendError:
+                    pass
+                else:
+                    hint = (
+                        "; DEVICEOP_BACKEND=cuda asked for it: unset DEVICEOP_BACKEND (deviceop then "
+                        "falls back to the host backend where there is no GPU) or set it to host"
+                    )
             raise SystemExit(f"python -m deviceop: {e}{hint}") from None
     for w in got:
         if issubclass(w.category, DeviceOpWarning):

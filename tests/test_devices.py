@@ -345,7 +345,11 @@ def test_info_says_what_to_do_when_the_chosen_backend_is_unusable() -> None:
         assert "backend:            cuda" in r.stdout, r.stdout
         return
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr.startswith("python -m deviceop: ") and "set DEVICEOP_BACKEND=host" in r.stderr, r.stderr
+    assert r.stderr.startswith("python -m deviceop: ") and "unset DEVICEOP_BACKEND" in r.stderr, r.stderr
+    # a setting's own error is said without advice about the backend
+    env["DEVICEOP_STREAMS"] = "x"
+    r = subprocess.run([sys.executable, "-m", "deviceop", "info"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1 and "DEVICEOP_STREAMS must be" in r.stderr and "DEVICEOP_BACKEND" not in r.stderr
 
 
 def test_multi_device_experiment_runs_on_two_emulated_devices(tmp_path) -> None:

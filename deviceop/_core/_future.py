@@ -30,7 +30,7 @@ class DeviceFuture(Generic[T]):
 
     It is not a :class:`concurrent.futures.Future` (``concurrent.futures.wait`` and
     ``asyncio.wrap_future`` do not take it, and it has no ``cancel()``: work on the GPU cannot be
-    called back): ``await`` it in an event loop (asyncio, uvloop, trio), call ``result()`` in a
+    cancelled): ``await`` it in an event loop (asyncio, uvloop, trio), call ``result()`` in a
     thread, or give ``add_done_callback`` a function.
     """
 

@@ -292,7 +292,7 @@ def parse(doc: str, argv: list[str] | None, extra: Any = None, needs_ray: bool =
         gpu = do.backend_name() == "cuda"
     except do.DeviceOpError:  # (no usable backend here: each replica reports its own error)
         gpu = False
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(doc.split("\n\n")[0].replace("``", "").split()))
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument(
         "--gpus-per-replica",
@@ -320,8 +320,8 @@ def parse(doc: str, argv: list[str] | None, extra: Any = None, needs_ray: bool =
             import ray  # noqa: F401
         except ImportError:
             raise SystemExit(  # (the arguments were fine: no usage text)
-                f"{ap.prog}: Ray is not installed: python -m pip install --group ray (pip 25.1 or later: "
-                "python -m pip install -U pip), or pip install 'ray[serve]'"
+                f"{ap.prog}: Ray is not installed: python -m pip install --group ray in the repository's "
+                "root (pip 25.1 or later: python -m pip install -U pip), or pip install 'ray[serve]'"
                 + ("; or run the replicas as plain processes with --no-ray" if extra is not None else "")
             ) from None
     if a.gpus_per_replica and not gpu:

@@ -6,12 +6,13 @@ then, in alternating rounds, loads each one from ``--procs`` client processes ho
 ``--clients`` connections in all (aiohttp, keep-alive, loopback), each sending requests back
 to back for ``--seconds`` (closed loop: the saturated throughput), then under one offered load
 for all (open loop, ``--rate``: by default 80 % of the best PyTorch variant's saturated
-throughput, a request on a fixed schedule whatever is in flight). Reported per variant and
-load (medians over rounds): requests per second, latency p50 / p99, the server's event-loop lag
-p50 / p99, its CPU time per request (all its threads), errors, and responses that differ from
-that server's first answer to the same input; with the ``cached`` variant among them (the
-server answering each distinct input from a dict: its HTTP work alone), each variant's share of
-that ceiling.
+throughput, a request on a fixed schedule whatever is in flight). Each round prints a line per
+variant and load; at the end a table gives each variant's medians over the closed-loop rounds:
+requests per second, latency p50 / p99, the server's event-loop lag p99, its CPU time per
+request (all its threads), errors and responses that differ from that server's first answer to
+the same input, its ratio to the best PyTorch variant and, with the ``cached`` variant among
+them (the server answering each distinct input from a dict: its HTTP work alone), its share of
+that ceiling. ``--out`` writes every figure (the open-loop medians too) as JSON.
 
     python examples/service/loadtest.py                       # every variant, the full-size model
     python examples/service/loadtest.py --impls deviceop-batch,torch-blocking --seconds 5
@@ -33,9 +34,11 @@ import json
 import multiprocessing
 import os
 import platform
+import queue
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -46,6 +49,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from server import CUDA_ONLY, IMPLS  # noqa: E402
+
+#: how long a server may take to build its model and listen (the full-size model on a CPU
+#: takes tens of seconds)
+START_S = 600.0
 
 GRACE_S = 1.0  # open loop: how long after the window an answer still counts in the latencies
 VOCAB = 30522  # token ids are below it (model.VOCAB, not imported here: the load generator keeps off the GPU)
@@ -74,11 +81,30 @@ def start_server(
         env=env,
     )
     assert p.stdout is not None
+    out = p.stdout
     said: list[str] = []  # what it printed while starting (the model it builds, a no-GPU note)
-    line = p.stdout.readline()  # blocks until the server prints a line (or dies)
-    while line and not line.startswith("listening on "):
-        said.append(line.strip())
-        line = p.stdout.readline()
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:  # (a thread: readline() has no timeout, and a server may hang)
+        for got in iter(out.readline, ""):
+            lines.put(got)
+            if got.startswith("listening on "):
+                return
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + START_S
+    line = None
+    while line is None or (line and not line.startswith("listening on ")):
+        if line:
+            said.append(line.strip())
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            p.kill()
+            raise SystemExit(
+                f"server {impl} did not listen within {START_S:.0f} s (it printed {said[-3:]!r})"
+            ) from None
     if not line:
         p.kill()
         printed = f": it printed {said[-3:]!r}" if said else ""
@@ -285,11 +311,11 @@ def print_table(summary: dict[str, Any]) -> None:
     """The variants' medians over the rounds, one line each (``--out`` writes every figure)."""
 
     def f(x: float | None, spec: str) -> str:
-        return "-" if x is None else format(x, spec)
+        return format("-", ">" + spec.split(".")[0]) if x is None else format(x, spec)
 
     print(
         f"\n{'variant':<20} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'lag p99':>7} {'CPU µs/req':>10}"
-        f" {'errors':>6}  vs the best PyTorch variant"
+        f" {'errors':>6} {'of cached':>9}  vs the best PyTorch variant"
     )
     for impl, m in summary.items():
         vs = m.get("vs_best_torch")
@@ -297,9 +323,12 @@ def print_table(summary: dict[str, Any]) -> None:
             f"{impl:<20} {f(m.get('req_s'), '8.0f')} {f(m.get('latency_ms_p50'), '7.2f')}"
             f" {f(m.get('latency_ms_p99'), '7.2f')} {f(m.get('lag_ms_p99'), '7.2f')}"
             f" {f(m.get('server_cpu_us_per_req'), '10.0f')} {m['errors'] + m['mismatches']:>6}"
-            + (f"  {vs['ratio']:.2f}x {vs['impl']}" if vs else "")
+            f" {f(m.get('of_ceiling'), '9.2f')}" + (f"  {vs['ratio']:.2f}x {vs['impl']}" if vs else "")
         )
-    print("(medians over the rounds; lag: the server loop's timer lateness; errors: failed or wrong answers)")
+    print(
+        "(closed loop, medians over the rounds; lag: the server loop's timer lateness; errors: failed "
+        "or differing answers; of cached: the share of the cached variant's requests/s; --out has the rest)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

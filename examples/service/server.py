@@ -441,20 +441,32 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "(reported in /stats as 'stalls')",
     )
     a = ap.parse_args(argv)
-    import deviceop as do
+    given = (a.width, a.layers, a.heads)
+    if None in given:
+        # on a GPU the encoder of BERT-base size; without one a small one (the large one takes
+        # tens of milliseconds a request on a CPU and seconds to build). The device is the one
+        # the model runs on: deviceop's backend for its variants, PyTorch's device for the others
+        # (which leave deviceop's context unmade)
+        if a.impl.startswith("deviceop"):
+            import deviceop as do
 
-    # on a GPU the encoder of BERT-base size; on the host backend a small one (the large one
-    # takes tens of milliseconds a request on a CPU and seconds to build)
-    gpu = do.backend_name() == "cuda"
-    size = (768, 12, 12) if gpu else (64, 2, 4)
-    a.width, a.layers, a.heads = (size[i] if v is None else v for i, v in enumerate((a.width, a.layers, a.heads)))
-    if not gpu:
-        print(
-            f"no GPU: the {do.backend_name()} backend (an emulated device) serves a small model by default "
-            f"(--width {a.width} --layers {a.layers} --heads {a.heads}); its figures show that the service "
-            "works, not what a GPU does",
-            flush=True,
-        )
+            gpu, where = do.backend_name() == "cuda", f"the {do.backend_name()} backend (an emulated device)"
+        else:
+            try:
+                import torch
+            except ImportError:  # (main says what to install)
+                gpu = False
+            else:
+                gpu = torch.cuda.is_available()
+            where = "PyTorch on the CPU"
+        size = (768, 12, 12) if gpu else (64, 2, 4)
+        a.width, a.layers, a.heads = (size[i] if v is None else v for i, v in enumerate(given))
+        if not gpu:
+            print(
+                f"no GPU: {where} serves a small model by default (--width {a.width} --layers {a.layers} "
+                f"--heads {a.heads}); its figures show that the service works, not what a GPU does",
+                flush=True,
+            )
     if a.width % a.heads:
         ap.error(f"--heads {a.heads} must divide --width {a.width} (each head takes width / heads features)")
     if not 1 <= a.copies <= 64:

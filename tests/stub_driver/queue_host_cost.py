@@ -84,7 +84,9 @@ def queue_us(items: list, lanes: int, batch: int, reps: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "queue host cost").splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=" ".join((__doc__ or "queue host cost").split("\n\n")[0].replace("``", "").split())
+    )
     ap.add_argument("--items", type=int, default=2000)
     ap.add_argument("--lanes", type=int, default=8)
     ap.add_argument("--reps", type=int, default=7)
