@@ -445,6 +445,51 @@ def test_gemm_replays_price_recordings_by_measured_host_times():
     assert r.cost == COST and r.direct_s == r.replay_s == r.record_s == 0.0
 
 
+def test_gemm_replays_record_a_wide_repeating_pattern_within_tens_of_rounds():
+    # 64 requests in flight, each on buffers of its own, make some 880 distinct calls a round,
+    # each once; a call seen 2 * HOT times and still direct for want of credit earns as a replay
+    # does, so the table records them all in about 30 rounds (80 when only replays earned), and
+    # calls that stop recurring right after cost no more than that credit
+    import time
+
+    from deviceop._core._gemm import HOT
+    from deviceop._core._gemm import Replays as Table
+
+    class Executable:
+        handle_int = 1
+
+    def record(backend: object, stream: object, call: object) -> Executable:
+        t = time.perf_counter() + 170e-6  # a recording's host time: about 21 replays' saving
+        while time.perf_counter() < t:
+            pass
+        return Executable()
+
+    def table() -> Table:
+        t = Table(record)
+        t.observe(False, 10e-6)  # a direct call
+        t.observe(True, 2e-6)  # a replay
+        return t
+
+    t = table()
+    keys = [("call", i) for i in range(880)]
+    rounds = 0
+    while rounds < 200:
+        rounds += 1
+        before = t.recorded
+        direct = sum(1 for k in keys if not t.get(k, None, None, lambda s: 0))
+        if direct == 0 and t.recorded == before:
+            break
+    assert t.recorded == len(keys) and rounds <= 40, (rounds, t.recorded)
+    # calls that recur 2 * HOT + 1 times, then never again: the credit they earn (1 for each
+    # miss from the 2 * HOT-th, 1 / cost before it) pays for at most that many replays' worth
+    # of recordings, at their price: about 2.2 replays' saving a call
+    t = table()
+    for i in range(2000):
+        for _ in range(2 * HOT + 1):
+            t.get(("once", i), None, None, lambda s: 0)
+    assert t.recorded <= 2.5 * 2000 / t.cost + 8, (t.recorded, t.cost)
+
+
 def test_gemm_batch_table_draws_on_the_calls_credit_and_leaves_their_price_alone():
     # a table made with a bank (the batches' table, banked on the calls') spends the bank's
     # credit on its recordings at the bank's price and earns into it with its replays; its own

@@ -996,9 +996,6 @@ def main(argv: list[str] | None = None) -> int:
     a.layers = size[1] if a.layers is None else a.layers
     if not os.path.isfile(a.wav):
         ap.error(f"--wav {a.wav}: no such file (a 16-bit mono WAV; the default is {os.path.join(HERE, 'speech.wav')})")
-    need = _requirements(a.model)
-    if need:  # (the arguments were fine: no usage text)
-        raise SystemExit(f"{ap.prog}: {need}")
     cuda = gpu
     if not gpu:
         print(
@@ -1043,6 +1040,9 @@ def main(argv: list[str] | None = None) -> int:
         do.set_enqueue_slice(a.enqueue_slice)
     except do.SettingError as e:
         ap.error(str(e))
+    need = _requirements(a.model)
+    if need:  # (the arguments were fine: no usage text)
+        raise SystemExit(f"{ap.prog}: {need}")
 
     import torch
 
