@@ -32,6 +32,7 @@ from ._harness import (
     Timer,
     check_document,
     compare,
+    description,
     format_comparison,
     kind_of,
     load,
@@ -115,9 +116,7 @@ def print_metrics(name: str, entry: dict[str, Any], file: Any = sys.stdout) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m benchmarks", description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split())
-    )
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=description(__doc__))
     ap.add_argument("names", nargs="*", help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS)}")
     ap.add_argument("--quick", action="store_true", help="fewer repeats and sizes (minutes instead of tens)")
     ap.add_argument("--out", default=None, help="the result document (default: benchmarks-<machine>.json here)")

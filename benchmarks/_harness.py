@@ -176,6 +176,12 @@ def source_files(root: Path = ROOT) -> list[Path]:
     return out
 
 
+def description(doc: str | None) -> str:
+    """A script's ``--help`` description: its docstring's first paragraph on one line, without
+    reST's double backticks (its first line alone is cut mid-sentence)."""
+    return " ".join((doc or "").split("\n\n")[0].replace("``", "").split())
+
+
 def git(*args: str) -> str:
     """``git <args>`` in the repository ('' outside a checkout)."""
     try:

@@ -39,6 +39,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from _harness import description
+
 N_ELEMS = 2048
 THREADS = 128
 BLOCKS = N_ELEMS // THREADS
@@ -652,7 +654,7 @@ def _print_table(results: list[dict], sizes: list[int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma-separated N values")

@@ -30,6 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _harness import description
 from exec_modes import machine_info
 
 import deviceop as do
@@ -45,7 +46,7 @@ def host_work(seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--elems", type=int, default=1 << 26)
     ap.add_argument("--factors", default="0,0.25,0.5,0.75,1,1.25,1.5,2,3")

@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _harness import description
 from exec_modes import machine_info
 
 import deviceop as do
@@ -332,7 +333,7 @@ def _trace_stages() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--loops", default="uvloop,asyncio,trio")

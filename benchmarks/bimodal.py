@@ -46,6 +46,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _harness import description
+
 import deviceop as do
 from deviceop._core._completion import stats as await_stats
 from deviceop.executors import ThreadedQueue, WorkQueue
@@ -288,7 +290,7 @@ class GcPauses:
 def main(argv: list[str] | None = None) -> int:
     from exec_modes import host_probe, machine_info
 
-    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--items", type=int, default=2000)
     ap.add_argument("--streams", default="1,2,4,8,16,32")
     ap.add_argument("--reps", type=int, default=3)

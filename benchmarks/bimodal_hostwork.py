@@ -20,6 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _harness import description
 from bimodal import Workload, median_row, run_async, run_serial, run_threaded
 
 SLICE = 50e-6  # async host work yields to the loop this often
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import anyio
     from exec_modes import machine_info
 
-    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--items", type=int, default=400)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--w-ms", default="0,0.1,0.25,0.5,1,2,3")

@@ -17,6 +17,8 @@ import os
 import statistics
 import time
 
+from _harness import description
+
 
 def work(n: int = 20000) -> int:
     """Dictionary, attribute and call traffic, as an interpreter's host path has."""
@@ -29,7 +31,7 @@ def work(n: int = 20000) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)

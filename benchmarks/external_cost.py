@@ -44,6 +44,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _harness import description
+
 import deviceop as do
 
 
@@ -269,7 +271,7 @@ def mlp_service(requests: int, rounds: int, profile: bool = False) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--requests", type=int, default=1024)

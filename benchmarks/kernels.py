@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _harness import description
 from cuda.bindings import driver
 
 import deviceop as do
@@ -313,7 +314,7 @@ NUMPY_ONLY = "import time; t = time.perf_counter(); import numpy; print((time.pe
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--elements", type=int, default=1 << 28)
     ap.add_argument("--width", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=20)

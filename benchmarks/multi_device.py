@@ -29,6 +29,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _harness import description
+
 import deviceop as do
 from deviceop.device import current
 from deviceop.executors import WorkQueue
@@ -127,7 +129,7 @@ def copies(sizes_mib: list[float], reps: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--items", type=int, default=2000)
     ap.add_argument("--small", type=int, default=512)
     ap.add_argument("--large", type=int, default=2048)

@@ -41,6 +41,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from _harness import description
+
 import deviceop as do
 
 K = do.kernels
@@ -240,7 +242,7 @@ def check(request, torch_request) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--steps", default="1,8,32")
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--width", type=int, default=64)

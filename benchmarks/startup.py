@@ -23,6 +23,8 @@ import statistics
 import subprocess
 import sys
 
+from _harness import description
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 IMPORT = """
@@ -55,7 +57,7 @@ def run(code: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].replace("``", "").split()))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)

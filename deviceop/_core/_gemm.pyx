@@ -264,21 +264,10 @@ cdef class Replays:
         self.direct_s = self.replay_s = self.record_s = 0.0
 
 
-cdef class _LtCall:
-    """One cublasLtMatmul call, made on the stream it is given (what a recording records)."""
-
-    cdef GemmPlan p
-    cdef uintptr_t pa, pb, pc, ws
-    cdef size_t ws_bytes
-    cdef float alpha, beta
-
-    def __call__(self, uintptr_t on):
-        return _lt(self.p, self.pa, self.pb, self.pc, self.alpha, self.beta, self.ws, self.ws_bytes, on)
-
-
-cdef class _LtBatch:
-    """cublasLtMatmul calls made in order on the stream they are given (a batch's recording):
-    each call's key is ``(plan, pa, pb, pc, alpha, beta, stream)``."""
+cdef class _LtCalls:
+    """cublasLtMatmul calls made in order on the stream they are given (what a recording of one
+    call, or of a batch of calls, records): each call's key is ``(plan, pa, pb, pc, alpha, beta,
+    stream)``."""
 
     cdef list keys
     cdef uintptr_t ws
@@ -385,13 +374,12 @@ cdef class GemmLauncher:
         cdef Driver d = cx.drv
         cdef int e = 0, st = 0
         cdef int64_t t0
-        cdef _LtCall call
+        cdef _LtCalls call
         if key is not None:
             ex = self.replays.find(key)
             if ex == 0:
-                call = _LtCall.__new__(_LtCall)
-                call.p, call.pa, call.pb, call.pc, call.ws, call.ws_bytes = p, pa, pb, pc, ws, self.ws_bytes
-                call.alpha, call.beta = alpha, beta
+                call = _LtCalls.__new__(_LtCalls)
+                call.keys, call.ws, call.ws_bytes = [key], ws, self.ws_bytes
                 ex = self.replays.miss(key, cx.backend, cx.stream, call)
         with nogil:
             t0 = _now_ns()
@@ -426,7 +414,7 @@ cdef class GemmLauncher:
         cdef GemmCall o
         cdef GemmPlan p
         cdef TensorBase ct, ta, tb
-        cdef _LtBatch batch
+        cdef _LtCalls batch
         cdef Py_ssize_t i, j, n = len(ops)
         cdef tuple k
         cdef object osh = sh  # (boxed once for every call's key)
@@ -456,7 +444,7 @@ cdef class GemmLauncher:
                 bkey = tuple(keys)
                 ex = batches.find(bkey)
                 if ex == 0:
-                    batch = _LtBatch.__new__(_LtBatch)
+                    batch = _LtCalls.__new__(_LtCalls)
                     batch.keys, batch.ws, batch.ws_bytes = keys, ws, self.ws_bytes
                     ex = batches.miss(bkey, cx.backend, cx.stream, batch)
             if ex:
