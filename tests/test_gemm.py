@@ -601,6 +601,95 @@ def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(stub_gemm):
     assert [type(x.handle_int) for x in GEMM.replays.executables()] == [int]
 
 
+def test_gemm_template_replays_one_recording_on_every_buffer(stub_gemm):
+    """Calls of one plan, scalars and stream on other buffers each time are recorded once, as a
+    template, and replayed from then on with their own pointers written into the recorded
+    kernel's arguments: every launch, direct or replayed, ran on its call's pointers (read from
+    the stand-in kernel's argument block as it ran, under the stub's chaos)."""
+    from deviceop.kernels._gemm import GEMM
+    from deviceop.kernels._gemm_replay import HOT
+
+    a, b, cs, s, emulate = stub_gemm
+    a2 = do.zeros(a.shape, a.dtype).sync_on(s)  # (the same layout: the same plan)
+    before, launched = _counts(GEMM.replays), emulate.launches()
+    emulate.gemm_log()
+    want = []
+    n = 0
+    for r in range(HOT + 3):
+        for i, c in enumerate(cs):
+            x = a if (r + i) % 2 else a2
+            assert K.gemm(c, x, b).sync_on(s)[0] is c
+            want.append((b.addr, x.addr, c.addr))
+            n += 1
+    recorded, replays = (x - y for x, y in zip(_counts(GEMM.replays), before))
+    assert (recorded, replays) == (1, n - HOT)  # one recording for every buffer, replayed after it
+    assert emulate.launches() - launched == n
+    assert emulate.gemm_log() == want
+
+
+def test_gemm_without_a_template_replays_exact_calls(stub_gemm, monkeypatch):
+    """Where the recorded call cannot be made a template (here: the driver cannot list its
+    kernels' arguments), each exact call (its pointers too) is recorded once it is hot, and the
+    template is not tried again."""
+    from deviceop.kernels._gemm import GEMM
+    from deviceop.kernels._gemm_replay import HOT
+
+    a, b, cs, s, emulate = stub_gemm
+    monkeypatch.setattr(type(s.backend.graphs), "kernel_nodes", lambda self, raw: None)
+    before = _counts(GEMM.replays)
+    emulate.gemm_log()
+    want = []
+    for _ in range(2 * HOT + 1):
+        for c in cs:
+            K.gemm(c, a, b).sync_on(s)
+            want.append((b.addr, a.addr, c.addr))
+    recorded, replays = (x - y for x, y in zip(_counts(GEMM.replays), before))
+    # the template is tried at the HOT-th call (the first round's last) and fails; that call is
+    # then its exact call's first, the others' come a round later: HOT calls of the last buffer
+    # before its recording is replayed, HOT + 1 of each other
+    assert recorded == 3 and replays == 3 * (2 * HOT + 1) - (HOT + 2 * (HOT + 1))
+    assert emulate.gemm_log() == want
+
+
+def test_gemm_template_spec_finds_the_pointer_words_or_refuses():
+    """A template's patches from three recordings: the words that move with a pointer (plus a
+    constant), checked against the third; anything else moving refuses."""
+    from deviceop.kernels._gemm_replay import _SHIFTS, template_spec
+
+    base = (0x7F0000000000, 0x7F0000100000, 0x7F0000200000)
+
+    def block_of(ptrs, junk=0):
+        words = [0x1234, ptrs[1], ptrs[0] + 64, 7, ptrs[2], ptrs[2] + 128, junk]
+        return b"".join(w.to_bytes(8, "little") for w in words) + b"\x01\x02\x03"
+
+    def rec(shift, junk=0, memset=(0xAB00, 0, 0, 1, 4, 1)):
+        ptrs = tuple(p + d for p, d in zip(base, shift))
+        kernel = (0xF00, 0, (2, 3, 1), (128, 1, 1), 1024, True, block_of(ptrs, junk), None)
+        return [(2, 0x10, memset), (0, 0x20, kernel)]
+
+    recs = [rec((0, 0, 0)), rec(_SHIFTS[0]), rec(_SHIFTS[1])]
+    spec = template_spec(base, recs)
+    assert spec is not None and len(spec) == 1
+    node, func, kern, grid, block, shmem, by_buffer, data, layout, patches = spec[0]
+    assert (node, func, kern, grid, block, shmem, by_buffer, layout) == (
+        0x20,
+        0xF00,
+        0,
+        (2, 3, 1),
+        (128, 1, 1),
+        1024,
+        True,
+        None,
+    )
+    assert data == block_of(base)
+    assert patches == [(8, 1, 0), (16, 0, 64), (32, 2, 0), (40, 2, 128)]
+    assert template_spec(base, [rec((0, 0, 0)), rec(_SHIFTS[0], junk=1), rec(_SHIFTS[1], junk=1)]) is None
+    assert template_spec(base, [recs[0], recs[1], rec(_SHIFTS[1], junk=5)]) is None  # the third disagrees
+    moved = rec(_SHIFTS[0], memset=(0xAC00, 0, 0, 1, 4, 1))
+    assert template_spec(base, [recs[0], moved, recs[2]]) is None  # a memset of the call's memory
+    assert template_spec(base, [recs[0], recs[1][1:], recs[2]]) is None  # another graph
+
+
 def test_gemm_batch_runs_call_by_call_until_it_repeats_then_as_one_graph(stub_gemm):
     """A work queue's batch of GEMMs whose batch has not repeated runs call by call, each call
     replayed once it is hot on its own (batches that form by timing keep their calls' replays);

@@ -8,18 +8,19 @@ module never needs a GPU. :func:`make_driver` fills the compiled core's :class:`
 once, when the backend is made.
 """
 
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport uintptr_t, uint64_t
 from cuda.bindings cimport cydriver
 from cuda.bindings.cydriver cimport CUresult, CUstream, CUevent, CUfunction, CUgraphExec, CUcontext
 
 from .._core._base cimport (
     BlockCache, Channel, Driver, chan_push, chan_t, chan_unref, ctx_get_t, ctx_set_t, event_query_t,
-    event_record_t, graph_launch_t, stream_sync_t,
+    event_record_t, exec_kernel_set_t, graph_launch_t, stream_sync_t,
 )
 
 __all__ = [
     "make_driver", "event_record", "event_query", "event_create", "event_destroy", "event_sync", "stream_sync",
-    "stream_wait", "graph_launch", "notify", "mem_free_async",
+    "stream_wait", "graph_launch", "graph_nodes", "notify", "mem_free_async",
     "memcpy_dtod_async", "memset_async", "NOT_READY",
 ]
 
@@ -45,6 +46,11 @@ cdef int _launch(void* f, unsigned int gx, unsigned int gy, unsigned int gz, uns
 
 cdef int _graph_launch(void* ex, void* stream) noexcept nogil:
     return <int>cydriver.cuGraphLaunch(<CUgraphExec>ex, <CUstream>stream)
+
+
+cdef int _exec_kernel_set(void* ex, void* node, const void* params) noexcept nogil:
+    return <int>cydriver.cuGraphExecKernelNodeSetParams(<cydriver.CUgraphExec>ex, <cydriver.CUgraphNode>node,
+                                                         <const cydriver.CUDA_KERNEL_NODE_PARAMS*>params)
 
 
 cdef int _stream_sync(void* stream) noexcept nogil:
@@ -161,6 +167,7 @@ def make_driver(uintptr_t context, error, BlockCache blocks):
     # (CUresult is a C enum, an int: the driver's functions have the table's signatures)
     _cu_launch = <cu_launch_kernel_t>_entry(b"cuLaunchKernel", flags, NULL)
     d.graph_launch = <graph_launch_t>_entry(b"cuGraphLaunch", flags, <void*>_graph_launch)
+    d.exec_kernel_set = <exec_kernel_set_t>_entry(b"cuGraphExecKernelNodeSetParams", flags, <void*>_exec_kernel_set)
     d.stream_sync = <stream_sync_t>_entry(b"cuStreamSynchronize", flags, <void*>_stream_sync)
     d.event_record = <event_record_t>_entry(b"cuEventRecord", flags, <void*>_event_record)
     d.event_query = <event_query_t>_entry(b"cuEventQuery", flags, <void*>_event_query)
@@ -207,6 +214,109 @@ def graph_launch(uintptr_t ex, uintptr_t stream):
     with nogil:
         err = _graph_launch(<void*>ex, <void*>stream)
     return err
+
+
+ctypedef int (*param_count_t)(void* func, size_t* count) noexcept nogil
+cdef param_count_t _count_fn = NULL
+cdef bint _count_looked_up = False
+
+
+cdef param_count_t _param_count() noexcept:
+    """cuFuncGetParamCount where the driver (and cydriver's CUDA version) has it, else NULL;
+    looked up once."""
+    global _count_fn, _count_looked_up
+    if not _count_looked_up:
+        _count_fn = <param_count_t>_entry(b"cuFuncGetParamCount", cydriver.CU_GET_PROC_ADDRESS_DEFAULT, NULL)
+        _count_looked_up = True
+    return _count_fn
+
+
+def graph_nodes(uintptr_t graph):
+    """``(CUresult, nodes)``: the nodes of a captured graph, in the driver's order, each
+    ``(type, node, params)``, with
+    ``type`` a CUgraphNodeType and ``params``, for a kernel node, ``(function, kernel, grid,
+    block, shared memory, by_buffer, arguments, layout)``: ``arguments`` the bytes of its
+    argument block (as one buffer where the launch passed one, ``by_buffer`` True, else its
+    parameters laid out at their offsets, ``layout`` their ``(offset, size)``s) or None where
+    they cannot be read; for a memset node its parameters'
+    tuple; None for other nodes. Where the driver refuses a query, its result and no nodes."""
+    cdef size_t n = 0, i, j, off, size, total, count = 0
+    cdef param_count_t count_fn
+    cdef cydriver.CUgraphNode* nodes = NULL
+    cdef cydriver.CUgraphNodeType t
+    cdef cydriver.CUDA_KERNEL_NODE_PARAMS kp
+    cdef cydriver.CUDA_MEMSET_NODE_PARAMS mp
+    cdef void** ex
+    cdef char* buf
+    cdef size_t bufsize
+    err = cydriver.cuGraphGetNodes(<cydriver.CUgraph>graph, NULL, &n)
+    if err:
+        return int(err), []
+    out = []
+    if n == 0:
+        return 0, out
+    nodes = <cydriver.CUgraphNode*>PyMem_Malloc(n * sizeof(cydriver.CUgraphNode))
+    if nodes == NULL:
+        raise MemoryError()
+    try:
+        err = cydriver.cuGraphGetNodes(<cydriver.CUgraph>graph, nodes, &n)
+        if err:
+            return int(err), []
+        for i in range(n):
+            err = cydriver.cuGraphNodeGetType(nodes[i], &t)
+            if err:
+                return int(err), []
+            info = None
+            if t == cydriver.CU_GRAPH_NODE_TYPE_KERNEL:
+                err = cydriver.cuGraphKernelNodeGetParams(nodes[i], &kp)
+                if err:
+                    return int(err), []
+                data = layout = None
+                by_buffer = kp.kernelParams == NULL
+                if kp.kernelParams != NULL and kp.func != NULL:
+                    # (the count first: asking past the last parameter is an API error that
+                    # compute-sanitizer reports; without the count, no arguments are read)
+                    count_fn = _param_count()
+                    if count_fn != NULL and count_fn(kp.func, &count) == 0:
+                        parts = []
+                        total = 0
+                        for j in range(count):
+                            if cydriver.cuFuncGetParamInfo(kp.func, j, &off, &size) != cydriver.CUDA_SUCCESS:
+                                parts = None
+                                break
+                            parts.append((off, size))
+                            total = max(total, off + size)
+                        if parts is not None:
+                            b = bytearray(total)
+                            for j in range(len(parts)):
+                                off, size = parts[j]
+                                b[off:off + size] = (<char*>kp.kernelParams[j])[:size]
+                            data = bytes(b)
+                            layout = tuple(parts)
+                elif kp.extra != NULL:
+                    ex = kp.extra
+                    buf = NULL
+                    bufsize = 0
+                    j = 0
+                    while ex[j] != NULL and j < 16:  # CU_LAUNCH_PARAM_END
+                        if <uintptr_t>ex[j] == 1:  # CU_LAUNCH_PARAM_BUFFER_POINTER
+                            buf = <char*>ex[j + 1]
+                        elif <uintptr_t>ex[j] == 2:  # CU_LAUNCH_PARAM_BUFFER_SIZE
+                            bufsize = (<size_t*>ex[j + 1])[0]
+                        j += 2
+                    if buf != NULL and bufsize:
+                        data = buf[:bufsize]
+                info = (<uintptr_t>kp.func, <uintptr_t>kp.kern, (kp.gridDimX, kp.gridDimY, kp.gridDimZ),
+                        (kp.blockDimX, kp.blockDimY, kp.blockDimZ), kp.sharedMemBytes, by_buffer, data, layout)
+            elif t == cydriver.CU_GRAPH_NODE_TYPE_MEMSET:
+                err = cydriver.cuGraphMemsetNodeGetParams(nodes[i], &mp)
+                if err:
+                    return int(err), []
+                info = (<uintptr_t>mp.dst, mp.pitch, mp.value, mp.elementSize, mp.width, mp.height)
+            out.append((<int>t, <uintptr_t>nodes[i], info))
+    finally:
+        PyMem_Free(nodes)
+    return 0, out
 
 
 cdef struct note_t:

@@ -81,6 +81,16 @@ class CudaGraphs:
     def nodes(self, raw: _Raw) -> int:
         return raw.nodes
 
+    def kernel_nodes(self, raw: _Raw) -> list[tuple[int, int, Any]] | None:
+        """``raw``'s nodes, in the driver's order, as ``(type, node, params)`` (see
+        ``_cuda_driver.graph_nodes``: a kernel node's launch and argument bytes, a memset
+        node's parameters); None where the driver cannot say (a driver without the queries)."""
+        try:
+            err, nodes = _nd.graph_nodes(int(raw.handle))
+        except Exception:  # (a driver older than cuFuncGetParamInfo: cydriver raises)
+            return None
+        return None if err else nodes
+
     def instantiate(self, raw: _Raw, stream: Any) -> _Exec:
         ex = _Exec(check(_drv.cuGraphInstantiate(raw.handle, 0), "cuGraphInstantiate"))
         # upload now, so the first replay costs what every replay costs

@@ -23,6 +23,9 @@ ctypedef int (*launch_kernel_t)(void* f, unsigned int gx, unsigned int gy, unsig
                                 unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
                                 void* stream, void** params) noexcept nogil
 ctypedef int (*graph_launch_t)(void* ex, void* stream) noexcept nogil
+# cuGraphExecKernelNodeSetParams (v2 parameters): a kernel node's arguments in an executable
+# graph, for its next launches
+ctypedef int (*exec_kernel_set_t)(void* ex, void* node, const void* params) noexcept nogil
 ctypedef int (*stream_sync_t)(void* stream) noexcept nogil
 ctypedef int (*stream_query_t)(void* stream) noexcept nogil
 ctypedef int (*event_record_t)(void* ev, void* stream) noexcept nogil
@@ -128,6 +131,7 @@ cdef class Channel:
 cdef class Driver:
     cdef launch_kernel_t launch_kernel
     cdef graph_launch_t graph_launch
+    cdef exec_kernel_set_t exec_kernel_set
     cdef stream_sync_t stream_sync
     cdef event_record_t event_record
     cdef event_query_t event_query

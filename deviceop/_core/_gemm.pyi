@@ -53,6 +53,18 @@ class Replays:
     def executables(self) -> list[Any]: ...
     def clear(self) -> None: ...
 
+class GemmTemplate:
+    """One cuBLASLt call recorded once and replayed on any buffers (its kernels' pointer
+    arguments rewritten before a launch for other pointers than the last)."""
+
+    ex: Any
+    handle_int: int
+
+    def __init__(self, ex: Any, raw: Any, nodes: list[tuple[Any, ...]], pointers: tuple[int, int, int]) -> None: ...
+    @property
+    def pointers(self) -> tuple[int, int, int]:
+        """The pointers the executable holds now (0s: unknown)."""
+
 class GemmLauncher:
     """The compiled half of the GEMM kernel."""
 

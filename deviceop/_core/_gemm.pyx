@@ -11,7 +11,9 @@ and enqueues the call (or its recorded graph) under the ledger lock.
 
 cimport cython
 from libc.float cimport FLT_MAX
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from ._base cimport _LOCK as LOCK, Driver, PartitionBase, TensorBase
@@ -21,7 +23,7 @@ from ._op cimport DeviceOp
 
 from .._errors import UsageError
 
-__all__ = ["COST", "COST_MAX", "GemmCall", "GemmLauncher", "GemmPlan", "HOT", "MAX", "Replays"]
+__all__ = ["COST", "COST_MAX", "GemmCall", "GemmLauncher", "GemmPlan", "GemmTemplate", "HOT", "MAX", "Replays"]
 
 #: calls of one exact problem before it is recorded (a problem seen once or twice is not worth it)
 HOT = 3
@@ -175,12 +177,35 @@ cdef class Replays:
         cdef _Entry e = self._execs.get(key)
         if e is None or e.handle == 0:  # not recorded, or its recording failed (miss() tells them apart)
             return 0
+        self._replayed(e)
+        return e.handle
+
+    cdef inline void _replayed(self, _Entry e) noexcept:
         e.used = True
         self.replays += 1
         cdef Replays b = self._bank
         if b.credit < 8 * b.cost_c():
             b.credit += 1.0
-        return e.handle
+
+    cdef object find_ex(self, key):
+        """What :meth:`find` finds, as the recorded object (an executable, or a
+        :class:`GemmTemplate`), or None; counted as ``find`` counts."""
+        cdef _Entry e = self._execs.get(key)
+        if e is None or e.handle == 0:
+            return None
+        self._replayed(e)
+        return e.ex
+
+    cdef bint failed(self, key):
+        """True if recording ``key`` was tried and failed (its calls stay direct)."""
+        cdef _Entry e = self._execs.get(key)
+        return e is not None and e.handle == 0
+
+    cdef object miss_ex(self, key, backend, stream, call):
+        """:meth:`miss`, returning the recorded object (None: not recorded now)."""
+        if self.miss(key, backend, stream, call) == 0:
+            return None
+        return (<_Entry>self._execs[key]).ex
 
     cdef uintptr_t miss(self, key, backend, stream, call) except? 0:
         cdef Replays b = self._bank
@@ -267,11 +292,28 @@ cdef class Replays:
 cdef class _LtCalls:
     """cublasLtMatmul calls made in order on the stream they are given (what a recording of one
     call, or of a batch of calls, records): each call's key is ``(plan, pa, pb, pc, alpha, beta,
-    stream)``."""
+    stream)``. ``template``: one call, to be recorded as a :class:`GemmTemplate` (replayed on
+    any pointers) rather than for its own pointers."""
 
     cdef list keys
     cdef uintptr_t ws
     cdef size_t ws_bytes
+    cdef readonly bint template
+
+    @property
+    def pointers(self):
+        """The first call's ``(pa, pb, pc)``: cuBLAS's A and B, and the output."""
+        k = <tuple>self.keys[0]
+        return (k[1], k[2], k[3])
+
+    def shifted(self, uint64_t da, uint64_t db, uint64_t dc):
+        """The same calls with every call's pointers moved by ``da``, ``db``, ``dc`` bytes: what
+        a template's second and third recordings record (never run, only captured)."""
+        cdef _LtCalls c = _LtCalls.__new__(_LtCalls)
+        c.keys = [(k[0], <uint64_t>(k[1] + da), <uint64_t>(k[2] + db), <uint64_t>(k[3] + dc)) + k[4:]
+                  for k in self.keys]
+        c.ws, c.ws_bytes, c.template = self.ws, self.ws_bytes, self.template
+        return c
 
     def __call__(self, uintptr_t on):
         cdef int status
@@ -289,6 +331,132 @@ cdef int _lt(GemmPlan p, uintptr_t pa, uintptr_t pb, uintptr_t pc, float alpha, 
     return fn(<void*>p.lt[1], <void*>p.lt[2], &alpha, <void*>pb, <void*>p.lt[3], <void*>pa, <void*>p.lt[4],
               &beta, <void*>pc, <void*>p.lt[5], <void*>pc, <void*>p.lt[5], <void*>p.lt[6], <void*>ws, ws_bytes,
               <void*>stream)
+
+
+cdef struct kparams_t:
+    # CUDA_KERNEL_NODE_PARAMS_v2, the layout cuGraphExecKernelNodeSetParams takes (the driver's ABI)
+    void* func
+    unsigned int gx, gy, gz, bx, by, bz, shmem
+    void** kernel_params
+    void** extra
+    void* kern
+    void* ctx
+
+cdef struct patch_t:
+    size_t off    # the 8-byte word at this offset of the node's argument block
+    int which     # holds pointer 0, 1 or 2 of the call (cuBLAS's A and B, the output)
+    uint64_t rel  # plus this (modulo 2**64)
+
+cdef struct tnode_t:
+    void* node        # the captured graph's node the executable was made from
+    kparams_t p       # its launch, with the argument block below
+    char* args        # the argument block, patched in place
+    void** slots      # per parameter, its address in ``args`` (NULL where the block is one buffer)
+    void* extra[5]    # the block as one buffer: CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE, END
+    size_t size
+    patch_t* patches
+    int n_patches
+
+
+cdef class GemmTemplate:
+    """One cuBLASLt call recorded once and replayed on any buffers: before a launch for other
+    pointers than the last, the words of its kernels' arguments that hold the pointers are
+    rewritten (``cuGraphExecKernelNodeSetParams``, which applies to the launches that follow,
+    not to those in flight).
+
+    Made by the kernels layer (``deviceop.kernels._gemm_replay``), which finds those words by
+    recording the call three times on different pointers. ``nodes``: per kernel node of the
+    graph, ``(node, function, kernel, grid, block, shared memory, by_buffer, arguments, layout,
+    patches)``, ``patches`` a list of ``(offset, which, rel)``; ``pointers``: the recording's own
+    (what the executable holds now)."""
+
+    cdef tnode_t* nodes
+    cdef int n
+    cdef readonly object ex       # the executable
+    cdef object raw               # the captured graph, whose nodes name the executable's
+    cdef readonly uintptr_t handle_int
+    cdef uintptr_t cur[3]         # the pointers the executable holds (0s: not known)
+
+    def __cinit__(self, ex, raw, nodes, pointers):
+        cdef tnode_t* t
+        cdef int i, j
+        self.nodes = <tnode_t*>calloc(max(len(nodes), 1), sizeof(tnode_t))
+        if self.nodes == NULL:
+            raise MemoryError()
+        for i in range(len(nodes)):
+            node, func, kern, grid, block, shmem, by_buffer, data, layout, patches = nodes[i]
+            t = &self.nodes[i]
+            self.n = i + 1
+            t.node = <void*><uintptr_t>node
+            t.p.func, t.p.kern, t.p.ctx = <void*><uintptr_t>func, <void*><uintptr_t>kern, NULL
+            t.p.gx, t.p.gy, t.p.gz = grid
+            t.p.bx, t.p.by, t.p.bz = block
+            t.p.shmem = shmem
+            t.size = len(data)
+            t.args = <char*>calloc(max(t.size, 1), 1)
+            t.patches = <patch_t*>calloc(max(len(patches), 1), sizeof(patch_t))
+            if t.args == NULL or t.patches == NULL:
+                raise MemoryError()
+            memcpy(t.args, <const char*>data, t.size)
+            for j in range(len(patches)):
+                off, which, rel = patches[j]
+                if off < 0 or off + 8 > t.size or which not in (0, 1, 2):
+                    raise ValueError(f"a template's patch {patches[j]!r} is outside its {t.size}-byte block")
+                t.patches[j].off, t.patches[j].which, t.patches[j].rel = off, which, <uint64_t>rel
+            t.n_patches = len(patches)
+            if by_buffer:
+                t.extra[0], t.extra[1] = <void*>1, <void*>t.args
+                t.extra[2], t.extra[3], t.extra[4] = <void*>2, <void*>&t.size, NULL
+                t.p.extra = t.extra
+            else:
+                t.slots = <void**>calloc(max(len(layout), 1), sizeof(void*))
+                if t.slots == NULL:
+                    raise MemoryError()
+                for j in range(len(layout)):
+                    off, size = layout[j]
+                    if off < 0 or off + size > t.size:
+                        raise ValueError(f"a template's parameter at {off} is outside its {t.size}-byte block")
+                    t.slots[j] = t.args + <size_t>off
+                t.p.kernel_params = t.slots
+        self.ex, self.raw = ex, raw
+        self.handle_int = ex.handle_int
+        self.cur[0], self.cur[1], self.cur[2] = pointers
+
+    def __dealloc__(self):
+        cdef int i
+        if self.nodes != NULL:
+            for i in range(self.n):
+                free(self.nodes[i].args)
+                free(self.nodes[i].slots)
+                free(self.nodes[i].patches)
+            free(self.nodes)
+
+    @property
+    def pointers(self):
+        """The pointers the executable holds now (cuBLAS's A and B, the output; 0s: unknown)."""
+        return (self.cur[0], self.cur[1], self.cur[2])
+
+    cdef int point(self, Driver d, uintptr_t pa, uintptr_t pb, uintptr_t pc) noexcept nogil:
+        """Make the executable's next launches use these pointers (nothing where it does);
+        the driver's error, or 0."""
+        cdef int i, j, err
+        cdef tnode_t* t
+        cdef uintptr_t ptr[3]
+        if self.cur[0] == pa and self.cur[1] == pb and self.cur[2] == pc:
+            return 0
+        if d.exec_kernel_set == NULL:
+            return 801  # CUDA_ERROR_NOT_SUPPORTED (a template is only made where the call exists)
+        ptr[0], ptr[1], ptr[2] = pa, pb, pc
+        self.cur[0] = self.cur[1] = self.cur[2] = 0  # (until every node holds the new ones)
+        for i in range(self.n):
+            t = &self.nodes[i]
+            for j in range(t.n_patches):
+                (<uint64_t*>(t.args + t.patches[j].off))[0] = ptr[t.patches[j].which] + t.patches[j].rel
+            err = d.exec_kernel_set(<void*>self.handle_int, t.node, &t.p)
+            if err:
+                return err
+        self.cur[0], self.cur[1], self.cur[2] = pa, pb, pc
+        return 0
 
 
 cdef class GemmLauncher:
@@ -375,21 +543,39 @@ cdef class GemmLauncher:
         cdef int e = 0, st = 0
         cdef int64_t t0
         cdef _LtCalls call
+        cdef Replays r = self.replays
+        cdef GemmTemplate t = None
+        cdef tuple k
         if key is not None:
-            ex = self.replays.find(key)
-            if ex == 0:
+            # the call's template (plan, scalars, stream: any pointers) once it is hot; where
+            # one cannot be made, graphs of exact calls (the pointers in the key)
+            k = <tuple>key
+            tk = (k[0], k[4], k[5], k[6])
+            t = r.find_ex(tk)
+            if t is None and not r.failed(tk):
                 call = _LtCalls.__new__(_LtCalls)
-                call.keys, call.ws, call.ws_bytes = [key], ws, self.ws_bytes
-                ex = self.replays.miss(key, cx.backend, cx.stream, call)
+                call.keys, call.ws, call.ws_bytes, call.template = [key], ws, self.ws_bytes, True
+                t = r.miss_ex(tk, cx.backend, cx.stream, call)
+            if t is None and r.failed(tk):
+                ex = r.find(key)
+                if ex == 0:
+                    call = _LtCalls.__new__(_LtCalls)
+                    call.keys, call.ws, call.ws_bytes = [key], ws, self.ws_bytes
+                    ex = r.miss(key, cx.backend, cx.stream, call)
         with nogil:
             t0 = _now_ns()
-            if ex:
+            if t is not None:
+                if t.point(d, pa, pb, pc) == 0:
+                    e = d.graph_launch(<void*>t.handle_int, <void*>sh)
+                else:  # (not expected: the template was made with this call) the call itself
+                    st = _lt(p, pa, pb, pc, alpha, beta, ws, self.ws_bytes, sh)
+            elif ex:
                 e = d.graph_launch(<void*>ex, <void*>sh)
             else:
                 st = _lt(p, pa, pb, pc, alpha, beta, ws, self.ws_bytes, sh)
             t0 = _now_ns() - t0
         if key is not None:  # what a replay saves decides whether recordings pay (Replays.cost)
-            self.replays.observe_c(ex != 0, t0 * 1e-9)
+            r.observe_c(ex != 0 or t is not None, t0 * 1e-9)
         err[0] = e
         status[0] = st
         ns[0] += t0

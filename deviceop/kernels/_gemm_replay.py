@@ -2,14 +2,27 @@
 
 A ``cublasLtMatmul`` call costs several microseconds of host time even with a ready plan (its
 argument checks and launch set-up run on every call); launching an executable graph that holds
-the same call costs about a kernel launch. A GEMM queue runs the same few problems over and
-over (same plan, pointers, scalars and stream), so once one exact call has been seen ``HOT``
-times it is recorded into a graph on a private stream and replayed from then on.
+the same call costs about a kernel launch. Services and queues run the same few problems over
+and over, so once calls of one plan, alpha and beta on one stream have been seen ``HOT`` times,
+the call is recorded as a template (:class:`GemmTemplate`) and replayed from then on for every
+call of that key, whatever its buffers: before a launch on other pointers than the last, the
+words of the recorded kernels' arguments that hold the pointers are rewritten
+(``cuGraphExecKernelNodeSetParams``: the launches already enqueued keep theirs). Those words
+are found by recording the call three times, on its own pointers and moved by two sets of
+offsets (``_SHIFTS``; captured, never run): a word that moves by exactly a pointer's offset in
+the second recording holds that pointer plus a constant, and the third recording must then be
+predicted byte for byte (:func:`template_spec`). cuBLASLt's kernels on the H200 (nvjet's and
+xmma's) hold their pointers plainly in their argument block. A kernel given its parameters one
+by one (xmma's, for float32) is read only where the driver counts its parameters
+(``cuFuncGetParamCount``; asking past the last one is an error compute-sanitizer reports); where a recording differs in any other way
+(another kernel, a node other than a kernel, an empty node or the same memset in all three, a
+word that moves otherwise), the template fails, is remembered as failed, and the key's calls
+are recorded exactly instead:
 
-The graph is a pure function of its key: plan (shapes, layouts, algorithm), the three device
-pointers, alpha and beta, and the stream whose workspace it uses; replaying it on that stream is
-the same call. Memory freed and reused at the same address is the same computation on the new
-tensor. At most ``MAX`` graphs are kept (``Replays.limit``); the oldest is dropped first,
+The exact graph is a pure function of its key: plan (shapes, layouts, algorithm), the three
+device pointers, alpha and beta, and the stream whose workspace it uses; replaying it on that
+stream is the same call. Memory freed and reused at the same address is the same computation on
+the new tensor. Templates and exact graphs share one table. At most ``MAX`` graphs are kept (``Replays.limit``); the oldest is dropped first,
 unless it was replayed since eviction last passed it (then it is kept once more, as a clock
 cache does), so the graphs in use stay while those of addresses that did not come back go (the
 driver frees a graph that is still running once it ends); drops are counted in
@@ -35,9 +48,9 @@ cost more than its replays save), each recording spends its cost in replays
 call, both measured as calls run; ``COST`` until they are, at most ``COST_MAX``), and while the
 credit is short no call is recorded (a hot call that goes direct then earns ``1 / cost``, so
 recording resumes slowly if the pattern changes; one seen ``2 * HOT`` times or more earns 1, as
-a replay does, its recording having been due that often: a wide pattern that repeats, such as
-the some 880 calls a round of 64 requests in flight on buffers of their own make, is then
-recorded in about 30 rounds instead of 80). Where a replay saves next to nothing a
+a replay does, its recording having been due that often: a wide pattern of exact calls that
+repeats, such as the some 880 calls a round of 64 requests in flight on buffers of their own
+make where templates fail, is then recorded in about 30 rounds instead of 80). Where a replay saves next to nothing a
 recording costs ``COST_MAX``: recordings become rare, but a pattern that starts to repeat is
 still caught.
 """
@@ -47,7 +60,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._core._gemm import COST, COST_MAX, HOT, MAX
+from .._core._gemm import COST, COST_MAX, HOT, MAX, GemmTemplate
 from .._core._gemm import Replays as _Table
 
 __all__ = ["BATCHES", "COST", "COST_MAX", "HOT", "MAX", "Replays"]
@@ -66,13 +79,22 @@ class Replays(_Table):
         super().__init__(_record, bank)
 
 
-def _record(backend: Any, stream: Any, call: Callable[[int], int]) -> Any:
-    """Record ``call`` on a private stream into an executable graph uploaded to ``stream``; None on failure."""
+def _record(backend: Any, stream: Any, call: Any) -> Any:
+    """Record ``call`` on a private stream into an executable graph uploaded to ``stream`` (a
+    :class:`GemmTemplate` where ``call.template`` asks for one); None on failure."""
     try:
         graphs = backend.graphs
-        cs = graphs.acquire_stream()
+        if getattr(call, "template", False):
+            return _record_template(graphs, stream, call)
+        raw = _capture(graphs, call)
+        return None if raw is None else graphs.instantiate(raw, stream)
     except Exception:
-        return None
+        return None  # the direct call still works; recording is only an optimization
+
+
+def _capture(graphs: Any, call: Callable[[int], int]) -> Any:
+    """``call`` captured on a private stream: the raw graph, or None (it failed, or recorded nothing)."""
+    cs = graphs.acquire_stream()
     try:
         graphs.begin(cs)
         status = -1
@@ -85,8 +107,87 @@ def _record(backend: Any, stream: Any, call: Callable[[int], int]) -> Any:
                 raw = None
         if status != 0 or raw is None or graphs.nodes(raw) == 0:
             return None
-        return graphs.instantiate(raw, stream)
-    except Exception:
-        return None  # the direct call still works; recording is only an optimization
+        return raw
     finally:
         graphs.release_stream(cs)
+
+
+#: how far the second and third recordings of a template move each pointer (cuBLAS's A, B and the
+#: output): multiples of 256 bytes (cuBLASLt's choices depend on alignment up to that), far
+#: apart, and no one of them a sum or difference of two others, so a word that moves by one of
+#: them holds that pointer (plus a constant), and the third recording checks what the second found
+_SHIFTS = ((1 << 40, 3 << 40, 9 << 40), (5 << 40, 17 << 40, 7 << 40))
+_M64 = (1 << 64) - 1
+_KERNEL, _MEMSET, _EMPTY = 0, 2, 5  # CUgraphNodeType
+
+
+def _record_template(graphs: Any, stream: Any, call: Any) -> Any:
+    """A :class:`GemmTemplate` of ``call`` (one cuBLASLt call): recorded on its own pointers and
+    twice on moved ones (captured, never run), the argument words that move with a pointer
+    found by comparing them; None where the recordings differ otherwise (another launch shape,
+    a node other than a kernel, a memset or an empty one, a word that moves by anything else)."""
+    nodes_of = getattr(graphs, "kernel_nodes", None)
+    if nodes_of is None:
+        return None
+    base = call.pointers
+    caps = []
+    for shift in ((0, 0, 0), *_SHIFTS):
+        raw = _capture(graphs, call.shifted(*shift) if any(shift) else call)
+        nodes = None if raw is None else nodes_of(raw)
+        if not nodes:
+            return None
+        caps.append((raw, nodes))
+    spec = template_spec(base, [n for _, n in caps])
+    if spec is None:
+        return None
+    ex = graphs.instantiate(caps[0][0], stream)
+    return GemmTemplate(ex, caps[0][0], spec, base)
+
+
+def template_spec(base: tuple[int, int, int], recordings: list[list[Any]]) -> list[tuple[Any, ...]] | None:
+    """What a :class:`GemmTemplate` patches, from three recordings of one call: on ``base``'s
+    pointers, then moved by each of ``_SHIFTS``. Per kernel node of the first, ``(node,
+    function, kernel, grid, block, shared memory, by_buffer, arguments, layout, patches)``, with
+    ``patches`` the ``(offset, which, rel)`` of each 8-byte word holding pointer ``which`` plus
+    ``rel``; None where the recordings cannot be explained that way."""
+    first, second, third = recordings
+    if not len(first) == len(second) == len(third):
+        return None
+    out = []
+    for n0, n1, n2 in zip(first, second, third):
+        t, node, p0 = n0
+        if n1[0] != t or n2[0] != t:
+            return None
+        if t == _EMPTY:
+            continue
+        if t == _MEMSET:  # (cuBLASLt clears its workspace's counters: the same memory in all three)
+            if not p0 == n1[2] == n2[2]:
+                return None
+            continue
+        if t != _KERNEL:
+            return None
+        p1, p2 = n1[2], n2[2]
+        if p0[:6] != p1[:6] or p0[:6] != p2[:6] or p0[7] != p1[7] or p0[7] != p2[7]:
+            return None  # another kernel, launch shape or parameter layout
+        d0, d1, d2 = p0[6], p1[6], p2[6]
+        if d0 is None or d1 is None or d2 is None or not len(d0) == len(d1) == len(d2):
+            return None
+        patches = []
+        for w in sorted({i & ~7 for i in range(len(d0)) if d0[i] != d1[i]}):
+            if w + 8 > len(d0):
+                return None
+            v0 = int.from_bytes(d0[w : w + 8], "little")
+            moved = (int.from_bytes(d1[w : w + 8], "little") - v0) & _M64
+            if moved not in _SHIFTS[0]:
+                return None
+            which = _SHIFTS[0].index(moved)
+            patches.append((w, which, (v0 - base[which]) & _M64))
+        # the third recording, predicted from the first and the words found
+        want = bytearray(d0)
+        for w, which, rel in patches:
+            want[w : w + 8] = ((base[which] + _SHIFTS[1][which] + rel) & _M64).to_bytes(8, "little")
+        if bytes(want) != bytes(d2):
+            return None
+        func, kern, grid, block, shmem, by_buffer, data, layout = p0
+        out.append((node, func, kern, grid, block, shmem, by_buffer, data, layout, patches))
+    return out if out else None

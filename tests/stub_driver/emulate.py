@@ -230,6 +230,21 @@ def launches() -> int:
     return int(_state["lib"].stub_launches())
 
 
+def gemm_log() -> list[tuple[int, int, int]]:
+    """The cuBLASLt stand-in's launches executed since the last call, in order (all streams):
+    each ``(A, B, D)`` as its kernel's argument block held them when it ran (replayed or not)
+    (cuBLAS's operands: ``A`` is the row-major product's ``b``, ``B`` its ``a``); the log is
+    then cleared. Raises if launches were dropped (more than 4,096 since the last call)."""
+    lib = _state["lib"]
+    out = (ctypes.c_uint64 * (3 * 4096))()
+    dropped = ctypes.c_long(0)
+    lib.stub_gemm_log.restype = ctypes.c_long
+    n = lib.stub_gemm_log(out, ctypes.c_long(4096), ctypes.byref(dropped))
+    if dropped.value:
+        raise AssertionError(f"the stub's GEMM log dropped {dropped.value} launches: read it more often")
+    return [(out[3 * i], out[3 * i + 1], out[3 * i + 2]) for i in range(n)]
+
+
 def fail_next_write(code: int) -> None:
     """Make the next cuStreamWriteValue32 (a completion flag's arming) fail with ``code`` once,
     enqueuing nothing: an error of that one call (the fault switch of the lifetime tests)."""

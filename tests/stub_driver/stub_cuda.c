@@ -107,6 +107,8 @@ typedef struct work {
     unsigned grid[3], block[3];
     int nparams;
     uint64_t values[32];
+    size_t block_bytes;  // a kernel launched with one argument buffer (extra): its size, in values
+    size_t idx;          // its position in the graph it was captured into
     CUdeviceptr dst, src;
     size_t n;
     unsigned value;
@@ -141,8 +143,42 @@ static CUresult push_work(graph_t *g, const work_t *w) {
         g->items = items;
         g->cap = cap;
     }
-    g->items[g->n++] = *w;
+    g->items[g->n] = *w;
+    g->items[g->n].idx = g->n;
+    g->n++;
     return OK;
+}
+
+// The GEMM stand-in's launches as they ran (cuBLAS's A and B, and D, read from its argument
+// block): tests/stub_driver's harness reads them to check that a replay used the call's pointers
+enum { GEMM_LOG = 4096 };
+static uint64_t gemm_log[GEMM_LOG][3];
+static long gemm_logged, gemm_log_dropped;
+static pthread_mutex_t gemm_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static const uint64_t GEMM_MAGIC = 0x4d4d45474255545full;  // "_STUBGEMM" (the block's first word)
+// Copy up to max logged launches (3 words each) to out and clear the log; the number copied.
+// *dropped (if not NULL): launches not logged since the last call (the log was full).
+long stub_gemm_log(uint64_t *out, long max, long *dropped) {
+    pthread_mutex_lock(&gemm_log_mu);
+    long n = gemm_logged < max ? gemm_logged : max;
+    if (out) memcpy(out, gemm_log, (size_t)n * sizeof gemm_log[0]);
+    if (dropped) *dropped = gemm_log_dropped;
+    gemm_logged = gemm_log_dropped = 0;
+    pthread_mutex_unlock(&gemm_log_mu);
+    return n;
+}
+static void log_gemm(const work_t *w) {
+    if (w->block_bytes < 64 || w->values[0] != GEMM_MAGIC) return;
+    pthread_mutex_lock(&gemm_log_mu);
+    if (gemm_logged < GEMM_LOG) {
+        gemm_log[gemm_logged][0] = w->values[1];
+        gemm_log[gemm_logged][1] = w->values[2];
+        gemm_log[gemm_logged][2] = w->values[4] - 128;  // (D is held plus 128: a word a pointer plus a constant)
+        gemm_logged++;
+    } else {
+        gemm_log_dropped++;
+    }
+    pthread_mutex_unlock(&gemm_log_mu);
 }
 
 static CUresult release(CUdeviceptr p);
@@ -154,6 +190,7 @@ static void run_work(const work_t *w) {
         void *params[32];
         for (int i = 0; i < w->nparams; i++) params[i] = (void *)&w->values[i];
         __sync_fetch_and_add(&launches, 1);
+        log_gemm(w);
         int r = launch_hook ? launch_hook(w->fn->name, w->grid, w->block, params) : OK;
         if (r && !sticky) sticky = r;
         return;
@@ -551,6 +588,21 @@ CUresult cuModuleGetFunction(void **fn, void *mod, const char *name) {
     *fn = f;
     return OK;
 }
+// A launch's arguments as one buffer (extra: CU_LAUNCH_PARAM_BUFFER_POINTER, _SIZE, END), as
+// cuBLAS passes its kernels' (at most the 256 bytes of a work item's values)
+static CUresult read_extra(void **extra, work_t *w) {
+    const void *buf = NULL;
+    size_t size = 0;
+    for (int j = 0; extra[j] != NULL && j < 16; j += 2) {
+        if ((uintptr_t)extra[j] == 1) buf = extra[j + 1];
+        else if ((uintptr_t)extra[j] == 2) size = *(const size_t *)extra[j + 1];
+        else return E_INVALID_VALUE;
+    }
+    if (!buf || size == 0 || size > sizeof w->values) return E_INVALID_VALUE;
+    memcpy(w->values, buf, size);
+    w->block_bytes = size;
+    return OK;
+}
 CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shmem, void *s, void **params, void **extra) {
     func_t *f = fn;
@@ -561,7 +613,12 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     if (sctx && f->ctx != sctx) return E_INVALID_HANDLE;  // a function of another device's module
     if (sctx && current != sctx) return E_INVALID_CONTEXT;  // launched while another device's context is current
     work_t w = {.kind = W_KERNEL, .fn = f, .nparams = f->nparams, .grid = {gx, gy, gz}, .block = {bx, by, bz}};
-    for (int i = 0; i < f->nparams; i++) memcpy(&w.values[i], params[i], 8);
+    if (params == NULL && extra != NULL) {
+        CUresult r = read_extra(extra, &w);
+        if (r) return r;
+    } else {
+        for (int i = 0; i < f->nparams; i++) memcpy(&w.values[i], params[i], 8);
+    }
     return submit(s, &w);
 }
 
@@ -587,7 +644,95 @@ CUresult cuStreamIsCapturing(void *s, int *status) {
     *status = st && st->capturing;
     return OK;
 }
-CUresult cuGraphGetNodes(void *g, void **nodes, size_t *n) { *n = ((graph_t *)g)->n; return OK; }
+// A captured graph's nodes are its work items (their addresses); an executable made from it keeps
+// each item's position (idx), by which cuGraphExecKernelNodeSetParams finds its copy
+CUresult cuGraphGetNodes(void *g, void **nodes, size_t *n) {
+    graph_t *gr = g;
+    if (nodes)
+        for (size_t i = 0; i < *n && i < gr->n; i++) nodes[i] = &gr->items[i];
+    *n = gr->n;
+    return OK;
+}
+CUresult cuGraphNodeGetType(void *node, int *type) {
+    const work_t *w = node;
+    *type = w->kind == W_KERNEL ? 0 : w->kind == W_MEMSET ? 2 : w->kind == W_COPY ? 1 : 3;  // KERNEL, MEMSET, MEMCPY, HOST
+    return OK;
+}
+typedef struct {  // CUDA_KERNEL_NODE_PARAMS_v2
+    void *func;
+    unsigned gx, gy, gz, bx, by, bz, shmem;
+    void **kernelParams, **extra;
+    void *kern, *ctx;
+} kparams_t;
+static __thread void *node_params[32];  // what the last query handed out (valid until the next)
+static __thread void *node_extra[5];
+static __thread size_t node_extra_size;
+CUresult cuGraphKernelNodeGetParams(void *node, kparams_t *p) {
+    work_t *w = node;
+    if (w->kind != W_KERNEL) return E_INVALID_VALUE;
+    memset(p, 0, sizeof *p);
+    p->func = w->fn;
+    p->gx = w->grid[0], p->gy = w->grid[1], p->gz = w->grid[2];
+    p->bx = w->block[0], p->by = w->block[1], p->bz = w->block[2];
+    p->ctx = w->fn->ctx;
+    if (w->block_bytes) {
+        node_extra_size = w->block_bytes;
+        node_extra[0] = (void *)1, node_extra[1] = w->values, node_extra[2] = (void *)2;
+        node_extra[3] = &node_extra_size, node_extra[4] = NULL;
+        p->extra = node_extra;
+    } else {
+        for (int i = 0; i < w->nparams; i++) node_params[i] = &w->values[i];
+        p->kernelParams = node_params;
+    }
+    return OK;
+}
+CUresult cuFuncGetParamCount(void *fn, size_t *count) {
+    func_t *f = fn;
+    if (!f) return E_INVALID_VALUE;
+    *count = (size_t)f->nparams;
+    return OK;
+}
+CUresult cuFuncGetParamInfo(void *fn, size_t i, size_t *offset, size_t *size) {
+    func_t *f = fn;
+    if (!f || i >= (size_t)f->nparams) return E_INVALID_VALUE;
+    *offset = 8 * i;
+    *size = 8;
+    return OK;
+}
+typedef struct {  // CUDA_MEMSET_NODE_PARAMS
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned value, elementSize;
+    size_t width, height;
+} msparams_t;
+CUresult cuGraphMemsetNodeGetParams(void *node, msparams_t *p) {
+    const work_t *w = node;
+    if (w->kind != W_MEMSET) return E_INVALID_VALUE;
+    p->dst = w->dst, p->pitch = 0, p->value = w->value, p->elementSize = (unsigned)w->width;
+    p->width = w->n, p->height = 1;
+    return OK;
+}
+CUresult cuGraphExecKernelNodeSetParams(void *ex, void *node, const kparams_t *p) {
+    graph_t *e = ex;
+    const work_t *n = node;
+    if (sticky) return sticky;
+    if (!e || !n || n->idx >= e->n) return E_INVALID_VALUE;
+    work_t *w = &e->items[n->idx];
+    if (w->kind != W_KERNEL || p->func != w->fn) return E_INVALID_VALUE;  // (a node keeps its function here)
+    work_t upd = *w;
+    if (p->kernelParams == NULL && p->extra != NULL) {
+        CUresult r = read_extra(p->extra, &upd);
+        if (r) return r;
+    } else {
+        if (!p->kernelParams && w->nparams) return E_INVALID_VALUE;
+        for (int i = 0; i < w->nparams; i++) memcpy(&upd.values[i], p->kernelParams[i], 8);
+        upd.block_bytes = 0;
+    }
+    upd.grid[0] = p->gx, upd.grid[1] = p->gy, upd.grid[2] = p->gz;
+    upd.block[0] = p->bx, upd.block[1] = p->by, upd.block[2] = p->bz;
+    *w = upd;  // (launches already enqueued hold copies: only later ones see it)
+    return OK;
+}
 static graph_t *copy_graph(const graph_t *g) {
     graph_t *c = calloc(1, sizeof(graph_t));
     if (!c) return NULL;
@@ -657,8 +802,8 @@ CUresult cuGetProcAddress(const char *sym, void **pfn, int version, unsigned lon
     return cuGetProcAddress_v2(sym, pfn, version, flags, NULL);
 }
 
-// A stand-in for cublasLtMatmul, with its signature: one empty kernel ("stub_gemm", no
-// parameters) launched on the call's stream, so that deviceop's compiled GEMM path, its replay
+// A stand-in for cublasLtMatmul, with its signature: one empty kernel ("stub_gemm", its
+// arguments one 64-byte buffer, as cuBLAS's kernels take theirs) launched on the call's stream, so that deviceop's compiled GEMM path, its replay
 // table and its graph launches run without cuBLAS, to time their host cost
 // (tests/stub_driver/queue_host_cost.py). A launch hook, where one is set, must know the name.
 static func_t stand_in[MAX_DEVICES];  // per context, made once, never freed: work items and graphs point at it
@@ -678,5 +823,12 @@ int stub_ltmatmul(void *h, void *desc, const void *alpha, const void *A, void *A
     }
     pthread_mutex_unlock(&stand_in_lock);
     if (f->nparams != 0) return 13;
-    return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL) ? 13 : 0;
+    // its argument block, as cuBLAS's kernels take theirs (one buffer): the pointers, D's plus a
+    // constant, the workspace and the scalars, so that a replay on other pointers shows in the log
+    uint64_t block[8] = {GEMM_MAGIC, (uint64_t)A, (uint64_t)B, (uint64_t)C, (uint64_t)D + 128, (uint64_t)ws, 0, wsb};
+    memcpy(&block[6], alpha, 4);
+    memcpy((char *)&block[6] + 4, beta, 4);
+    size_t size = sizeof block;
+    void *extra[5] = {(void *)1, block, (void *)2, &size, NULL};
+    return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, extra) ? 13 : 0;
 }
