@@ -605,26 +605,54 @@ def test_gemm_template_replays_one_recording_on_every_buffer(stub_gemm):
     """Calls of one plan, scalars and stream on other buffers each time are recorded once, as a
     template, and replayed from then on with their own pointers written into the recorded
     kernel's arguments: every launch, direct or replayed, ran on its call's pointers (read from
-    the stand-in kernel's argument block as it ran, under the stub's chaos)."""
+    the stand-in kernel's argument block as it ran, under the stub's chaos), also where calls
+    are enqueued back to back, each replay's update made while the last may still wait to run."""
     from deviceop.kernels._gemm import GEMM
     from deviceop.kernels._gemm_replay import HOT
 
     a, b, cs, s, emulate = stub_gemm
-    a2 = do.zeros(a.shape, a.dtype).sync_on(s)  # (the same layout: the same plan)
+    a2 = do.zeros(a.shape, a.dtype).sync_on(s)  # (the same layouts: the same plan)
+    b2 = do.zeros(b.shape, b.dtype).sync_on(s)
     before, launched = _counts(GEMM.replays), emulate.launches()
     emulate.gemm_log()
     want = []
     n = 0
     for r in range(HOT + 3):
+        futs = []
         for i, c in enumerate(cs):
-            x = a if (r + i) % 2 else a2
-            assert K.gemm(c, x, b).sync_on(s)[0] is c
-            want.append((b.addr, x.addr, c.addr))
+            x, y = (a, b2) if (r + i) % 2 else (a2, b)
+            op = K.gemm(c, x, y)
+            if r < HOT:
+                assert op.sync_on(s)[0] is c
+            else:
+                futs.append(op.submit(s))
+            want.append((y.addr, x.addr, c.addr, c.addr))
             n += 1
+        assert [f.result()[0] for f in futs] == ([] if r < HOT else cs)
     recorded, replays = (x - y for x, y in zip(_counts(GEMM.replays), before))
     assert (recorded, replays) == (1, n - HOT)  # one recording for every buffer, replayed after it
     assert emulate.launches() - launched == n
     assert emulate.gemm_log() == want
+
+
+def test_gemm_template_whose_update_fails_gives_way_to_exact_calls(stub_gemm):
+    """A template whose update the driver refuses runs that call directly, on its pointers, and
+    is retired: its key's calls are recorded as exact calls from then on."""
+    from deviceop.kernels._gemm import GEMM
+    from deviceop.kernels._gemm_replay import HOT
+
+    a, b, cs, s, emulate = stub_gemm
+    for _ in range(HOT + 1):  # the template recorded, then replayed on cs[1]
+        K.gemm(cs[0], a, b).sync_on(s)
+    K.gemm(cs[1], a, b).sync_on(s)
+    emulate.gemm_log()
+    recorded = GEMM.replays.recorded
+    emulate.fail_next_node_update(1)
+    assert K.gemm(cs[0], a, b).sync_on(s)[0] is cs[0]  # (its pointers moved: an update, refused)
+    for _ in range(HOT + 1):
+        K.gemm(cs[2], a, b).sync_on(s)
+    assert emulate.gemm_log() == [(b.addr, a.addr, c.addr, c.addr) for c in [cs[0]] + [cs[2]] * (HOT + 1)]
+    assert GEMM.replays.recorded - recorded == 1  # cs[2]'s exact call, once hot
 
 
 def test_gemm_without_a_template_replays_exact_calls(stub_gemm, monkeypatch):
@@ -642,13 +670,27 @@ def test_gemm_without_a_template_replays_exact_calls(stub_gemm, monkeypatch):
     for _ in range(2 * HOT + 1):
         for c in cs:
             K.gemm(c, a, b).sync_on(s)
-            want.append((b.addr, a.addr, c.addr))
+            want.append((b.addr, a.addr, c.addr, c.addr))
     recorded, replays = (x - y for x, y in zip(_counts(GEMM.replays), before))
     # the template is tried at the HOT-th call (the first round's last) and fails; that call is
     # then its exact call's first, the others' come a round later: HOT calls of the last buffer
     # before its recording is replayed, HOT + 1 of each other
     assert recorded == 3 and replays == 3 * (2 * HOT + 1) - (HOT + 2 * (HOT + 1))
     assert emulate.gemm_log() == want
+
+
+def test_gemm_template_shifts_find_what_they_claim():
+    """The recordings' pointer moves keep alignment to 256 bytes, move both halves of a pointer,
+    and none of them (in either recording) is a sum or difference of two of them."""
+    from deviceop.kernels._gemm_replay import _SHIFTS
+
+    m = (1 << 64) - 1
+    for shifts in _SHIFTS:
+        assert len(set(shifts)) == 3
+        for d in shifts:
+            assert d % 256 == 0 and d & 0xFFFFFFFF and d >> 32
+        combos = {(x + y) & m for x in shifts for y in shifts} | {(x - y) & m for x in shifts for y in shifts if x != y}
+        assert not combos & set(shifts)
 
 
 def test_gemm_template_spec_finds_the_pointer_words_or_refuses():
@@ -688,6 +730,17 @@ def test_gemm_template_spec_finds_the_pointer_words_or_refuses():
     moved = rec(_SHIFTS[0], memset=(0xAC00, 0, 0, 1, 4, 1))
     assert template_spec(base, [recs[0], moved, recs[2]]) is None  # a memset of the call's memory
     assert template_spec(base, [recs[0], recs[1][1:], recs[2]]) is None  # another graph
+
+    def halves(ptrs, junk=0):  # a pointer's high half beside a flag, its low half on its own
+        pa = ptrs[0]
+        words = [(pa >> 32 << 32) | 0x55, pa & 0xFFFFFFFF, ptrs[1], ptrs[2]]
+        return b"".join(w.to_bytes(8, "little") for w in words)
+
+    def rec2(shift):
+        ptrs = tuple(p + d for p, d in zip(base, shift))
+        return [(0, 0x20, (0xF00, 0, (1, 1, 1), (32, 1, 1), 0, True, halves(ptrs), None))]
+
+    assert template_spec(base, [rec2((0, 0, 0)), rec2(_SHIFTS[0]), rec2(_SHIFTS[1])]) is None
 
 
 def test_gemm_batch_runs_call_by_call_until_it_repeats_then_as_one_graph(stub_gemm):

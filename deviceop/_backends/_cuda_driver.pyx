@@ -20,7 +20,7 @@ from .._core._base cimport (
 
 __all__ = [
     "make_driver", "event_record", "event_query", "event_create", "event_destroy", "event_sync", "stream_sync",
-    "stream_wait", "graph_launch", "graph_nodes", "notify", "mem_free_async",
+    "stream_wait", "graph_launch", "graph_nodes", "KERNEL_NODE_PARAMS_BYTES", "notify", "mem_free_async",
     "memcpy_dtod_async", "memset_async", "NOT_READY",
 ]
 
@@ -216,6 +216,10 @@ def graph_launch(uintptr_t ex, uintptr_t stream):
     return err
 
 
+#: the size of the driver's kernel node parameters (CUDA_KERNEL_NODE_PARAMS_v2), which the
+#: compiled core's GEMM templates lay out themselves (``_core._gemm.KPARAMS_BYTES``)
+KERNEL_NODE_PARAMS_BYTES = sizeof(cydriver.CUDA_KERNEL_NODE_PARAMS)
+
 ctypedef int (*param_count_t)(void* func, size_t* count) noexcept nogil
 cdef param_count_t _count_fn = NULL
 cdef bint _count_looked_up = False
@@ -298,7 +302,7 @@ def graph_nodes(uintptr_t graph):
                     buf = NULL
                     bufsize = 0
                     j = 0
-                    while ex[j] != NULL and j < 16:  # CU_LAUNCH_PARAM_END
+                    while j < 16 and ex[j] != NULL:  # CU_LAUNCH_PARAM_END
                         if <uintptr_t>ex[j] == 1:  # CU_LAUNCH_PARAM_BUFFER_POINTER
                             buf = <char*>ex[j + 1]
                         elif <uintptr_t>ex[j] == 2:  # CU_LAUNCH_PARAM_BUFFER_SIZE

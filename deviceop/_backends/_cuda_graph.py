@@ -51,6 +51,10 @@ class _Exec:
 class CudaGraphs:
     """The cuda backend's graph operations, and a pool of private capture streams."""
 
+    #: the size of the driver's kernel node parameters (cuda.bindings' CUDA_KERNEL_NODE_PARAMS),
+    #: which GEMM templates check against their own layout of it before updating a node
+    kernel_node_params_bytes = _nd.KERNEL_NODE_PARAMS_BYTES
+
     def __init__(self, backend: Any, new_stream: Any) -> None:
         """``new_stream()`` makes a private stream for recordings."""
         self.backend = backend

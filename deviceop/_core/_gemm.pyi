@@ -14,6 +14,7 @@ HOT: int
 MAX: int
 COST: float
 COST_MAX: float
+KPARAMS_BYTES: int
 
 class GemmPlan:
     """A GEMM problem's layout (no addresses): what its compiled call reads."""

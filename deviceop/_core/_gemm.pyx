@@ -1,6 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """GEMM's compiled path: a planned call as an op, its cublasLtMatmul call, and replays of calls
-(and of a work queue's batches of calls) that repeat exactly, ordered through the ledger.
+that repeat (one recording per plan, scalars and stream, replayed on any buffers, or per exact
+call where that cannot be made) and of a work queue's batches of calls that repeat exactly,
+ordered through the ledger.
 
 The kernels layer (``deviceop.kernels._gemm``) validates, makes the plan (descriptors and
 algorithm, once per problem layout) and handles what is not a plain cuBLASLt call (the host
@@ -23,9 +25,13 @@ from ._op cimport DeviceOp
 
 from .._errors import UsageError
 
-__all__ = ["COST", "COST_MAX", "GemmCall", "GemmLauncher", "GemmPlan", "GemmTemplate", "HOT", "MAX", "Replays"]
+__all__ = [
+    "COST", "COST_MAX", "GemmCall", "GemmLauncher", "GemmPlan", "GemmTemplate", "HOT", "KPARAMS_BYTES", "MAX",
+    "Replays",
+]
 
-#: calls of one exact problem before it is recorded (a problem seen once or twice is not worth it)
+#: calls of one key (plan, scalars and stream; or the exact call) before it is recorded (a key
+#: seen once or twice is not worth it)
 HOT = 3
 #: graphs kept (``Replays.limit``): a service's working set of exact calls (64 requests in flight
 #: of an 8-step pipeline make about a thousand) with room for a second model's
@@ -187,19 +193,15 @@ cdef class Replays:
         if b.credit < 8 * b.cost_c():
             b.credit += 1.0
 
-    cdef object find_ex(self, key):
-        """What :meth:`find` finds, as the recorded object (an executable, or a
-        :class:`GemmTemplate`), or None; counted as ``find`` counts."""
+    cdef int retire(self, key) except -1:
+        """Treat ``key``'s recording as failed from now on (its calls go direct, or where it is a
+        template's key, to exact calls' graphs): a recording whose launch cannot be prepared.
+        Its executable goes with the entry (the driver frees one still running once it ends)."""
         cdef _Entry e = self._execs.get(key)
-        if e is None or e.handle == 0:
-            return None
-        self._replayed(e)
-        return e.ex
-
-    cdef bint failed(self, key):
-        """True if recording ``key`` was tried and failed (its calls stay direct)."""
-        cdef _Entry e = self._execs.get(key)
-        return e is not None and e.handle == 0
+        if e is not None and e.handle:
+            e.handle = 0
+            e.ex = None
+        return 0
 
     cdef object miss_ex(self, key, backend, stream, call):
         """:meth:`miss`, returning the recorded object (None: not recorded now)."""
@@ -302,7 +304,9 @@ cdef class _LtCalls:
 
     @property
     def pointers(self):
-        """The first call's ``(pa, pb, pc)``: cuBLAS's A and B, and the output."""
+        """The first call's ``(pa, pb, pc)``: its two operands as its key holds them (cuBLAS's B
+        and A: the row-major product runs as the column-major one of the transposes), and the
+        output."""
         k = <tuple>self.keys[0]
         return (k[1], k[2], k[3])
 
@@ -344,7 +348,7 @@ cdef struct kparams_t:
 
 cdef struct patch_t:
     size_t off    # the 8-byte word at this offset of the node's argument block
-    int which     # holds pointer 0, 1 or 2 of the call (cuBLAS's A and B, the output)
+    int which     # holds pointer 0, 1 or 2 of the call (its key's pa, pb, pc)
     uint64_t rel  # plus this (modulo 2**64)
 
 cdef struct tnode_t:
@@ -356,6 +360,12 @@ cdef struct tnode_t:
     size_t size
     patch_t* patches
     int n_patches
+    int uses          # which pointers its patches hold (bit i: pointer i)
+
+
+#: the size of the driver's kernel node parameters as laid out here (the backend checks its own
+#: against it before templates are made)
+KPARAMS_BYTES = sizeof(kparams_t)
 
 
 cdef class GemmTemplate:
@@ -403,6 +413,7 @@ cdef class GemmTemplate:
                 if off < 0 or off + 8 > t.size or which not in (0, 1, 2):
                     raise ValueError(f"a template's patch {patches[j]!r} is outside its {t.size}-byte block")
                 t.patches[j].off, t.patches[j].which, t.patches[j].rel = off, which, <uint64_t>rel
+                t.uses |= 1 << <int>which
             t.n_patches = len(patches)
             if by_buffer:
                 t.extra[0], t.extra[1] = <void*>1, <void*>t.args
@@ -433,7 +444,7 @@ cdef class GemmTemplate:
 
     @property
     def pointers(self):
-        """The pointers the executable holds now (cuBLAS's A and B, the output; 0s: unknown)."""
+        """The pointers the executable holds now (the key's pa, pb, pc; 0s: unknown)."""
         return (self.cur[0], self.cur[1], self.cur[2])
 
     cdef int point(self, Driver d, uintptr_t pa, uintptr_t pb, uintptr_t pc) noexcept nogil:
@@ -442,7 +453,8 @@ cdef class GemmTemplate:
         cdef int i, j, err
         cdef tnode_t* t
         cdef uintptr_t ptr[3]
-        if self.cur[0] == pa and self.cur[1] == pb and self.cur[2] == pc:
+        cdef int moved = (self.cur[0] != pa) | (self.cur[1] != pb) << 1 | (self.cur[2] != pc) << 2
+        if moved == 0:
             return 0
         if d.exec_kernel_set == NULL:
             return 801  # CUDA_ERROR_NOT_SUPPORTED (a template is only made where the call exists)
@@ -450,6 +462,8 @@ cdef class GemmTemplate:
         self.cur[0] = self.cur[1] = self.cur[2] = 0  # (until every node holds the new ones)
         for i in range(self.n):
             t = &self.nodes[i]
+            if t.uses & moved == 0:
+                continue  # (its words hold none of the pointers that moved: an update costs the host)
             for j in range(t.n_patches):
                 (<uint64_t*>(t.args + t.patches[j].off))[0] = ptr[t.patches[j].which] + t.patches[j].rel
             err = d.exec_kernel_set(<void*>self.handle_int, t.node, &t.p)
@@ -507,7 +521,8 @@ cdef class GemmLauncher:
     cpdef int run_lt(self, ExecutionContext cx, GemmPlan p, TensorBase c, TensorBase a, TensorBase b,
                      float alpha, float beta, uintptr_t ws) except -1:
         """Order c (written), a and b (read) and enqueue the cuBLASLt call, or its recorded graph
-        once the exact call (pointers, scalars, stream) repeats, on ``cx.stream``, atomically."""
+        once calls of its plan, scalars and stream repeat (see :meth:`_one`), on ``cx.stream``,
+        atomically."""
         cdef uintptr_t pa = b.addr if p.swap else a.addr
         cdef uintptr_t pb = a.addr if p.swap else b.addr
         cdef uintptr_t pc = c.addr
@@ -521,8 +536,8 @@ cdef class GemmLauncher:
             order_tensor(cx, c, True, self)
             order_tensor(cx, a, False, self)
             order_tensor(cx, b, False, self)
-            key = (p, pa, pb, pc, alpha, beta, cx.sh) if self.mode == 0 and cx.captured is None else None
-            self._one(cx, p, pa, pb, pc, alpha, beta, ws, key, &err, &status, &ns)
+            self._one(cx, p, pa, pb, pc, alpha, beta, ws, self.mode == 0 and cx.captured is None, None, &err,
+                      &status, &ns)
         finally:
             LOCK.drop()
         if err:
@@ -532,11 +547,13 @@ cdef class GemmLauncher:
         return 0
 
     cdef int _one(self, ExecutionContext cx, GemmPlan p, uintptr_t pa, uintptr_t pb, uintptr_t pc, float alpha,
-                  float beta, uintptr_t ws, object key, int* err, int* status, int64_t* ns) except -1:
-        """Enqueue one ordered call on ``cx.stream``: its recorded graph once its ``key`` (None:
-        no replays) repeats, else the cuBLASLt call. The driver's error (0: none) in ``err``,
-        cuBLAS's status in ``status``; the launch's host time is added to ``ns``. Call with the
-        ledger lock held."""
+                  float beta, uintptr_t ws, bint replay, object key, int* err, int* status, int64_t* ns) except -1:
+        """Enqueue one ordered call on ``cx.stream``; with ``replay``, as a recorded graph once
+        calls of its plan, scalars and stream repeat: its template (:class:`GemmTemplate`, on
+        these pointers), or where that could not be made, the exact call's graph once it
+        repeats (``key``: the call's key if the caller has it, else made here); else the
+        cuBLASLt call. The driver's error (0: none) in ``err``, cuBLAS's status in ``status``;
+        the launch's host time is added to ``ns``. Call with the ledger lock held."""
         cdef uintptr_t ex = 0
         cdef uintptr_t sh = cx.sh
         cdef Driver d = cx.drv
@@ -545,18 +562,24 @@ cdef class GemmLauncher:
         cdef _LtCalls call
         cdef Replays r = self.replays
         cdef GemmTemplate t = None
+        cdef _Entry te = None
         cdef tuple k
-        if key is not None:
-            # the call's template (plan, scalars, stream: any pointers) once it is hot; where
-            # one cannot be made, graphs of exact calls (the pointers in the key)
+        cdef bint retire = False
+        if replay:
+            if key is None:
+                key = (p, pa, pb, pc, alpha, beta, cx.sh)
             k = <tuple>key
             tk = (k[0], k[4], k[5], k[6])
-            t = r.find_ex(tk)
-            if t is None and not r.failed(tk):
+            te = r._execs.get(tk)
+            if te is not None and te.handle:
+                r._replayed(te)
+                t = <GemmTemplate>te.ex
+            elif te is None:  # not hot yet, or hot now: recorded here
                 call = _LtCalls.__new__(_LtCalls)
                 call.keys, call.ws, call.ws_bytes, call.template = [key], ws, self.ws_bytes, True
                 t = r.miss_ex(tk, cx.backend, cx.stream, call)
-            if t is None and r.failed(tk):
+                te = r._execs.get(tk) if t is None else None
+            if t is None and te is not None:  # its template failed: graphs of exact calls
                 ex = r.find(key)
                 if ex == 0:
                     call = _LtCalls.__new__(_LtCalls)
@@ -568,14 +591,17 @@ cdef class GemmLauncher:
                 if t.point(d, pa, pb, pc) == 0:
                     e = d.graph_launch(<void*>t.handle_int, <void*>sh)
                 else:  # (not expected: the template was made with this call) the call itself
+                    retire = True
                     st = _lt(p, pa, pb, pc, alpha, beta, ws, self.ws_bytes, sh)
             elif ex:
                 e = d.graph_launch(<void*>ex, <void*>sh)
             else:
                 st = _lt(p, pa, pb, pc, alpha, beta, ws, self.ws_bytes, sh)
             t0 = _now_ns() - t0
-        if key is not None:  # what a replay saves decides whether recordings pay (Replays.cost)
-            r.observe_c(ex != 0 or t is not None, t0 * 1e-9)
+        if retire:  # its key's calls go to exact graphs from now on, as where it could not be made
+            r.retire(tk)
+        if replay:  # what a replay saves decides whether recordings pay (Replays.cost)
+            r.observe_c(ex != 0 or (t is not None and not retire), t0 * 1e-9)
         err[0] = e
         status[0] = st
         ns[0] += t0
@@ -642,7 +668,7 @@ cdef class GemmLauncher:
             else:  # call by call, each its own replay once it repeats (a batch's calls may, where it does not)
                 for j in range(len(keys)):
                     k = <tuple>keys[j]
-                    self._one(cx, <GemmPlan>k[0], k[1], k[2], k[3], k[4], k[5], ws, k, &err, &st, &ns)
+                    self._one(cx, <GemmPlan>k[0], k[1], k[2], k[3], k[4], k[5], ws, True, k, &err, &st, &ns)
                     if err or st:
                         failed.append((at[j], err, st))
                 if len(keys) > 1 and batches is not None:  # (the launches' time: what a replay would save)

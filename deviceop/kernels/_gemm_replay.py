@@ -15,9 +15,9 @@ predicted byte for byte (:func:`template_spec`). cuBLASLt's kernels on the H200 
 xmma's) hold their pointers plainly in their argument block. A kernel given its parameters one
 by one (xmma's, for float32) is read only where the driver counts its parameters
 (``cuFuncGetParamCount``; asking past the last one is an error compute-sanitizer reports); where a recording differs in any other way
-(another kernel, a node other than a kernel, an empty node or the same memset in all three, a
-word that moves otherwise), the template fails, is remembered as failed, and the key's calls
-are recorded exactly instead:
+(another kernel, a node other than a kernel, an empty node or a memset the same in all three,
+a word that moves otherwise), the template fails, is remembered as failed, and the key's calls
+are recorded exactly instead.
 
 The exact graph is a pure function of its key: plan (shapes, layouts, algorithm), the three
 device pointers, alpha and beta, and the stream whose workspace it uses; replaying it on that
@@ -60,7 +60,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._core._gemm import COST, COST_MAX, HOT, MAX, GemmTemplate
+from .._core._gemm import COST, COST_MAX, HOT, KPARAMS_BYTES, MAX, GemmTemplate
 from .._core._gemm import Replays as _Table
 
 __all__ = ["BATCHES", "COST", "COST_MAX", "HOT", "MAX", "Replays"]
@@ -112,11 +112,16 @@ def _capture(graphs: Any, call: Callable[[int], int]) -> Any:
         graphs.release_stream(cs)
 
 
-#: how far the second and third recordings of a template move each pointer (cuBLAS's A, B and the
-#: output): multiples of 256 bytes (cuBLASLt's choices depend on alignment up to that), far
-#: apart, and no one of them a sum or difference of two others, so a word that moves by one of
-#: them holds that pointer (plus a constant), and the third recording checks what the second found
-_SHIFTS = ((1 << 40, 3 << 40, 9 << 40), (5 << 40, 17 << 40, 7 << 40))
+#: how far the second and third recordings of a template move each pointer (the key's pa, pb and
+#: pc): multiples of 256 bytes (cuBLASLt's choices depend on alignment up to that), with bits both
+#: above and below 2**32 (so a field holding only a pointer's low or high half moves too, and is
+#: refused, not left stale), and no one of them a sum or difference of two others, so a word that
+#: moves by one of them holds that pointer (plus a constant), and the third recording checks what
+#: the second found (tests/test_gemm.py checks these properties)
+_SHIFTS = (
+    ((1 << 40) + (0x1357 << 8), (3 << 40) + (0x2AC1 << 8), (9 << 40) + (0x0F93 << 8)),
+    ((5 << 40) + (0x3E25 << 8), (17 << 40) + (0x0B7D << 8), (7 << 40) + (0x19E9 << 8)),
+)
 _M64 = (1 << 64) - 1
 _KERNEL, _MEMSET, _EMPTY = 0, 2, 5  # CUgraphNodeType
 
@@ -124,11 +129,12 @@ _KERNEL, _MEMSET, _EMPTY = 0, 2, 5  # CUgraphNodeType
 def _record_template(graphs: Any, stream: Any, call: Any) -> Any:
     """A :class:`GemmTemplate` of ``call`` (one cuBLASLt call): recorded on its own pointers and
     twice on moved ones (captured, never run), the argument words that move with a pointer
-    found by comparing them; None where the recordings differ otherwise (another launch shape,
-    a node other than a kernel, a memset or an empty one, a word that moves by anything else)."""
+    found by comparing them; None where the recordings differ otherwise (another launch shape, a
+    node other than a kernel, an empty one or a memset the same in all three, a word that moves
+    by anything else)."""
     nodes_of = getattr(graphs, "kernel_nodes", None)
-    if nodes_of is None:
-        return None
+    if nodes_of is None or getattr(graphs, "kernel_node_params_bytes", None) != KPARAMS_BYTES:
+        return None  # (a backend without the queries, or whose node parameters the core does not lay out)
     base = call.pointers
     caps = []
     for shift in ((0, 0, 0), *_SHIFTS):
@@ -149,7 +155,8 @@ def template_spec(base: tuple[int, int, int], recordings: list[list[Any]]) -> li
     pointers, then moved by each of ``_SHIFTS``. Per kernel node of the first, ``(node,
     function, kernel, grid, block, shared memory, by_buffer, arguments, layout, patches)``, with
     ``patches`` the ``(offset, which, rel)`` of each 8-byte word holding pointer ``which`` plus
-    ``rel``; None where the recordings cannot be explained that way."""
+    ``rel`` (a node whose words hold none is left out: it needs no update); None where the
+    recordings cannot be explained that way, or none of them hold a pointer."""
     first, second, third = recordings
     if not len(first) == len(second) == len(third):
         return None
@@ -188,6 +195,7 @@ def template_spec(base: tuple[int, int, int], recordings: list[list[Any]]) -> li
             want[w : w + 8] = ((base[which] + _SHIFTS[1][which] + rel) & _M64).to_bytes(8, "little")
         if bytes(want) != bytes(d2):
             return None
-        func, kern, grid, block, shmem, by_buffer, data, layout = p0
-        out.append((node, func, kern, grid, block, shmem, by_buffer, data, layout, patches))
+        if patches:
+            func, kern, grid, block, shmem, by_buffer, data, layout = p0
+            out.append((node, func, kern, grid, block, shmem, by_buffer, data, layout, patches))
     return out if out else None

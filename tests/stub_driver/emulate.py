@@ -230,19 +230,26 @@ def launches() -> int:
     return int(_state["lib"].stub_launches())
 
 
-def gemm_log() -> list[tuple[int, int, int]]:
+def gemm_log() -> list[tuple[int, int, int, int]]:
     """The cuBLASLt stand-in's launches executed since the last call, in order (all streams):
-    each ``(A, B, D)`` as its kernel's argument block held them when it ran (replayed or not)
-    (cuBLAS's operands: ``A`` is the row-major product's ``b``, ``B`` its ``a``); the log is
-    then cleared. Raises if launches were dropped (more than 4,096 since the last call)."""
+    each ``(A, B, C, D)`` as its kernel's argument block held them when it ran (replayed or
+    not) (cuBLAS's operands: ``A`` is the row-major product's ``b``, ``B`` its ``a``, ``C`` and
+    ``D`` its output); the log is then cleared. Raises if launches were dropped (more than
+    4,096 since the last call)."""
     lib = _state["lib"]
-    out = (ctypes.c_uint64 * (3 * 4096))()
+    out = (ctypes.c_uint64 * (4 * 4096))()
     dropped = ctypes.c_long(0)
     lib.stub_gemm_log.restype = ctypes.c_long
     n = lib.stub_gemm_log(out, ctypes.c_long(4096), ctypes.byref(dropped))
     if dropped.value:
         raise AssertionError(f"the stub's GEMM log dropped {dropped.value} launches: read it more often")
-    return [(out[3 * i], out[3 * i + 1], out[3 * i + 2]) for i in range(n)]
+    return [(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]) for i in range(n)]
+
+
+def fail_next_node_update(code: int) -> None:
+    """Make the next cuGraphExecKernelNodeSetParams (a GEMM template's update) fail with
+    ``code`` once."""
+    _state["lib"].stub_fail_next_node_update(ctypes.c_int(code))
 
 
 def fail_next_write(code: int) -> None:

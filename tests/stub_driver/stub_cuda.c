@@ -122,6 +122,7 @@ typedef struct work {
 typedef struct graph {
     work_t *items;
     size_t n, cap;
+    const struct graph *from;  // an executable: the captured graph it was made from (its nodes name ours)
 } graph_t;
 
 typedef struct stream {
@@ -149,14 +150,14 @@ static CUresult push_work(graph_t *g, const work_t *w) {
     return OK;
 }
 
-// The GEMM stand-in's launches as they ran (cuBLAS's A and B, and D, read from its argument
+// The GEMM stand-in's launches as they ran (cuBLAS's A, B, C and D, read from its argument
 // block): tests/stub_driver's harness reads them to check that a replay used the call's pointers
 enum { GEMM_LOG = 4096 };
-static uint64_t gemm_log[GEMM_LOG][3];
+static uint64_t gemm_log[GEMM_LOG][4];
 static long gemm_logged, gemm_log_dropped;
 static pthread_mutex_t gemm_log_mu = PTHREAD_MUTEX_INITIALIZER;
 static const uint64_t GEMM_MAGIC = 0x4d4d45474255545full;  // "_STUBGEMM" (the block's first word)
-// Copy up to max logged launches (3 words each) to out and clear the log; the number copied.
+// Copy up to max logged launches (4 words each) to out and clear the log; the number copied.
 // *dropped (if not NULL): launches not logged since the last call (the log was full).
 long stub_gemm_log(uint64_t *out, long max, long *dropped) {
     pthread_mutex_lock(&gemm_log_mu);
@@ -173,7 +174,8 @@ static void log_gemm(const work_t *w) {
     if (gemm_logged < GEMM_LOG) {
         gemm_log[gemm_logged][0] = w->values[1];
         gemm_log[gemm_logged][1] = w->values[2];
-        gemm_log[gemm_logged][2] = w->values[4] - 128;  // (D is held plus 128: a word a pointer plus a constant)
+        gemm_log[gemm_logged][2] = w->values[3];
+        gemm_log[gemm_logged][3] = w->values[4] - 128;  // (D is held plus 128: a word a pointer plus a constant)
         gemm_logged++;
     } else {
         gemm_log_dropped++;
@@ -593,7 +595,7 @@ CUresult cuModuleGetFunction(void **fn, void *mod, const char *name) {
 static CUresult read_extra(void **extra, work_t *w) {
     const void *buf = NULL;
     size_t size = 0;
-    for (int j = 0; extra[j] != NULL && j < 16; j += 2) {
+    for (int j = 0; j < 16 && extra[j] != NULL; j += 2) {
         if ((uintptr_t)extra[j] == 1) buf = extra[j + 1];
         else if ((uintptr_t)extra[j] == 2) size = *(const size_t *)extra[j + 1];
         else return E_INVALID_VALUE;
@@ -712,11 +714,18 @@ CUresult cuGraphMemsetNodeGetParams(void *node, msparams_t *p) {
     p->width = w->n, p->height = 1;
     return OK;
 }
+static volatile int fail_update;
+// Make the next cuGraphExecKernelNodeSetParams fail with code once (a test's fault switch).
+void stub_fail_next_node_update(int code) { __atomic_store_n(&fail_update, code, __ATOMIC_SEQ_CST); }
 CUresult cuGraphExecKernelNodeSetParams(void *ex, void *node, const kparams_t *p) {
     graph_t *e = ex;
     const work_t *n = node;
     if (sticky) return sticky;
-    if (!e || !n || n->idx >= e->n) return E_INVALID_VALUE;
+    int f = __atomic_exchange_n(&fail_update, 0, __ATOMIC_SEQ_CST);
+    if (f) return f;
+    // a node of the graph the executable was made from, as the driver requires
+    if (!e || !n || !e->from || n < e->from->items || n >= e->from->items + e->from->n || n->idx >= e->n)
+        return E_INVALID_VALUE;
     work_t *w = &e->items[n->idx];
     if (w->kind != W_KERNEL || p->func != w->fn) return E_INVALID_VALUE;  // (a node keeps its function here)
     work_t upd = *w;
@@ -742,6 +751,7 @@ static graph_t *copy_graph(const graph_t *g) {
         memcpy(c->items, g->items, g->n * sizeof(work_t));
     }
     c->n = c->cap = g->n;
+    c->from = g;
     return c;
 }
 static void free_graph(graph_t *g) { if (g) { free(g->items); free(g); } }
