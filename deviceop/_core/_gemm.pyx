@@ -566,20 +566,25 @@ cdef class GemmLauncher:
         cdef tuple k
         cdef bint retire = False
         if replay:
-            if key is None:
-                key = (p, pa, pb, pc, alpha, beta, cx.sh)
-            k = <tuple>key
-            tk = (k[0], k[4], k[5], k[6])
+            if key is None:  # (the exact call's key is made only where it is needed)
+                tk = (p, alpha, beta, cx.sh)
+            else:
+                k = <tuple>key
+                tk = (k[0], k[4], k[5], k[6])
             te = r._execs.get(tk)
             if te is not None and te.handle:
                 r._replayed(te)
                 t = <GemmTemplate>te.ex
             elif te is None:  # not hot yet, or hot now: recorded here
+                if key is None:
+                    key = (p, pa, pb, pc, tk[1], tk[2], tk[3])
                 call = _LtCalls.__new__(_LtCalls)
                 call.keys, call.ws, call.ws_bytes, call.template = [key], ws, self.ws_bytes, True
                 t = r.miss_ex(tk, cx.backend, cx.stream, call)
                 te = r._execs.get(tk) if t is None else None
             if t is None and te is not None:  # its template failed: graphs of exact calls
+                if key is None:
+                    key = (p, pa, pb, pc, tk[1], tk[2], tk[3])
                 ex = r.find(key)
                 if ex == 0:
                     call = _LtCalls.__new__(_LtCalls)
