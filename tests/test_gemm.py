@@ -713,17 +713,8 @@ def test_gemm_template_spec_finds_the_pointer_words_or_refuses():
     spec = template_spec(base, recs)
     assert spec is not None and len(spec) == 1
     node, func, kern, grid, block, shmem, by_buffer, data, layout, patches = spec[0]
-    assert (node, func, kern, grid, block, shmem, by_buffer, layout) == (
-        0x20,
-        0xF00,
-        0,
-        (2, 3, 1),
-        (128, 1, 1),
-        1024,
-        True,
-        None,
-    )
-    assert data == block_of(base)
+    assert (node, func, kern, grid, block) == (0x20, 0xF00, 0, (2, 3, 1), (128, 1, 1))
+    assert (shmem, by_buffer, layout, data) == (1024, True, None, block_of(base))
     assert patches == [(8, 1, 0), (16, 0, 64), (32, 2, 0), (40, 2, 128)]
     assert template_spec(base, [rec((0, 0, 0)), rec(_SHIFTS[0], junk=1), rec(_SHIFTS[1], junk=1)]) is None
     assert template_spec(base, [recs[0], recs[1], rec(_SHIFTS[1], junk=5)]) is None  # the third disagrees
@@ -731,7 +722,7 @@ def test_gemm_template_spec_finds_the_pointer_words_or_refuses():
     assert template_spec(base, [recs[0], moved, recs[2]]) is None  # a memset of the call's memory
     assert template_spec(base, [recs[0], recs[1][1:], recs[2]]) is None  # another graph
 
-    def halves(ptrs, junk=0):  # a pointer's high half beside a flag, its low half on its own
+    def halves(ptrs):  # a pointer's high half beside a flag, its low half on its own
         pa = ptrs[0]
         words = [(pa >> 32 << 32) | 0x55, pa & 0xFFFFFFFF, ptrs[1], ptrs[2]]
         return b"".join(w.to_bytes(8, "little") for w in words)

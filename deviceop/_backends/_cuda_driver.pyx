@@ -237,12 +237,11 @@ cdef param_count_t _param_count() noexcept:
 
 def graph_nodes(uintptr_t graph):
     """``(CUresult, nodes)``: the nodes of a captured graph, in the driver's order, each
-    ``(type, node, params)``, with
-    ``type`` a CUgraphNodeType and ``params``, for a kernel node, ``(function, kernel, grid,
-    block, shared memory, by_buffer, arguments, layout)``: ``arguments`` the bytes of its
-    argument block (as one buffer where the launch passed one, ``by_buffer`` True, else its
-    parameters laid out at their offsets, ``layout`` their ``(offset, size)``s) or None where
-    they cannot be read; for a memset node its parameters'
+    ``(type, node, params)``, with ``type`` a CUgraphNodeType and ``params``, for a kernel node,
+    ``(function, kernel, grid, block, shared memory, by_buffer, arguments, layout)``:
+    ``arguments`` the bytes of its argument block (as one buffer where the launch passed one,
+    ``by_buffer`` True, else its parameters laid out at their offsets, ``layout`` their
+    ``(offset, size)``s) or None where they cannot be read; for a memset node its parameters'
     tuple; None for other nodes. Where the driver refuses a query, its result and no nodes."""
     cdef size_t n = 0, i, j, off, size, total, count = 0
     cdef param_count_t count_fn

@@ -7,26 +7,26 @@ and over, so once calls of one plan, alpha and beta on one stream have been seen
 the call is recorded as a template (:class:`GemmTemplate`) and replayed from then on for every
 call of that key, whatever its buffers: before a launch on other pointers than the last, the
 words of the recorded kernels' arguments that hold the pointers are rewritten
-(``cuGraphExecKernelNodeSetParams``: the launches already enqueued keep theirs). Those words
-are found by recording the call three times, on its own pointers and moved by two sets of
-offsets (``_SHIFTS``; captured, never run): a word that moves by exactly a pointer's offset in
-the second recording holds that pointer plus a constant, and the third recording must then be
+(``cuGraphExecKernelNodeSetParams``: the launches already enqueued keep theirs). Those words are
+found by recording the call three times, on its own pointers and moved by two sets of offsets
+(``_SHIFTS``; captured, never run): a word that moves by exactly a pointer's offset in the
+second recording holds that pointer plus a constant, and the third recording must then be
 predicted byte for byte (:func:`template_spec`). cuBLASLt's kernels on the H200 (nvjet's and
 xmma's) hold their pointers plainly in their argument block. A kernel given its parameters one
 by one (xmma's, for float32) is read only where the driver counts its parameters
-(``cuFuncGetParamCount``; asking past the last one is an error compute-sanitizer reports); where a recording differs in any other way
-(another kernel, a node other than a kernel, an empty node or a memset the same in all three,
-a word that moves otherwise), the template fails, is remembered as failed, and the key's calls
-are recorded exactly instead.
+(``cuFuncGetParamCount``; asking past the last one is an error compute-sanitizer reports); where
+a recording differs in any other way (another kernel, a node other than a kernel, an empty node
+or a memset the same in all three, a word that moves otherwise), the template fails, is
+remembered as failed, and the key's calls are recorded exactly instead.
 
 The exact graph is a pure function of its key: plan (shapes, layouts, algorithm), the three
 device pointers, alpha and beta, and the stream whose workspace it uses; replaying it on that
 stream is the same call. Memory freed and reused at the same address is the same computation on
-the new tensor. Templates and exact graphs share one table. At most ``MAX`` graphs are kept (``Replays.limit``); the oldest is dropped first,
-unless it was replayed since eviction last passed it (then it is kept once more, as a clock
-cache does), so the graphs in use stay while those of addresses that did not come back go (the
-driver frees a graph that is still running once it ends); drops are counted in
-``Replays.evicted``.
+the new tensor. Templates and exact graphs share one table. At most ``MAX`` graphs are kept
+(``Replays.limit``); the oldest is dropped first, unless it was replayed since eviction last
+passed it (then it is kept once more, as a clock cache does), so the graphs in use stay while
+those of addresses that did not come back go (the driver frees a graph that is still running
+once it ends); drops are counted in ``Replays.evicted``.
 
 A batch of GEMMs run as one execution (a work queue's batch: an ``Each`` of them) is looked up
 in a second table (``GEMM.batch_replays``, at most ``BATCHES`` graphs) by every call's key in
@@ -40,17 +40,17 @@ already recorded earn it, while the calls' replays, which save a direct cuBLASLt
 fund them at once.
 
 Recording costs what many replays save. Calls that do not repeat (fresh buffers per request,
-addresses that recur only now and then) must not pay it again and again, so recordings draw on
-a credit that replays earn back: each replay earns 1 (up to 8 recordings' worth: credit that
-one pattern of calls earned, spent on recording another whose addresses do not settle, would
-cost more than its replays save), each recording spends its cost in replays
-(``Replays.cost``: the host time of a recording over what a replay saves against a direct
-call, both measured as calls run; ``COST`` until they are, at most ``COST_MAX``), and while the
-credit is short no call is recorded (a hot call that goes direct then earns ``1 / cost``, so
-recording resumes slowly if the pattern changes; one seen ``2 * HOT`` times or more earns 1, as
-a replay does, its recording having been due that often: a wide pattern of exact calls that
-repeats, such as the some 880 calls a round of 64 requests in flight on buffers of their own
-make where templates fail, is then recorded in about 30 rounds instead of 80). Where a replay saves next to nothing a
+addresses that recur only now and then) must not pay it again and again, so recordings draw on a
+credit that replays earn back: each replay earns 1 (up to 8 recordings' worth: credit that one
+pattern of calls earned, spent on recording another whose addresses do not settle, would cost
+more than its replays save), each recording spends its cost in replays (``Replays.cost``: the
+host time of a recording over what a replay saves against a direct call, both measured as calls
+run; ``COST`` until they are, at most ``COST_MAX``), and while the credit is short no call is
+recorded (a hot call that goes direct then earns ``1 / cost``, so recording resumes slowly if
+the pattern changes; one seen ``2 * HOT`` times or more earns 1, as a replay does, its recording
+having been due that often: a wide pattern of exact calls that repeats, such as the some 880
+calls a round of 64 requests in flight on buffers of their own make where templates fail, is
+then recorded in about 30 rounds instead of 80). Where a replay saves next to nothing a
 recording costs ``COST_MAX``: recordings become rare, but a pattern that starts to repeat is
 still caught.
 """

@@ -122,7 +122,9 @@ typedef struct work {
 typedef struct graph {
     work_t *items;
     size_t n, cap;
-    const struct graph *from;  // an executable: the captured graph it was made from (its nodes name ours)
+    // an executable: the captured graph it was made from, whose nodes name its items (that graph
+    // must outlive the executable's node updates, as the driver's node handles must)
+    const struct graph *from;
 } graph_t;
 
 typedef struct stream {
@@ -156,7 +158,7 @@ enum { GEMM_LOG = 4096 };
 static uint64_t gemm_log[GEMM_LOG][4];
 static long gemm_logged, gemm_log_dropped;
 static pthread_mutex_t gemm_log_mu = PTHREAD_MUTEX_INITIALIZER;
-static const uint64_t GEMM_MAGIC = 0x4d4d45474255545full;  // "_STUBGEMM" (the block's first word)
+static const uint64_t GEMM_MAGIC = 0x4d4d454742555453ull;  // "STUBGEMM" in memory (the block's first word)
 // Copy up to max logged launches (4 words each) to out and clear the log; the number copied.
 // *dropped (if not NULL): launches not logged since the last call (the log was full).
 long stub_gemm_log(uint64_t *out, long max, long *dropped) {
@@ -813,9 +815,9 @@ CUresult cuGetProcAddress(const char *sym, void **pfn, int version, unsigned lon
 }
 
 // A stand-in for cublasLtMatmul, with its signature: one empty kernel ("stub_gemm", its
-// arguments one 64-byte buffer, as cuBLAS's kernels take theirs) launched on the call's stream, so that deviceop's compiled GEMM path, its replay
-// table and its graph launches run without cuBLAS, to time their host cost
-// (tests/stub_driver/queue_host_cost.py). A launch hook, where one is set, must know the name.
+// arguments one 64-byte buffer, as cuBLAS's kernels take theirs) launched on the call's stream,
+// so that deviceop's compiled GEMM path, its replay table and its graph launches run without
+// cuBLAS, to test them and time their host cost (tests/stub_driver/queue_host_cost.py). A launch hook, where one is set, must know the name.
 static func_t stand_in[MAX_DEVICES];  // per context, made once, never freed: work items and graphs point at it
 static pthread_mutex_t stand_in_lock = PTHREAD_MUTEX_INITIALIZER;
 int stub_ltmatmul(void *h, void *desc, const void *alpha, const void *A, void *Ad, const void *B, void *Bd,
