@@ -601,38 +601,45 @@ def test_gemm_compiled_path_records_and_replays_on_the_stub_driver(stub_gemm):
     assert [type(x.handle_int) for x in GEMM.replays.executables()] == [int]
 
 
-def test_gemm_template_replays_one_recording_on_every_buffer(stub_gemm):
+@pytest.mark.parametrize("by_params", [False, True], ids=["one_buffer", "by_parameter"])
+def test_gemm_template_replays_one_recording_on_every_buffer(stub_gemm, by_params):
     """Calls of one plan, scalars and stream on other buffers each time are recorded once, as a
     template, and replayed from then on with their own pointers written into the recorded
     kernel's arguments: every launch, direct or replayed, ran on its call's pointers (read from
     the stand-in kernel's argument block as it ran, under the stub's chaos), also where calls
-    are enqueued back to back, each replay's update made while the last may still wait to run."""
+    are enqueued back to back, each replay's update made while the last may still wait to run.
+    The kernel takes its arguments as one buffer (as cuBLAS's nvjet kernels do) or as one
+    parameter each (as its float32 kernels do, read where the driver counts them)."""
     from deviceop.kernels._gemm import GEMM
     from deviceop.kernels._gemm_replay import HOT
 
     a, b, cs, s, emulate = stub_gemm
-    a2 = do.zeros(a.shape, a.dtype).sync_on(s)  # (the same layouts: the same plan)
-    b2 = do.zeros(b.shape, b.dtype).sync_on(s)
-    before, launched = _counts(GEMM.replays), emulate.launches()
-    emulate.gemm_log()
-    want = []
-    n = 0
-    for r in range(HOT + 3):
-        futs = []
-        for i, c in enumerate(cs):
-            x, y = (a, b2) if (r + i) % 2 else (a2, b)
-            op = K.gemm(c, x, y)
-            if r < HOT:
-                assert op.sync_on(s)[0] is c
-            else:
-                futs.append(op.submit(s))
-            want.append((y.addr, x.addr, c.addr, c.addr))
-            n += 1
-        assert [f.result()[0] for f in futs] == ([] if r < HOT else cs)
-    recorded, replays = (x - y for x, y in zip(_counts(GEMM.replays), before))
-    assert (recorded, replays) == (1, n - HOT)  # one recording for every buffer, replayed after it
-    assert emulate.launches() - launched == n
-    assert emulate.gemm_log() == want
+    emulate.gemm_by_params(by_params)
+    try:
+        a2 = do.zeros(a.shape, a.dtype).sync_on(s)  # (the same layouts: the same plan)
+        b2 = do.zeros(b.shape, b.dtype).sync_on(s)
+        before, launched = _counts(GEMM.replays), emulate.launches()
+        emulate.gemm_log()
+        want = []
+        n = 0
+        for r in range(HOT + 3):
+            futs = []
+            for i, c in enumerate(cs):
+                x, y = (a, b2) if (r + i) % 2 else (a2, b)
+                op = K.gemm(c, x, y)
+                if r < HOT:
+                    assert op.sync_on(s)[0] is c
+                else:
+                    futs.append(op.submit(s))
+                want.append((y.addr, x.addr, c.addr, c.addr))
+                n += 1
+            assert [f.result()[0] for f in futs] == ([] if r < HOT else cs)
+        recorded, replays = (x - y for x, y in zip(_counts(GEMM.replays), before))
+        assert (recorded, replays) == (1, n - HOT)  # one recording for every buffer, replayed after it
+        assert emulate.launches() - launched == n
+        assert emulate.gemm_log() == want
+    finally:
+        emulate.gemm_by_params(False)
 
 
 def test_gemm_template_whose_update_fails_gives_way_to_exact_calls(stub_gemm):

@@ -40,8 +40,9 @@ _NPARAMS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p)
 _state: dict[str, Any] = {}
 
 
-#: the kernel the stub's cuBLASLt stand-in (stub_ltmatmul) launches: no parameters, no work
-STAND_IN_GEMM = b"stub_gemm"
+#: the kernels the stub's cuBLASLt stand-in (stub_ltmatmul) launches: no work; their arguments one
+#: buffer, or (``gemm_by_params(True)``) eight parameters, which the stub itself declares
+STAND_IN_GEMMS = (b"stub_gemm", b"stub_gemm_p")
 
 
 def _families() -> dict[str, Any]:
@@ -112,7 +113,7 @@ def _launch_user(k: Any, params: Any) -> int:
 
 
 def _launch(name: bytes, grid: Any, block: Any, params: Any) -> int:
-    if name == STAND_IN_GEMM:
+    if name in STAND_IN_GEMMS:
         return 0  # (the stub's cuBLASLt stand-in: an empty kernel; what a test times or counts is the path)
     try:
         user = _state["kernels"].get(name.decode())
@@ -152,7 +153,7 @@ def _launch(name: bytes, grid: Any, block: Any, params: Any) -> int:
 
 
 def _count(name: bytes) -> int:
-    if name == STAND_IN_GEMM:
+    if name in STAND_IN_GEMMS:
         return 0
     user = _state["kernels"].get(name.decode())
     if user is not None:
@@ -244,6 +245,12 @@ def gemm_log() -> list[tuple[int, int, int, int]]:
     if dropped.value:
         raise AssertionError(f"the stub's GEMM log dropped {dropped.value} launches: read it more often")
     return [(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]) for i in range(n)]
+
+
+def gemm_by_params(on: bool) -> None:
+    """Make the cuBLASLt stand-in pass its kernel's arguments as eight parameters (True), as
+    cuBLAS's float32 kernels do, or as one buffer (False, the default)."""
+    _state["lib"].stub_gemm_by_params(ctypes.c_int(int(on)))
 
 
 def fail_next_node_update(code: int) -> None:

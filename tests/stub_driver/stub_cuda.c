@@ -171,7 +171,7 @@ long stub_gemm_log(uint64_t *out, long max, long *dropped) {
     return n;
 }
 static void log_gemm(const work_t *w) {
-    if (w->block_bytes < 64 || w->values[0] != GEMM_MAGIC) return;
+    if ((w->block_bytes < 64 && w->nparams < 8) || w->values[0] != GEMM_MAGIC) return;
     pthread_mutex_lock(&gemm_log_mu);
     if (gemm_logged < GEMM_LOG) {
         gemm_log[gemm_logged][0] = w->values[1];
@@ -802,10 +802,13 @@ CUresult cuGetErrorString(CUresult e, const char **s) { *s = "reported by the de
 CUresult cuGetExportTable(const void **table, const void *id) { *table = NULL; return E_NOT_FOUND; }
 
 // cuda.bindings resolves its entry points through cuGetProcAddress: hand out this library's
+// (as the driver does, "cuGetProcAddress" asked for CUDA 12 or later is the _v2 entry, which
+// reports whether it found the symbol: cuda.bindings calls it so)
 CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, int *status) {
     void *p = dlsym(RTLD_DEFAULT, sym);
     Dl_info here, there;  // only this library's own functions
     if (p && dladdr((void *)cuInit, &here) && dladdr(p, &there) && here.dli_fbase != there.dli_fbase) p = NULL;
+    if (p && version >= 12000 && strcmp(sym, "cuGetProcAddress") == 0) p = (void *)cuGetProcAddress_v2;
     *pfn = p;
     if (status != NULL) *status = p != NULL ? 0 : 1;  // CU_GET_PROC_ADDRESS_SUCCESS / SYMBOL_NOT_FOUND
     return p != NULL ? OK : E_NOT_FOUND;
@@ -815,31 +818,44 @@ CUresult cuGetProcAddress(const char *sym, void **pfn, int version, unsigned lon
 }
 
 // A stand-in for cublasLtMatmul, with its signature: one empty kernel ("stub_gemm", its
-// arguments one 64-byte buffer, as cuBLAS's kernels take theirs) launched on the call's stream,
+// arguments one 64-byte buffer, as cuBLAS's kernels take theirs; "stub_gemm_p", eight 8-byte
+// parameters, with stub_gemm_by_params(1)) launched on the call's stream,
 // so that deviceop's compiled GEMM path, its replay table and its graph launches run without
 // cuBLAS, to test them and time their host cost (tests/stub_driver/queue_host_cost.py). A launch hook, where one is set, must know the name.
 static func_t stand_in[MAX_DEVICES];  // per context, made once, never freed: work items and graphs point at it
+// the same, taking the block's eight words as eight parameters (as cuBLAS's float32 kernels take theirs)
+static func_t stand_in_p[MAX_DEVICES];
 static pthread_mutex_t stand_in_lock = PTHREAD_MUTEX_INITIALIZER;
+static volatile int gemm_by_params;
+// Make the stand-in launch its kernel with one parameter per word (on) or one buffer (off, the default).
+void stub_gemm_by_params(int on) { __atomic_store_n(&gemm_by_params, on, __ATOMIC_SEQ_CST); }
 int stub_ltmatmul(void *h, void *desc, const void *alpha, const void *A, void *Ad, const void *B, void *Bd,
                   const void *beta, const void *C, void *Cd, void *D, void *Dd, const void *algo, void *ws,
                   size_t wsb, void *stream) {
     void *ctx = ctx_of_stream(stream);
     if (!ctx) ctx = current;  // (a legacy stream: the current context's)
     if (!ctx) return 13;      // CUBLAS_STATUS_EXECUTION_FAILED
-    func_t *f = &stand_in[(int *)ctx - contexts];
+    int by_params = __atomic_load_n(&gemm_by_params, __ATOMIC_SEQ_CST);
+    func_t *f = by_params ? &stand_in_p[(int *)ctx - contexts] : &stand_in[(int *)ctx - contexts];
     pthread_mutex_lock(&stand_in_lock);
     if (f->ctx == NULL) {
-        snprintf(f->name, sizeof f->name, "stub_gemm");
-        f->nparams = nparams_hook ? nparams_hook(f->name) : 0;
+        snprintf(f->name, sizeof f->name, by_params ? "stub_gemm_p" : "stub_gemm");
+        int n = nparams_hook ? nparams_hook(f->name) : 0;  // (a harness must know the name: 0 if it does)
+        f->nparams = n != 0 ? -1 : by_params ? 8 : 0;
         f->ctx = ctx;
     }
     pthread_mutex_unlock(&stand_in_lock);
-    if (f->nparams != 0) return 13;
+    if (f->nparams != (by_params ? 8 : 0)) return 13;
     // its argument block, as cuBLAS's kernels take theirs (one buffer): the pointers, D's plus a
     // constant, the workspace and the scalars, so that a replay on other pointers shows in the log
     uint64_t block[8] = {GEMM_MAGIC, (uint64_t)A, (uint64_t)B, (uint64_t)C, (uint64_t)D + 128, (uint64_t)ws, 0, wsb};
     memcpy(&block[6], alpha, 4);
     memcpy((char *)&block[6] + 4, beta, 4);
+    if (by_params) {
+        void *params[8];
+        for (int i = 0; i < 8; i++) params[i] = &block[i];
+        return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL) ? 13 : 0;
+    }
     size_t size = sizeof block;
     void *extra[5] = {(void *)1, block, (void *)2, &size, NULL};
     return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, extra) ? 13 : 0;
