@@ -287,6 +287,52 @@ def test_finished_entries_are_reused_and_dropped_by_the_next_registration(backen
     fourth.finish()
 
 
+def test_readers_on_one_stream_keep_one_entry_and_a_writer_elsewhere_waits_for_all(backend):
+    """Many unfinished executions reading one buffer on one stream (a model's weights under many
+    requests in flight): each newer read supersedes the older one's entry, so the list holds one
+    entry per stream and stays short; a write on another stream then waits for the newest
+    reader, which on that stream runs after every older one. An entry of another stream, a
+    wider older access, or an older write that a read cannot stand for, stays."""
+    from deviceop._core._ledger import ExecutionContext, enqueue
+
+    s0, s1, s2 = pool_of(3)[:3]
+    w = do.zeros(64, do.float32).sync().buffer
+    readers = [ExecutionContext(s0, f"reader {i}") for i in range(40)]
+    for cx in readers:
+        enqueue(cx, ((w, 0, 256, False),), None, "test")
+    assert [a.execution for a in w.accesses] == [readers[-1]]
+    assert all(w in cx.buffers for cx in readers)  # each still holds the buffer until it finishes
+    elsewhere = ExecutionContext(s1, "reader elsewhere")
+    enqueue(elsewhere, ((w, 0, 256, False),), None, "test")
+    narrow = ExecutionContext(s0, "narrow reader")
+    enqueue(narrow, ((w, 0, 128, False),), None, "test")  # covers less: the wider entry stays
+    assert [a.execution for a in w.accesses] == [readers[-1], elsewhere, narrow]
+    writer = ExecutionContext(s2, "writer")
+    enqueue(writer, ((w, 0, 256, True),), None, "test")
+    assert set(writer._waited) == {readers[-1], elsewhere, narrow}
+    later_reader = ExecutionContext(s2, "reader after the write")
+    enqueue(later_reader, ((w, 0, 256, False),), None, "test")
+    assert writer in [a.execution for a in w.accesses]  # a read does not stand for a write
+    for cx in (*readers, elsewhere, narrow, writer, later_reader):
+        cx.finish()
+
+
+def test_superseded_readers_still_order_a_later_write(backend):
+    """What the entries stand for, run: requests read a buffer slowly on one stream while a write
+    to it is issued on another; the write lands after every read (each copy saw the old values)."""
+    s0, s1 = _two_streams()
+    x = do.full(N, 1.0, do.float32).sync()
+    ys = [do.full(N, np.nan, do.float32).sync() for _ in range(6)]
+    futs = [slow_copy(y, x, 0.03).submit(s0) for y in ys]
+    assert len(live(x.buffer)) == 1
+    K.fill(x.partition((128,)), 2.0).sync_on(s1)
+    for f in futs:
+        f.result(timeout=30)
+    for y in ys:
+        np.testing.assert_array_equal(y.numpy(), np.full(N, 1.0, np.float32))
+    np.testing.assert_array_equal(x.numpy(), np.full(N, 2.0, np.float32))
+
+
 def test_a_finished_execution_holds_no_buffer(backend):
     # its entries stay in the buffers' lists until reused, but they keep nothing alive
     import weakref

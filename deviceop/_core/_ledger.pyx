@@ -488,14 +488,29 @@ cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bin
     return 1
 
 
+cdef inline bint _superseded(Access e, object stream, Py_ssize_t lo, Py_ssize_t hi, bint write):
+    """Whether entry ``e`` (another execution's) orders nothing that an access of [lo, hi) on
+    ``stream`` (writing or not) registered now does not: its execution finished, or it ran on
+    that stream before this access and this access covers it (its span, and a write if it
+    wrote). Work that waits for the newer entry's execution waits for the older one's as well:
+    the newer one's event is recorded after it on that stream, and its completion follows."""
+    cdef ExecutionContext ex = e.cx
+    if ex.done:
+        return True
+    return ex.stream is stream and lo <= e.lo and e.hi <= hi and (write or not e.write) and not ex.capturing
+
+
 cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write) except -1:
     """Register ``cx``'s access (after :func:`scan`, with ``LOCK`` still held) and keep the
     buffer alive until ``cx`` finishes.
 
     An access already covered by an earlier one of ``cx`` (views of one allocation named in
-    turn) registers nothing more, so the list stays short. A finished execution's entry is
-    overwritten in place; other finished entries are dropped (a finished execution edits no
-    list itself, so finishing costs nothing after its wait).
+    turn) registers nothing more, so the list stays short. An entry that no longer orders
+    anything is overwritten in place, and any others like it dropped: a finished execution's
+    (a finished execution edits no list itself, so finishing costs nothing after its wait),
+    and one that this access supersedes (see :func:`_superseded`), so that a buffer many
+    executions read at once on one stream (a model's weights under many requests in flight)
+    keeps one entry per stream, and every scan of it stays short.
     """
     global _epoch
     cdef list acc
@@ -510,18 +525,19 @@ cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi,
         last = acc[n - 1]
         if last.cx is cx and last.lo <= lo and last.hi >= hi and (last.write or not write):
             return 0  # covered by this execution's newest entry (the common chained case)
+    stream = cx.stream
     for i in range(n):
         e = acc[i]
         if e.cx is cx:
             if e.lo <= lo and e.hi >= hi and (e.write or not write):
                 return 0
-        elif e.cx.done:
+        elif _superseded(e, stream, lo, hi, write):
             stale += 1
             if spare is None or i == n - 1:
-                spare = e  # the last one if it is finished: it stays last
+                spare = e  # the last one if it is stale: it stays last
     _epoch += 1  # the list changes
-    if stale > 1:  # several finished entries (streams that ran at once): keep only the spare
-        acc[:] = [e for e in acc if e is spare or not (<Access>e).cx.done]
+    if stale > 1:  # several stale entries (streams that ran at once, readers on one stream): keep only the spare
+        acc[:] = [e for e in acc if e is spare or (<Access>e).cx is cx or not _superseded(e, stream, lo, hi, write)]
         n = len(acc)
     if spare is not None:
         last = acc[n - 1]
