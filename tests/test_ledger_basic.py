@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import time
 
 import numpy as np
@@ -85,6 +86,9 @@ def test_numpy_of_untouched_memory_while_other_part_in_flight(backend):
     fut = slow_fill(t[: N // 2], 4.0, 0.3).submit(s1)
     t[N // 2 :].check_host_access()  # untouched memory: readable
     np.testing.assert_array_equal(do.to_numpy(t[N // 2 :]).sync_on(s0), np.zeros(N // 2, np.float32))
+    if os.environ.get("DEVICEOP_SANITIZER") and fut.done():
+        # compute-sanitizer serialises launches: the read on s0 waited for the fill on s1
+        pytest.skip("under compute-sanitizer the fill completed before the host read")
     with pytest.raises(do.BorrowError):
         t.numpy()
     fut.result(timeout=30)
