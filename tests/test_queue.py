@@ -651,6 +651,34 @@ def test_a_long_chain_item_gives_the_loop_turns_while_it_is_enqueued(backend):
     assert gap < 0.012, f"the loop waited {gap * 1e3:.1f} ms for a turn"
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_busy_queue_gives_the_loop_a_turn_every_enqueue_slice(backend, loop):
+    # small items keep every pass moving: the driver runs passes back to back, and the loop's
+    # other tasks get a turn once an enqueue slice has passed (not only when nothing can move)
+    from deviceop._core._completion import enqueue_slice, set_enqueue_slice
+
+    items = [lambda lane: do.value(lane)] * 20000
+    old = enqueue_slice()
+    set_enqueue_slice(1e-3)
+    gc.collect()
+    gc.disable()  # (a full collection of the suite's objects would stop the loop for longer)
+    try:
+
+        async def main():
+            q = WorkQueue(streams=4, batch=1)
+            t0 = time.perf_counter()
+            gap, res = await longest_gap(q.run(items))
+            return gap, res, time.perf_counter() - t0
+
+        gap, res, took = anyio.run(main, backend=loop[0], backend_options=loop[1])
+    finally:
+        gc.enable()
+        set_enqueue_slice(old)
+    assert len(res) == len(items) and all(r.ok for r in res)
+    assert took > 0.03  # (long enough that a driver that never gave a turn would be seen)
+    assert gap < 0.02, f"the loop waited {gap * 1e3:.1f} ms for a turn while the queue ran for {took * 1e3:.0f} ms"
+
+
 def test_a_cancelled_queue_enqueues_no_later_step_of_a_chain_under_way(backend):
     t = do.zeros(256, do.float32).sync()
     K.fill(t.partition((128,)), -1.0).sync()

@@ -136,6 +136,10 @@ def set_enqueue_slice(seconds: float) -> None:
     ledger orders it by the memory it touches, as any two executions in flight, so a later
     step sees the writes of whatever was enqueued before it. Tasks that touch the same memory
     while the chain is awaited race either way; set 0 to have every chain enqueued whole.
+
+    A :class:`~deviceop.executors.WorkQueue`'s driver gives the loop a turn on the same terms
+    while its passes keep moving (finishing and issuing executions back to back; 0: a turn
+    after every pass).
     """
     if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 <= float(seconds) <= 1:
         raise SettingError(

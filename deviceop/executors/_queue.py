@@ -242,8 +242,9 @@ class WorkQueue:
         and waits only when nothing can move, as every await waits (the core's poll and park):
         polling (yielding to the loop) while completions are due soon, parked on the reactor's
         wake-up or a new item otherwise, with the same backing-off re-check for a faulted
-        context. The passes themselves (finishing what completed, issuing what fits) are the
-        compiled lanes'."""
+        context. While passes keep moving it runs them back to back, and gives the loop a turn
+        once an enqueue slice (``SLICE``) has passed since the last. The passes themselves
+        (finishing what completed, issuing what fits) are the compiled lanes'."""
         lib, d = loop_dispatcher()
         tok = d.register(None)
         clock = time.perf_counter
@@ -252,6 +253,7 @@ class WorkQueue:
         lanes = self._lanes
         items = self._items
         last = clock()  # the last completion, issue or wake-up: polling counts from here
+        turn_at = last  # when the loop's other tasks are due a turn, at the latest
         seen = True  # completions are seen while polling (not after a park): their moment is known
         # item factories run with their lane's device selected: where every lane is on the
         # device selected already, nothing is selected around each execution
@@ -264,7 +266,13 @@ class WorkQueue:
                 seen = True
                 if moved:
                     last = clock()
-                    await y()  # the producer, and the loop's other tasks, get a turn
+                    if last >= turn_at:
+                        # the producer, and the loop's other tasks, get a turn once an enqueue
+                        # slice has passed since their last: a turn after every pass that moved
+                        # costs a small item's loop more than its own bookkeeping, and the next
+                        # pass often moves as well (completions come while an item is issued)
+                        await y()
+                        turn_at = clock() + SLICE[0]
                     continue
                 if not lanes.in_flight:  # nothing on the GPU: wait for an item, a hook, or the end
                     if self._closed and not items and not lanes.any_held():
@@ -273,10 +281,12 @@ class WorkQueue:
                     self._idle.append(w)
                     await (w.wait() if lib == "trio" else w)
                     last = clock()
+                    turn_at = last + SLICE[0]
                     continue
                 budget = self.poll if self.poll is not None else min(max(2e-3, 3.0 * lanes.lat), 20e-3)
                 left = budget - (clock() - last)
                 if left > 0 and await poll_until(lib, lanes.ready, left, None):
+                    turn_at = clock() + SLICE[0]  # (polling yielded to the loop)
                     continue
                 # park: the reactor wakes the loop once a watched flag is written, a new item or a
                 # returned on_done hook wakes it too; a faulted context never writes its flags,
@@ -299,6 +309,7 @@ class WorkQueue:
                     d.waiters.pop(tok, None)
                 seen = False
                 last = clock()
+                turn_at = last + SLICE[0]
         except BaseException:
             # cancelled (or a BaseException from a factory): the GPU work keeps running, and the
             # streams' watchers keep its buffers alive until it completes
