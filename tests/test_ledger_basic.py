@@ -321,6 +321,70 @@ def test_readers_on_one_stream_keep_one_entry_and_a_writer_elsewhere_waits_for_a
         cx.finish()
 
 
+class _Recording:
+    """A stream stand-in for an execution: delegates to ``s``, recording the events it is made
+    to wait for."""
+
+    def __init__(self, s):
+        self.s, self.backend, self.handle_int = s, s.backend, s.handle_int
+        self.waits: list[object] = []
+
+    def wait(self, ev):
+        self.waits.append(ev)
+        self.s.wait(ev)
+
+    def record(self, ev):
+        self.s.record(ev)
+
+
+def test_a_writer_waits_again_for_an_execution_that_read_more_since(backend):
+    """Steps of executions interleaved (sliced awaits, threads): W waited for B once; B then
+    read a buffer after A on B's stream, and its entry stands for A's. W's write of that buffer
+    waits for B again, after that read (once was not enough: W's first wait came before A's
+    read), and not when B did nothing since."""
+    from deviceop._core._ledger import ExecutionContext, enqueue
+
+    s0, s1 = pool_of(2)[:2]
+    buf1 = do.zeros(64, do.float32).sync().buffer
+    buf2 = do.zeros(64, do.float32).sync().buffer
+    buf3 = do.zeros(64, do.float32).sync().buffer
+    ws = _Recording(s1)
+    a, b, w = ExecutionContext(s0, "A"), ExecutionContext(s0, "B"), ExecutionContext(ws, "W")
+    enqueue(b, ((buf1, 0, 256, False), (buf3, 0, 256, False)), None, "test")
+    enqueue(w, ((buf1, 0, 256, True),), None, "test")
+    assert len(ws.waits) == 1
+    enqueue(w, ((buf3, 0, 256, True),), None, "test")  # B did nothing since: no new wait
+    assert len(ws.waits) == 1
+    enqueue(a, ((buf2, 0, 256, False),), None, "test")
+    enqueue(b, ((buf2, 0, 256, False),), None, "test")
+    assert [x.execution for x in buf2.accesses] == [b]
+    enqueue(w, ((buf2, 0, 256, True),), None, "test")
+    assert len(ws.waits) == 2 and w._waited == (b,)
+    for cx in (a, b, w):
+        cx.finish()
+
+
+def test_a_reader_waits_for_a_write_covered_by_the_writers_older_entry(backend):
+    """B wrote a buffer, W read it on another stream, B wrote it again: B's older entry covers
+    the second write, and it goes last, so that W's next read (its own entry no longer the
+    newest) waits for that write as well."""
+    from deviceop._core._ledger import ExecutionContext, enqueue
+
+    s0, s1 = pool_of(2)[:2]
+    buf = do.zeros(64, do.float32).sync().buffer
+    ws = _Recording(s1)
+    b, w = ExecutionContext(s0, "B"), ExecutionContext(ws, "W")
+    enqueue(b, ((buf, 0, 256, True),), None, "test")
+    enqueue(w, ((buf, 0, 256, False),), None, "test")
+    assert len(ws.waits) == 1
+    enqueue(b, ((buf, 0, 256, True),), None, "test")  # (B's stream waits for W's read)
+    assert [x.execution for x in buf.accesses] == [w, b]
+    enqueue(w, ((buf, 0, 256, False),), None, "test")
+    assert len(ws.waits) == 2
+    for cx in (b, w):
+        cx.finish()
+
+
 def test_superseded_readers_still_order_a_later_write(backend):
     """What the entries stand for, run: requests read a buffer slowly on one stream while a write
     to it is issued on another; the write lands after every read (each copy saw the old values)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import time
 
@@ -651,32 +652,79 @@ def test_a_long_chain_item_gives_the_loop_turns_while_it_is_enqueued(backend):
     assert gap < 0.012, f"the loop waited {gap * 1e3:.1f} ms for a turn"
 
 
+class _MovingLanes:
+    """Lanes whose every pass moves (a completion found, an item issued) for ``seconds``, each
+    pass taking ``pass_s`` of host work; then nothing is in flight and the queue is done."""
+
+    def __init__(self, seconds: float, pass_s: float) -> None:
+        self.seconds, self.pass_s = seconds, pass_s
+        self.passes = 0
+        self.until: float | None = None
+        self.in_flight = True
+        self.lat = 0.0
+
+    def bind(self, *args: object) -> None:
+        pass
+
+    def collect(self, seen: bool) -> bool:
+        now = time.perf_counter()
+        if self.until is None:
+            self.until = now + self.seconds
+        while time.perf_counter() < now + self.pass_s:
+            pass
+        self.passes += 1
+        if time.perf_counter() >= self.until:
+            self.in_flight = False
+            return False
+        return True
+
+    def issue(self, slice_s: float) -> bool:
+        return False
+
+    def any_held(self) -> bool:
+        return False
+
+    def abandon_all(self) -> None:
+        pass
+
+
 @pytest.mark.parametrize("loop", LOOPS)
-def test_a_busy_queue_gives_the_loop_a_turn_every_enqueue_slice(backend, loop):
-    # small items keep every pass moving: the driver runs passes back to back, and the loop's
-    # other tasks get a turn once an enqueue slice has passed (not only when nothing can move)
-    from deviceop._core._completion import enqueue_slice, set_enqueue_slice
+@pytest.mark.parametrize("slice_s", [0.0, 2e-3])
+def test_the_driver_gives_the_loop_a_turn_once_an_enqueue_slice_has_passed(monkeypatch, loop, slice_s):
+    # while every pass moves, the driver runs passes back to back and gives the loop a turn
+    # once an enqueue slice has passed since the last (0: after every pass), not after each
+    import deviceop.executors._queue as queue_module
+    from deviceop._core import _completion
 
-    items = [lambda lane: do.value(lane)] * 20000
-    old = enqueue_slice()
-    set_enqueue_slice(1e-3)
-    gc.collect()
-    gc.disable()  # (a full collection of the suite's objects would stop the loop for longer)
+    turns: list[float] = []
+
+    def counting(lib: str):
+        y = _completion.yielder(lib)
+
+        async def turn() -> None:
+            turns.append(time.perf_counter())
+            await y()
+
+        return turn
+
+    monkeypatch.setattr(queue_module, "yielder", counting)
+    lanes = _MovingLanes(0.1, 50e-6)
+    q = WorkQueue(streams=1)
+    q._lanes = lanes
+    q._closed = True
+    old = _completion.enqueue_slice()
+    _completion.set_enqueue_slice(slice_s)
     try:
-
-        async def main():
-            q = WorkQueue(streams=4, batch=1)
-            t0 = time.perf_counter()
-            gap, res = await longest_gap(q.run(items))
-            return gap, res, time.perf_counter() - t0
-
-        gap, res, took = anyio.run(main, backend=loop[0], backend_options=loop[1])
+        anyio.run(q._drive, backend=loop[0], backend_options=loop[1])
     finally:
-        gc.enable()
-        set_enqueue_slice(old)
-    assert len(res) == len(items) and all(r.ok for r in res)
-    assert took > 0.03  # (long enough that a driver that never gave a turn would be seen)
-    assert gap < 0.02, f"the loop waited {gap * 1e3:.1f} ms for a turn while the queue ran for {took * 1e3:.0f} ms"
+        _completion.set_enqueue_slice(old)
+    assert lanes.passes > 200
+    if slice_s == 0:
+        assert len(turns) >= lanes.passes - 2
+    else:
+        # about one a slice (0.1 s / 2 ms = 50), never one a pass
+        assert 5 <= len(turns) <= 60, (len(turns), lanes.passes)
+        assert min(b - a for a, b in itertools.pairwise(turns)) >= slice_s * 0.9
 
 
 def test_a_cancelled_queue_enqueues_no_later_step_of_a_chain_under_way(backend):
@@ -729,8 +777,9 @@ def test_a_device_fault_fails_its_items_and_the_queue_ends(host_backend):
 
 
 def test_a_busy_queue_gives_the_loop_turns(backend):
-    # items that complete as fast as they are issued keep the driver busy; it still yields
-    # after every pass, so a ticker task runs throughout
+    # items that complete as fast as they are issued keep the driver busy; it still gives the
+    # loop a turn once an enqueue slice has passed, and whenever nothing can move, so a ticker
+    # task runs throughout
     ticks: list[float] = []
 
     async def main():

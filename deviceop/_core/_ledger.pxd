@@ -21,6 +21,8 @@ cdef class ExecutionContext:
     cdef public object _event
     cdef public bint _sealed
     cdef public tuple _waited
+    cdef tuple _waited_gens  # other._gen when each of _waited was waited for
+    cdef readonly uint64_t _gen  # accesses ordered so far (scan, retarget): work it may have enqueued
     cdef public list _done_cbs
     cdef public bint _waited_on
     cdef readonly uintptr_t sh

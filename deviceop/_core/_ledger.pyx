@@ -140,11 +140,26 @@ cdef class ExecutionContext:
         return ev
 
     cdef int wait_for_c(self, ExecutionContext other) except -1:
-        if other in self._waited:
-            return 0
+        # once per other execution while it enqueues nothing more: an event recorded after its
+        # work so far covers it. Once it has touched memory since (an interleaved step of its
+        # chain, another thread's), it is waited for again, after that work: an entry of its
+        # may stand for that later work, and for others' on its stream (see _superseded)
+        cdef tuple w = self._waited
+        cdef Py_ssize_t i
+        for i in range(len(w)):
+            if w[i] is other:
+                if self._waited_gens[i] == other._gen:
+                    return 0
+                other._waited_on = True
+                self.stream.wait(other.completion_event())
+                gens = list(self._waited_gens)
+                gens[i] = other._gen
+                self._waited_gens = tuple(gens)
+                return 0
         other._waited_on = True
         self.stream.wait(other.completion_event())
-        self._waited = self._waited + (other,)
+        self._waited = w + (other,)
+        self._waited_gens = self._waited_gens + (other._gen,)
         return 0
 
     def wait_for(self, ExecutionContext other):
@@ -242,6 +257,7 @@ cdef class ExecutionContext:
             # buffer reuses or drops them (order), so finishing costs no lock and no list edits
             self.buffers = None  # (a later keep() makes a new list)
             self._waited = ()
+            self._waited_gens = ()
             self.op = None
             self._event = None
             self._sealed = False
@@ -401,6 +417,7 @@ cdef inline int _init(ExecutionContext cx, stream, label, op) except -1:
     cx.op = op
     cx.children = ()
     cx._waited = ()
+    cx._waited_gens = ()
     # the others start as a new object's fields do (None, False): buffers (made by the first
     # buffer held, see keep), done, capturing, captured, _event, _sealed, _done_cbs, _waited_on
     return 0
@@ -449,6 +466,7 @@ cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bin
     cdef ExecutionContext ex
     cdef Py_ssize_t i, n
     cdef dict cap = cx.captured
+    cx._gen += 1  # (work of cx that those who waited for it before have not waited for)
     if cap is not None:
         # recording a graph: nothing runs now, so nothing to order; the replay registers these
         key = (id(buf), lo, hi, write)
@@ -488,16 +506,25 @@ cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bin
     return 1
 
 
-cdef inline bint _superseded(Access e, object stream, Py_ssize_t lo, Py_ssize_t hi, bint write):
-    """Whether entry ``e`` (another execution's) orders nothing that an access of [lo, hi) on
-    ``stream`` (writing or not) registered now does not: its execution finished, or it ran on
-    that stream before this access and this access covers it (its span, and a write if it
-    wrote). Work that waits for the newer entry's execution waits for the older one's as well:
-    the newer one's event is recorded after it on that stream, and its completion follows."""
+cdef inline bint _superseded(Access e, ExecutionContext cx, Py_ssize_t lo, Py_ssize_t hi, bint write):
+    """Whether entry ``e`` (another execution's) orders nothing that ``cx``'s access of
+    [lo, hi) (writing or not), registered now, does not: its execution finished, or it ran on
+    ``cx``'s stream before this access and this access covers it (its span, and a write if it
+    wrote). Work that waits for ``cx`` then waits for the older execution as well: ``cx``'s
+    event is recorded after this access on that stream (a new one for every waiter that has not
+    waited for ``cx`` since: ExecutionContext.wait_for_c; not where ``cx`` is sealed already,
+    its event made before this access), and its completion follows the older one's."""
     cdef ExecutionContext ex = e.cx
     if ex.done:
         return True
-    return ex.stream is stream and lo <= e.lo and e.hi <= hi and (write or not e.write) and not ex.capturing
+    return (
+        ex.stream is cx.stream
+        and lo <= e.lo
+        and e.hi <= hi
+        and (write or not e.write)
+        and not ex.capturing
+        and not cx._sealed
+    )
 
 
 cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write) except -1:
@@ -525,19 +552,25 @@ cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi,
         last = acc[n - 1]
         if last.cx is cx and last.lo <= lo and last.hi >= hi and (last.write or not write):
             return 0  # covered by this execution's newest entry (the common chained case)
-    stream = cx.stream
     for i in range(n):
         e = acc[i]
         if e.cx is cx:
             if e.lo <= lo and e.hi >= hi and (e.write or not write):
+                if i != n - 1:
+                    # covered by an older entry of cx's, with others' after it: it goes last,
+                    # so that their next access does not take the newest entry, theirs, for
+                    # all there is (scan's quick check) and misses this later work of cx's
+                    _epoch += 1
+                    del acc[i]
+                    acc.append(e)
                 return 0
-        elif _superseded(e, stream, lo, hi, write):
+        elif _superseded(e, cx, lo, hi, write):
             stale += 1
             if spare is None or i == n - 1:
                 spare = e  # the last one if it is stale: it stays last
     _epoch += 1  # the list changes
     if stale > 1:  # several stale entries (streams that ran at once, readers on one stream): keep only the spare
-        acc[:] = [e for e in acc if e is spare or (<Access>e).cx is cx or not _superseded(e, stream, lo, hi, write)]
+        acc[:] = [e for e in acc if e is spare or (<Access>e).cx is cx or not _superseded(e, cx, lo, hi, write)]
         n = len(acc)
     if spare is not None:
         last = acc[n - 1]
@@ -580,6 +613,7 @@ cdef int retarget(ExecutionContext cx, tuple entries, object keep_alive) except 
     """Hand ``entries`` (from :func:`covering`, the epoch unchanged) to ``cx``, which keeps
     ``keep_alive`` (what holds their buffers) until it finishes. With ``LOCK`` held."""
     cdef Access e
+    cx._gen += 1  # (its replay is work that those who waited for cx before have not waited for)
     for e in entries:
         e.cx = cx
     if cx.buffers is None:

@@ -521,17 +521,25 @@ def _main(argv: list[str] | None = None) -> int:
         if opened:  # (answered after the window, or not at all within a second of it: overloaded)
             summary[impl]["at_rate"]["late"] = sum(x["late"] for x in opened)
             summary[impl]["at_rate"]["unanswered"] = sum(x["unanswered"] for x in opened)
+
+    def ratio(a: float, b: float) -> float | None:
+        # (a variant that answered nothing in its windows, its loop blocked through them on an
+        # overloaded machine, has no ratio to stand against: None, shown as "-")
+        return a / b if b else None
+
     torch_impls = [i for i in impls if i.startswith("torch")]
     for impl in impls:
         if impl.startswith("deviceop") and torch_impls:
             best = max(torch_impls, key=lambda i: summary[i]["req_s"])
-            summary[impl]["vs_best_torch"] = {"impl": best, "ratio": summary[impl]["req_s"] / summary[best]["req_s"]}
+            r = ratio(summary[impl]["req_s"], summary[best]["req_s"])
+            if r is not None:
+                summary[impl]["vs_best_torch"] = {"impl": best, "ratio": r}
             if "torch-blocking" in summary:
-                summary[impl]["vs_torch_blocking"] = summary[impl]["req_s"] / summary["torch-blocking"]["req_s"]
+                summary[impl]["vs_torch_blocking"] = ratio(summary[impl]["req_s"], summary["torch-blocking"]["req_s"])
     if "cached" in summary:  # (the most the server's loop answers: its HTTP work alone)
         for impl in impls:
             if impl != "cached":
-                summary[impl]["of_ceiling"] = summary[impl]["req_s"] / summary["cached"]["req_s"]
+                summary[impl]["of_ceiling"] = ratio(summary[impl]["req_s"], summary["cached"]["req_s"])
     doc["summary"] = summary
     print_table(summary)
     if a.out:
