@@ -690,7 +690,7 @@ class _MovingLanes:
 
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("slice_s", [0.0, 2e-3])
-def test_the_driver_gives_the_loop_a_turn_once_an_enqueue_slice_has_passed(monkeypatch, loop, slice_s):
+def test_the_driver_gives_the_loop_a_turn_once_an_enqueue_slice_has_passed(backend, monkeypatch, loop, slice_s):
     # while every pass moves, the driver runs passes back to back and gives the loop a turn
     # once an enqueue slice has passed since the last (0: after every pass), not after each
     import deviceop.executors._queue as queue_module

@@ -6,6 +6,7 @@ cdef class Access:
     cdef ExecutionContext cx
     cdef Py_ssize_t lo, hi
     cdef bint write
+    cdef uint64_t gen  # cx._gen when the entry last stood for new work of cx's
 
 
 cdef class ExecutionContext:
@@ -21,14 +22,15 @@ cdef class ExecutionContext:
     cdef public object _event
     cdef public bint _sealed
     cdef public tuple _waited
-    cdef tuple _waited_gens  # other._gen when each of _waited was waited for
+    cdef tuple _waited_gens  # other._gen when each of _waited was waited for (see wait_for_c)
     cdef readonly uint64_t _gen  # accesses ordered so far (scan, retarget): work it may have enqueued
+    cdef uint64_t _sealed_gen  # _gen when it was sealed
     cdef public list _done_cbs
     cdef public bint _waited_on
     cdef readonly uintptr_t sh
     cdef readonly Driver drv
 
-    cdef int wait_for_c(self, ExecutionContext other) except -1
+    cdef int wait_for_c(self, ExecutionContext other, uint64_t upto) except -1
     cdef object seal_c(self)
     cdef int finish_c(self, bint ok) except -1
     cdef int block_c(self, bint seal) except -1

@@ -137,34 +137,41 @@ cdef class ExecutionContext:
             ev = self.backend.new_event()
             self.stream.record(ev)
             self._event = ev
+        elif self._gen != self._sealed_gen:
+            # work ordered after it was sealed (not by deviceop's own paths, which seal last):
+            # an event after that work, the sealed one kept for those who block on it
+            ev = self.backend.new_event()
+            self.stream.record(ev)
         return ev
 
-    cdef int wait_for_c(self, ExecutionContext other) except -1:
-        # once per other execution while it enqueues nothing more: an event recorded after its
-        # work so far covers it. Once it has touched memory since (an interleaved step of its
-        # chain, another thread's), it is waited for again, after that work: an entry of its
-        # may stand for that later work, and for others' on its stream (see _superseded)
+    cdef int wait_for_c(self, ExecutionContext other, uint64_t upto) except -1:
+        # once per other execution, while none of its entries that this one meets stands for
+        # work newer than that wait (``upto``: the entry's gen): an event recorded after its
+        # work so far covers it. An entry that has since stood for more (an interleaved step
+        # of its chain, another thread's; or others' work on its stream it supersedes: see
+        # _superseded) is waited for again, after that work
         cdef tuple w = self._waited
+        cdef tuple gens = self._waited_gens
         cdef Py_ssize_t i
         for i in range(len(w)):
             if w[i] is other:
-                if self._waited_gens[i] == other._gen:
+                if i < len(gens) and <uint64_t>gens[i] >= upto:
                     return 0
                 other._waited_on = True
                 self.stream.wait(other.completion_event())
-                gens = list(self._waited_gens)
-                gens[i] = other._gen
-                self._waited_gens = tuple(gens)
+                g = list(gens) + [0] * (len(w) - len(gens))  # (_waited is public: kept in step)
+                g[i] = other._gen
+                self._waited_gens = tuple(g)
                 return 0
         other._waited_on = True
         self.stream.wait(other.completion_event())
         self._waited = w + (other,)
-        self._waited_gens = self._waited_gens + (other._gen,)
+        self._waited_gens = gens + (0,) * (len(w) - len(gens)) + (other._gen,)
         return 0
 
     def wait_for(self, ExecutionContext other):
         """Make this execution's stream wait for ``other``'s work so far."""
-        self.wait_for_c(other)
+        self.wait_for_c(other, other._gen)
 
     # -- fork / join (zip) ----------------------------------------------------------------------
     def fork(self, stream, after):
@@ -181,6 +188,7 @@ cdef class ExecutionContext:
         self.stream.wait(ev)
         child._event = ev
         child._sealed = True
+        child._sealed_gen = child._gen
 
     # -- completion ----------------------------------------------------------------------------
     cdef object seal_c(self):
@@ -188,6 +196,7 @@ cdef class ExecutionContext:
         self.stream.record(ev)
         self._event = ev
         self._sealed = True
+        self._sealed_gen = self._gen
         return ev
 
     def seal(self):
@@ -466,7 +475,7 @@ cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bin
     cdef ExecutionContext ex
     cdef Py_ssize_t i, n
     cdef dict cap = cx.captured
-    cx._gen += 1  # (work of cx that those who waited for it before have not waited for)
+    cx._gen += 1  # this access's number: an entry that stands for it carries it (Access.gen)
     if cap is not None:
         # recording a graph: nothing runs now, so nothing to order; the replay registers these
         key = (id(buf), lo, hi, write)
@@ -484,6 +493,7 @@ cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bin
         return 1
     last = acc[n - 1]
     if last.cx is cx and last.lo <= lo and last.hi >= hi and (last.write or not write):
+        last.gen = cx._gen  # (it stands for this access too)
         return 0  # already covered by this execution (the common chained case): ordered then
     stream = cx.stream
     for i in range(n):
@@ -502,7 +512,7 @@ cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bin
                 "Wait for the earlier work (sync/await its result), run both on one stream "
                 "(then/sync_on), or use set_borrow_policy('order') to have deviceop order them."
             )
-        cx.wait_for_c(ex)
+        cx.wait_for_c(ex, e.gen)
     return 1
 
 
@@ -525,6 +535,18 @@ cdef inline bint _superseded(Access e, ExecutionContext cx, Py_ssize_t lo, Py_ss
         and not ex.capturing
         and not cx._sealed
     )
+
+
+cdef inline bint _written_after(list acc, Py_ssize_t i, Py_ssize_t lo, Py_ssize_t hi):
+    """Whether an entry after ``acc[i]`` writes bytes of [lo, hi) (finished or not: a graph's
+    replay hands its finished entries to its next execution)."""
+    cdef Access e
+    cdef Py_ssize_t j
+    for j in range(i + 1, len(acc)):
+        e = acc[j]
+        if e.write and e.lo < hi and lo < e.hi:
+            return True
+    return False
 
 
 cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write) except -1:
@@ -551,15 +573,18 @@ cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi,
     if n:
         last = acc[n - 1]
         if last.cx is cx and last.lo <= lo and last.hi >= hi and (last.write or not write):
+            last.gen = cx._gen
             return 0  # covered by this execution's newest entry (the common chained case)
     for i in range(n):
         e = acc[i]
         if e.cx is cx:
             if e.lo <= lo and e.hi >= hi and (e.write or not write):
-                if i != n - 1:
-                    # covered by an older entry of cx's, with others' after it: it goes last,
-                    # so that their next access does not take the newest entry, theirs, for
-                    # all there is (scan's quick check) and misses this later work of cx's
+                e.gen = cx._gen  # (it stands for this access too: a waiter for cx waits again)
+                if i != n - 1 and (write or _written_after(acc, i, lo, hi)):
+                    # covered by an older entry of cx's, with others' after it that this access
+                    # conflicts with: it goes last, and the list counts as changed, so that
+                    # neither another execution's quick check (its own entry the newest) nor
+                    # a graph's replay that keeps its entries (the epoch unchanged) misses it
                     _epoch += 1
                     del acc[i]
                     acc.append(e)
@@ -585,6 +610,7 @@ cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi,
     e.lo = lo
     e.hi = hi
     e.write = write
+    e.gen = cx._gen
     keep(cx, buf)
     return 0
 
@@ -616,6 +642,7 @@ cdef int retarget(ExecutionContext cx, tuple entries, object keep_alive) except 
     cx._gen += 1  # (its replay is work that those who waited for cx before have not waited for)
     for e in entries:
         e.cx = cx
+        e.gen = cx._gen
     if cx.buffers is None:
         cx.buffers = [keep_alive]
     else:
