@@ -151,22 +151,21 @@ cdef class ExecutionContext:
         # of its chain, another thread's; or others' work on its stream it supersedes: see
         # _superseded) is waited for again, after that work
         cdef tuple w = self._waited
-        cdef tuple gens = self._waited_gens
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, at = -1
         for i in range(len(w)):
             if w[i] is other:
-                if i < len(gens) and <uint64_t>gens[i] >= upto:
+                if <uint64_t>self._waited_gens[i] >= upto:
                     return 0
-                other._waited_on = True
-                self.stream.wait(other.completion_event())
-                g = list(gens) + [0] * (len(w) - len(gens))  # (_waited is public: kept in step)
-                g[i] = other._gen
-                self._waited_gens = tuple(g)
-                return 0
-        other._waited_on = True
+                at = i
+                break
         self.stream.wait(other.completion_event())
-        self._waited = w + (other,)
-        self._waited_gens = gens + (0,) * (len(w) - len(gens)) + (other._gen,)
+        if at < 0:
+            self._waited = w + (other,)
+            self._waited_gens = self._waited_gens + (other._gen,)
+        else:
+            g = list(self._waited_gens)
+            g[at] = other._gen
+            self._waited_gens = tuple(g)
         return 0
 
     def wait_for(self, ExecutionContext other):
@@ -428,7 +427,7 @@ cdef inline int _init(ExecutionContext cx, stream, label, op) except -1:
     cx._waited = ()
     cx._waited_gens = ()
     # the others start as a new object's fields do (None, False): buffers (made by the first
-    # buffer held, see keep), done, capturing, captured, _event, _sealed, _done_cbs, _waited_on
+    # buffer held, see keep), done, capturing, captured, _event, _sealed, _done_cbs
     return 0
 
 
@@ -532,7 +531,6 @@ cdef inline bint _superseded(Access e, ExecutionContext cx, Py_ssize_t lo, Py_ss
         and lo <= e.lo
         and e.hi <= hi
         and (write or not e.write)
-        and not ex.capturing
         and not cx._sealed
     )
 
