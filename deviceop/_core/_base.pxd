@@ -94,6 +94,10 @@ cdef class TensorBase:
     cdef readonly uintptr_t addr
     cdef readonly Py_ssize_t _key
     cdef Py_ssize_t lo, hi  # the byte span [lo, hi) of the buffer this view can touch
+    # what a layer above keeps for this tensor as another library sees it (interop's PyTorch
+    # tensor on its memory): kept on the tensor, it lives and goes with it; the core never reads
+    # it (foreign_of, set_foreign)
+    cdef object _foreign
     cdef object __weakref__
 
 
@@ -101,6 +105,8 @@ cdef TensorBase new_contiguous(type cls, Buffer buf, tuple shape, dtype)
 cpdef TensorBase tensor_at(type cls, Buffer buf, tuple shape, dtype, tuple strides, Py_ssize_t offset)
 cpdef bint plain_shape(shape)
 cpdef tuple contiguous_strides(tuple shape)
+cpdef object foreign_of(TensorBase t)
+cpdef int set_foreign(TensorBase t, object view) except -1
 
 
 cdef class PartitionBase:

@@ -69,6 +69,12 @@ class PartitionBase:
 def plain_shape(shape: object) -> TypeGuard[tuple[int, ...]]:
     """Whether ``shape`` is already a shape: a tuple of non-negative Python ints (not bools)."""
 
+def foreign_of(t: TensorBase) -> Any:
+    """What a layer above keeps for tensor ``t`` as another library sees it (None: nothing yet)."""
+
+def set_foreign(t: TensorBase, view: Any) -> None:
+    """Keep ``view`` for tensor ``t`` (None: forget it); it must not hold ``t`` itself."""
+
 def known_partition(cls: type[Any], tensor: TensorBase, tile: object) -> Any:
     """A ``cls`` partition of ``tensor`` into tiles ``tile`` if this layout and tile were validated before, else None."""
 

@@ -46,7 +46,7 @@ cdef extern from "<sys/eventfd.h>" nogil:
 __all__ = [
     "staged_upload", "staged_download", "staging_blocks", "Lock", "LOCK", "StreamBase", "count_recording", "Buffer", "BlockCache", "Channel", "Driver", "STREAM_TYPES", "register_stream_type", "size_class",
     "driver_alloc", "TensorBase", "PartitionBase", "layout_id", "forget_layouts", "contiguous_strides",
-    "plain_shape", "known_partition", "remember_partition",
+    "plain_shape", "known_partition", "remember_partition", "foreign_of", "set_foreign",
 ]
 
 #: the stream classes of the backends (each registers its own): what terminals accept as a stream
@@ -410,6 +410,19 @@ cpdef tuple contiguous_strides(tuple shape):
             _CONTIG.clear()
         _CONTIG[shape] = st
     return st
+
+
+cpdef object foreign_of(TensorBase t):
+    """What a layer above keeps for tensor ``t`` as another library sees it (None: nothing
+    yet): interop's PyTorch tensor on ``t``'s memory. It lives as long as ``t`` and goes with it."""
+    return t._foreign
+
+
+cpdef int set_foreign(TensorBase t, object view) except -1:
+    """Keep ``view`` for tensor ``t`` (see :func:`foreign_of`; None: forget it). ``view`` must
+    not hold ``t`` itself (it would keep ``t`` alive by a cycle)."""
+    t._foreign = view
+    return 0
 
 
 cdef class TensorBase:

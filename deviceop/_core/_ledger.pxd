@@ -22,7 +22,7 @@ cdef class ExecutionContext:
     cdef public object _event
     cdef public bint _sealed
     cdef readonly tuple _waited  # the executions this one's stream waited for (tests read it)
-    cdef tuple _waited_gens  # other._gen when each of _waited was waited for (see wait_for_c)
+    cdef tuple _waited_gens  # other._gen when each of _waited was waited for, one each in its order (see wait_for_c)
     cdef readonly uint64_t _gen  # accesses ordered so far (scan, retarget): work it may have enqueued
     cdef uint64_t _sealed_gen  # _gen when it was sealed
     cdef public list _done_cbs

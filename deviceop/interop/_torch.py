@@ -5,12 +5,11 @@ PyTorch is imported when an adapter op first runs, never by ``import deviceop``.
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .._core._base import tensor_at
+from .._core._base import foreign_of, set_foreign, tensor_at
 from .._core._capture import CAPTURE
 from .._core._dlpack import capsule
 from .._core._external import External, layout, named, same_layout
@@ -26,9 +25,6 @@ __all__ = ["torch", "torch_graphs"]
 
 # per CUstream handle: its torch.cuda.ExternalStream, stream_id, device_index, device_type
 _streams: dict[int, tuple[Any, int, int, int]] = {}
-# id(deviceop Tensor) -> [a weak reference to it, the PyTorch tensor on its memory, the alias
-# of that one calls get, or None: see _view]
-_views: dict[int, list[Any]] = {}
 _DTYPES: dict[Any, Any] = {}  # deviceop dtype per torch.dtype
 _DL_DTYPES: dict[int, Any] = {}  # deviceop dtype per DLPack dtype key (see layout)
 _KDLCUDA = 2  # DLPack's device type of CUDA memory
@@ -55,13 +51,14 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
 
     On cuda, PyTorch's current stream is the op's stream while ``fn`` runs
     (``torch.cuda.ExternalStream``), so the memory PyTorch allocates there is its caching
-    allocator's for that stream. A deviceop tensor reaches ``fn`` as an alias (its own
-    metadata, no autograd history) of a PyTorch tensor made when that tensor first reached
-    PyTorch code. Where PyTorch publishes the DLPack C exchange API (recent versions), the alias
-    is one object, given to every call and to every argument naming that tensor, while its
-    address, dtype, shape, strides and ``requires_grad`` are as made; a call that changed them
-    in place (``t_()``, ``unsqueeze_()``, ``requires_grad_()``) leaves the next call a new
-    alias, as made. So a change of metadata made through one argument shows through another
+    allocator's for that stream; the caller's current stream is restored after it (a caller
+    that made the op's stream current already saves the switch: it is left current). A
+    deviceop tensor reaches ``fn`` as an alias (its own metadata, no autograd history) of a
+    PyTorch tensor made when that tensor first reached PyTorch code. Where PyTorch publishes
+    the DLPack C exchange API (recent versions), the alias is one object, given to every call
+    and to every argument naming that tensor, while its address, dtype, shape, strides and
+    ``requires_grad`` are as made; a call that changed them in place (``t_()``,
+    ``unsqueeze_()``, ``requires_grad_()``) leaves the next call a new alias, as made. So a change of metadata made through one argument shows through another
     naming the same tensor in that call, and an alias kept from one call (in a module's state)
     is the object later calls get: keep ``t.detach()`` instead. Elsewhere (older PyTorch, a
     tensor without elements) each call gets an alias of its own. On the host backend ``fn``
@@ -115,7 +112,7 @@ def torch(fn: Callable[..., Any], *args: Any, reads: Any = (), writes: Any = ())
                     with th.cuda.use_mem_pool(_pool_for(th, scope)):
                         out = fn(*conv)
             finally:
-                _leave(prev)
+                _leave(prev, st)
             for i in given:  # a written tensor given back as it was (out=, in place): itself
                 if out is conv[i]:
                     x = a[i]
@@ -221,22 +218,22 @@ def _view(th: Any, t: Tensor) -> Any:
 
     A PyTorch tensor on ``t``'s memory is made once per deviceop Tensor (a DLPack capsule, no
     copy; for one an adapter op returned, the PyTorch tensor it came from, aliased: see _wrap)
-    and kept while ``t`` lives, never given to code; calls get an alias of it (``detach()``),
-    the same one while its metadata is as made (a C call compares its address, dtype, shape and
-    strides with ``t``'s, cheaper than an alias per call), a new one after code changed it in
-    place (``t_()``, ``unsqueeze_()``, ``requires_grad_()``). The capsule keeps ``t``'s buffer
-    alive, not ``t``: the cache entry goes with ``t``. Both are made outside inference mode
-    (left for the moment where it is on), so that code run later with autograd on may use
-    them. The ledger has ordered the op's stream already: nothing is waited for here.
+    and kept on ``t`` (``foreign_of(t)``: it lives and goes with ``t``), never given to code;
+    calls get an alias of it (``detach()``), the same one while its metadata is as made (a C call
+    compares its address, dtype, shape and strides with ``t``'s, cheaper than an alias per
+    call), a new one after code changed it in place (``t_()``, ``unsqueeze_()``,
+    ``requires_grad_()``). The capsule keeps ``t``'s buffer alive, not ``t``. Both are made
+    outside inference mode (left for the moment where it is on), so that code run later with
+    autograd on may use them. The ledger has ordered the op's stream already: nothing is waited
+    for here.
     """
-    k = id(t)
-    e = _views.get(k)
-    if e is not None and e[0]() is t:
-        v = e[2]
+    e = foreign_of(t)
+    if e is not None:  # [the PyTorch tensor on t's memory, the alias calls get or None]
+        v = e[1]
         if v is not None and not v.requires_grad and same_layout(v, t):
             return v
         # (none yet, where _wrap made the entry; or code changed the one given before)
-        v = e[2] = _alias(th, e[1])
+        v = e[1] = _alias(th, e[0])
         return v
     buf = t.buffer
     register(buf)  # its memory given back by PyTorch (a view of it returned) is this region
@@ -250,7 +247,7 @@ def _view(th: Any, t: Tensor) -> Any:
     else:
         v0 = th.from_dlpack(cap)
         v = v0.detach()
-    _views[k] = [weakref.ref(t, functools.partial(_forget, k)), v0, v]
+    set_foreign(t, [v0, v])
     return v
 
 
@@ -262,12 +259,6 @@ def _alias(th: Any, v0: Any) -> Any:
     return v0.detach()
 
 
-def _forget(k: int, ref: Any) -> None:
-    e = _views.get(k)
-    if e is not None and e[0] is ref:
-        del _views[k]
-
-
 def _enter(th: Any, st: tuple[Any, int, int, int]) -> Any:
     """Make the stream of ``st`` (its ExternalStream, stream_id, device_index, device_type)
     PyTorch's current stream; return what :func:`_leave` restores.
@@ -275,7 +266,9 @@ def _enter(th: Any, st: tuple[Any, int, int, int]) -> Any:
     ``with torch.cuda.stream(ts)`` makes Stream objects and compares devices in Python (tens of
     microseconds a call, more than a small op's launch); where the stream is on the current
     device this sets and restores it with PyTorch's own setter and getter, as that context
-    manager does. Elsewhere (another device, a PyTorch without them) it is the context manager.
+    manager does, and leaves it as it is where it is current already (code that set it once
+    around its calls). Elsewhere (another device, a PyTorch without them) it is the context
+    manager.
     """
     fns = _stream_fns
     if not fns:  # looked up once: PyTorch's own stream getter and setter, and its device getter
@@ -285,16 +278,22 @@ def _enter(th: Any, st: tuple[Any, int, int, int]) -> Any:
     ts, sid, di, dt = st
     if get is not None and set_ is not None and dev is not None and dev() == di:
         prev = get(di)  # (stream_id, device_index, device_type)
-        set_(sid, di, dt)  # (positional: PyTorch parses keywords for longer than the call takes)
+        if prev[0] != sid:
+            set_(sid, di, dt)  # (positional: PyTorch parses keywords for longer than the call takes)
         return prev
     ctx = th.cuda.stream(ts)
     ctx.__enter__()
     return ctx
 
 
-def _leave(prev: Any) -> None:
+def _leave(prev: Any, st: tuple[Any, int, int, int]) -> None:
+    """Restore what :func:`_enter` returned: PyTorch's current stream as it was before the call."""
     if type(prev) is tuple:
-        _stream_fns[1](prev[0], prev[1], prev[2])
+        # where it was current already, only if fn changed it (the setter also selects the
+        # stream's device, which fn may have changed too): two getters instead of the setter
+        get, set_, dev = _stream_fns
+        if prev[0] != st[1] or get(prev[1])[0] != prev[0] or dev() != prev[1]:
+            set_(prev[0], prev[1], prev[2])
     else:
         prev.__exit__(None, None, None)
 
@@ -360,8 +359,7 @@ def _wrap(cx: Any, t: Any, acc: list[Any], args: tuple[Any, ...]) -> Tensor:
         # same memory, shape, strides and dtype), not a DLPack import of ``out`` (tens of µs
         # more at every step boundary of a model split into steps). An inference tensor is left
         # to the import, which makes a normal one
-        k = id(out)
-        _views[k] = [weakref.ref(out, functools.partial(_forget, k)), t.detach(), None]
+        set_foreign(out, [t.detach(), None])
     return out
 
 
