@@ -192,9 +192,11 @@ class CudaBackend:
         except CudaError as e:
             raise BackendError(f"no usable CUDA device: {e}") from e
         except Exception as e:  # cuda-python raises DynamicLibNotFoundError without a driver
+            # (the library's own text, chained below, tells a machine without a GPU to install a
+            # display driver: the name of the error says enough here)
             raise BackendError(
                 f"no CUDA driver found: this machine has no NVIDIA GPU, or its driver is not installed "
-                f"({type(e).__name__}: {e})"
+                f"({type(e).__name__})"
             ) from e
         n = check(_drv.cuDeviceGetCount(), "cuDeviceGetCount")
         if n <= ordinal:

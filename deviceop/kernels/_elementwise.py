@@ -204,15 +204,15 @@ class Elementwise(BuiltinFront):
         be = t.buffer.backend
         for i in range(self.n_in):
             x = args[1 + i]
+            # named by position after the output (argument 0): the call's argument i + 1
+            what = f"input {i} of {self.name}() (argument {i + 1}, after the output)"
             if type(x) is Partition:
-                raise UsageError(f"input {i} of {self.name}() is read-only: pass the Tensor, not a Partition")
-            check_tensor(x, t.dtype, f"input {i} of {self.name}()")
+                raise UsageError(f"{what} is read-only: pass the Tensor, not a Partition")
+            check_tensor(x, t.dtype, what)
             if x.shape != t.shape:
-                raise ShapeError(f"input {i} of {self.name}() has shape {x.shape} but the output has shape {t.shape}")
+                raise ShapeError(f"{what} has shape {x.shape} but the output has shape {t.shape}")
             if x.buffer.backend is not be:
-                raise UsageError(
-                    f"input {i} of {self.name}() lives on {x.device}, the output on {t.device}; move it first"
-                )
+                raise UsageError(f"{what} lives on {x.device}, the output on {t.device}; move it first")
 
     def _make_plan(self, args: tuple[Any, ...]) -> KernelPlan:
         """What a launch needs that depends only on the arguments' layout and device."""

@@ -101,6 +101,11 @@ async def drain(jobs: Jobs, a: argparse.Namespace, check: bool) -> dict[str, Any
     }
 
 
+def _flops(tflops: float) -> str:
+    """A rate as printed: TFLOP/s, or GFLOP/s below a tenth of one (the host backend's small GEMMs)."""
+    return f"{tflops:.1f} TFLOP/s" if tflops >= 0.1 else f"{tflops * 1e3:.2f} GFLOP/s"
+
+
 def one_at_a_time(jobs: Jobs) -> dict[str, Any]:
     """The plain loop: each GEMM synced before the next, on one stream."""
     t0, c0 = time.perf_counter(), time.process_time()
@@ -177,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.items} GEMMs ({a.small}^3, every {a.large_every}th {a.large}^3) on {do.backend_name()}")
     print(
         f"  queue, one thread, {a.streams} streams: {best_q['gemms_per_ms']:.2f} GEMMs/ms  "
-        f"{best_q['tflops']:.1f} TFLOP/s  p99 latency {best_q['latency_ms_p99']:.2f} ms  "
+        f"{_flops(best_q['tflops'])}  p99 latency {best_q['latency_ms_p99']:.2f} ms  "
         f"CPU {best_q['cpu_us_per_gemm']:.1f} us/GEMM  lanes busy {best_q['busy_fraction']}"
     )
     print(
-        f"  one at a time, one stream:   {best_p['gemms_per_ms']:.2f} GEMMs/ms  {best_p['tflops']:.1f} TFLOP/s  "
+        f"  one at a time, one stream:   {best_p['gemms_per_ms']:.2f} GEMMs/ms  {_flops(best_p['tflops'])}  "
         f"CPU {best_p['cpu_us_per_gemm']:.1f} us/GEMM"
     )
     print(
