@@ -26,6 +26,24 @@ def _cuda() -> bool:
     return do.backend_name() == "cuda"
 
 
+def _torch():
+    """PyTorch for this backend's tensors (the test skips without it, or on cuda without its CUDA build)."""
+    torch = pytest.importorskip("torch")
+    if _cuda() and not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    return torch
+
+
+def _torch_on_cuda(on_host: str):
+    """PyTorch with CUDA, for a test of the cuda backend alone (``on_host``: why it skips there)."""
+    torch = pytest.importorskip("torch")
+    if not _cuda():
+        pytest.skip(on_host)
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+    return torch
+
+
 def _ptr(x) -> int:
     if isinstance(x, do.Tensor):
         return x.ptr
@@ -488,9 +506,7 @@ def test_foreign_stream_is_ordered_by_the_ledger(backend):
 
 
 def test_torch_module_through_the_adapter(backend):
-    torch = pytest.importorskip("torch")
-    if _cuda() and not torch.cuda.is_available():
-        pytest.skip("PyTorch without CUDA")
+    torch = _torch()
     s = pool_of(2)  # first: under DEVICEOP_STREAMS=1 this selects a new device
     torch.manual_seed(0)
     lin = torch.nn.Linear(16, 8)
@@ -518,9 +534,7 @@ def test_torch_module_through_the_adapter(backend):
 def test_torch_adapter_gives_back_an_input_written_in_place_as_that_tensor(backend):
     """PyTorch code that returns one of its deviceop inputs (``out=``, in place) gives back that
     very Tensor, written by the op (no second wrapper of its memory); a view of it is a new one."""
-    torch = pytest.importorskip("torch")
-    if _cuda() and not torch.cuda.is_available():
-        pytest.skip("PyTorch without CUDA")
+    torch = _torch()
     s = pool_of(2)
     x = do.full((4, 8), 2.0, do.float32).sync()
     y = do.zeros((4, 8), do.float32).sync()
@@ -552,11 +566,7 @@ def test_torch_adapter_gives_calls_an_alias_of_a_tensor_used_again(backend):
     call changed its shape, strides or requires_grad in place (the next call's is as it was),
     usable with autograd after a call under inference mode; it goes with the deviceop tensor
     and does not keep its memory."""
-    torch = pytest.importorskip("torch")
-    if not _cuda():
-        pytest.skip("on the host backend fn gets CPU tensors made for each call")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch without CUDA")
+    torch = _torch_on_cuda("on the host backend fn gets CPU tensors made for each call")
     x = do.full((4, 8), 1.0, do.float32).sync()
     seen = []
 
@@ -622,11 +632,7 @@ def test_a_tensor_an_adapter_step_returned_reaches_the_next_as_an_alias_of_pytor
     strides and storage, without autograd history, its own metadata (a call that changed it in
     place leaves the next call a new alias); an inference tensor is imported anew (usable with
     autograd). The cache goes with the deviceop tensor."""
-    torch = pytest.importorskip("torch")
-    if not _cuda():
-        pytest.skip("on the host backend fn gets CPU tensors made for each call")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch without CUDA")
+    torch = _torch_on_cuda("on the host backend fn gets CPU tensors made for each call")
     made = []
     w = torch.ones(8, 4, device="cuda", requires_grad=True)
 
@@ -672,20 +678,14 @@ def test_a_tensor_an_adapter_step_returned_reaches_the_next_as_an_alias_of_pytor
 
 @pytest.mark.anyio
 async def test_torch_awaited(backend, anyio_backend):
-    torch = pytest.importorskip("torch")
-    if _cuda() and not torch.cuda.is_available():
-        pytest.skip("PyTorch without CUDA")
+    _torch()  # (skips without PyTorch)
     x = await do.full((2, 3), 2.0, do.float32)
     out = await do.interop.torch(lambda t: t * 3, x)
     np.testing.assert_array_equal((await do.to_numpy(out)), np.full((2, 3), 6.0, np.float32))
 
 
 def test_torch_adapter_sets_the_ops_stream_and_restores_the_callers(backend):
-    torch = pytest.importorskip("torch")
-    if not _cuda():
-        pytest.skip("PyTorch's current stream is a CUDA stream")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch without CUDA")
+    torch = _torch_on_cuda("PyTorch's current stream is a CUDA stream")
     s = pool_of(1)[0]
     mine = torch.cuda.Stream()
     seen = []
@@ -713,11 +713,7 @@ def test_torch_adapter_on_the_stream_current_already_leaves_it_current(backend, 
     """Code that made the op's stream PyTorch's current one around its calls: fn runs there,
     PyTorch's stream setter is not called, and the stream is current after the call, even where
     fn changed PyTorch's current stream (then it is set back)."""
-    torch = pytest.importorskip("torch")
-    if not _cuda():
-        pytest.skip("PyTorch's current stream is a CUDA stream")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch without CUDA")
+    torch = _torch_on_cuda("PyTorch's current stream is a CUDA stream")
     from deviceop.interop import _torch as adapter
 
     s = pool_of(1)[0]
@@ -757,11 +753,7 @@ def test_torch_module_recorded_in_a_graph_and_replayed(backend):
     """A PyTorch module through the adapter inside do.graph.scope: the replay runs it again on
     new input, and what PyTorch allocated while recording stays the graph's (other PyTorch work
     afterwards does not get that memory)."""
-    torch = pytest.importorskip("torch")
-    if not _cuda():
-        pytest.skip("the host backend runs fn at each replay; this is cuda's recording of PyTorch's kernels")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch without CUDA")
+    torch = _torch_on_cuda("the host backend runs fn at each replay; this is cuda's recording of PyTorch's kernels")
     if getattr(torch.cuda, "MemPool", None) is None:
         pytest.skip("PyTorch without torch.cuda.MemPool")
     torch.manual_seed(0)
@@ -802,9 +794,7 @@ def test_torch_module_recorded_in_a_graph_and_replayed(backend):
 def test_torch_graphs_records_a_module_per_bucket_and_replays_it(backend):
     """do.interop.torch_graphs: one recording per bucket (warmed up first), inputs padded to
     their bucket, the rows of the input's length back; too large runs eagerly."""
-    torch = pytest.importorskip("torch")
-    if _cuda() and not torch.cuda.is_available():
-        pytest.skip("PyTorch without CUDA")
+    torch = _torch()
     if _cuda() and getattr(torch.cuda, "MemPool", None) is None:
         pytest.skip("PyTorch without torch.cuda.MemPool")
     torch.manual_seed(0)
