@@ -191,6 +191,17 @@ def pipeline_cost(d: dict[str, Any]) -> list[Metric]:
                     **_spread(r.get("gathered_cpu_over_deviceop_tasks_one_at_a_time_min_max")),
                 )
             )
+        if "submitted_cpu_over_deviceop_awaited_one_at_a_time" in r:
+            out.append(
+                Metric(
+                    f"64 submitted then awaited over one at a time, {s} steps",
+                    r["submitted_cpu_over_deviceop_awaited_one_at_a_time"],
+                    "x",
+                    "lower",
+                    "deviceop awaited one at a time",
+                    **_spread(r.get("submitted_cpu_over_deviceop_awaited_one_at_a_time_min_max")),
+                )
+            )
     return out
 
 

@@ -9,8 +9,10 @@ process. Measured for S in {1, 8, 32}:
                   loop (uvloop), also with each request in a task of its own (as ``gather``
                   makes them: the tasks' own cost); PyTorch with a ``.cpu()`` per request
   64 in flight    deviceop: 64 requests gathered in that loop (``asyncio.gather``, a task
-                  each); PyTorch: the 64 requests' work enqueued, each copied to pinned memory
-                  without blocking, one synchronize per round (PyTorch's cheapest host path)
+                  each), and 64 submitted in that loop then each future awaited in turn
+                  ("start now, await later"); PyTorch: the 64 requests' work enqueued, each
+                  copied to pinned memory without blocking, one synchronize per round
+                  (PyTorch's cheapest host path)
 
 Host CPU is the process's CPU time (every thread: the driver's, deviceop's, PyTorch's) per
 request; wall time per request too. Rounds run every variant in turn; medians over --rounds
@@ -127,6 +129,12 @@ def variants(request, torch_work, torch_request, xs, width: int) -> tuple[dict, 
         for i in range(0, len(xs), width):
             await asyncio.gather(*(request(x) for x in xs[i : i + width]))
 
+    async def submitted() -> None:
+        for i in range(0, len(xs), width):
+            futs = [request(x).submit() for x in xs[i : i + width]]
+            for f in futs:
+                await f
+
     pinned = [torch.empty((B, D), dtype=torch.float16).pin_memory() for _ in range(width)]
 
     def torch_one() -> None:
@@ -146,6 +154,7 @@ def variants(request, torch_work, torch_request, xs, width: int) -> tuple[dict, 
         "deviceop_awaited_one_at_a_time": lambda: loop.run_until_complete(awaited()),
         "deviceop_tasks_one_at_a_time": lambda: loop.run_until_complete(awaited_tasks()),
         "deviceop_gathered": lambda: loop.run_until_complete(gathered()),
+        "deviceop_submitted": lambda: loop.run_until_complete(submitted()),
         "torch_one_at_a_time": torch_one,
         "torch_in_flight": torch_in_flight,
     }, loop
@@ -228,6 +237,9 @@ def measure(fns: dict, rounds: int, n: int, gemm_counts=None, warmup_s: float = 
     out["awaited_cpu_over_torch_one_at_a_time"], out["awaited_cpu_over_torch_one_at_a_time_min_max"] = per_round(
         "deviceop_awaited_one_at_a_time", "torch_one_at_a_time"
     )
+    if "deviceop_submitted" in got:
+        key = "submitted_cpu_over_deviceop_awaited_one_at_a_time"
+        out[key], out[f"{key}_min_max"] = per_round("deviceop_submitted", "deviceop_awaited_one_at_a_time")
     return out
 
 
@@ -297,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
             f"  / torch in flight {r['gathered_cpu_over_torch_in_flight']:.3f}x"
             f"  (after {r['warmup']['passes']} warm-up passes, {r['warmup']['seconds']:.1f} s"
             f"{'' if r['warmup']['settled'] else ', still recording'})",
+            flush=True,
+        )
+        print(
+            f"          submitted then awaited / awaited one at a time "
+            f"{r['submitted_cpu_over_deviceop_awaited_one_at_a_time']:.3f}x",
             flush=True,
         )
         print(

@@ -37,6 +37,7 @@ def _pipeline(d: dict) -> str:
         ("deviceop_awaited_one_at_a_time", "awaited, one at a time"),
         ("deviceop_tasks_one_at_a_time", "awaited, one at a time, a task each"),
         ("deviceop_gathered", f"{d.get('in_flight', 64)} gathered"),
+        ("deviceop_submitted", f"{d.get('in_flight', 64)} submitted, then awaited"),
         ("torch_one_at_a_time", "PyTorch, one at a time"),
         ("torch_in_flight", f"PyTorch, {d.get('in_flight', 64)} in flight"),
     ]
