@@ -313,6 +313,87 @@ async def test_timeout(backend, anyio_backend) -> None:
     assert (await do.to_numpy(t))[0] == 6.0
 
 
+async def test_a_future_submitted_in_a_loop_is_completed_by_that_loop_when_awaited(
+    backend, anyio_backend, monkeypatch
+) -> None:
+    """Its stream's watcher leaves it to the loop for a grace period: the loop's await finishes
+    it (its callbacks run there), not a thread that must take the interpreter's lock from the
+    loop, even when the loop's thread was busy while the work completed."""
+    from deviceop._core import _future
+
+    monkeypatch.setattr(_future, "GRACE", 30.0)
+    base = do.used_bytes()
+    t = await do.zeros(128, do.float32)
+    fut = slow_fill(t, 2.0, 0.005).submit()
+    ran_on: list[int] = []
+    fut.add_done_callback(lambda f: ran_on.append(threading.get_ident()))
+    while not fut._done_event.query():  # (the loop's thread busy until the work is done; a
+        time.sleep(0.001)  # query completes nothing, and the interpreter's lock is free)
+    assert (await fut)[0].tensor is t
+    assert ran_on == [threading.get_ident()]
+    assert (await do.to_numpy(t))[0] == 2.0
+    del fut, t  # nothing else holds them: the watcher waiting out the grace neither
+    deadline = time.monotonic() + 5
+    while do.used_bytes() > base and time.monotonic() < deadline:
+        await anyio.sleep(0.01)
+    assert do.used_bytes() == base
+
+
+async def test_a_future_submitted_in_a_loop_and_never_awaited_is_completed_by_its_watcher(
+    backend, anyio_backend, monkeypatch
+) -> None:
+    from deviceop._core import _future
+
+    monkeypatch.setattr(_future, "GRACE", 0.05)
+    t = await do.zeros(128, do.float32)
+    t0 = time.monotonic()
+    fut = slow_fill(t, 3.0, 0.005).submit()
+    ran: list[tuple[int, float]] = []
+    fut.add_done_callback(lambda f: ran.append((threading.get_ident(), time.monotonic())))
+    deadline = time.monotonic() + 10
+    while not ran and time.monotonic() < deadline:
+        await anyio.sleep(0.01)
+    assert ran and ran[0][0] != threading.get_ident()
+    assert ran[0][1] - t0 >= 0.05  # (left to the loop until then)
+
+
+async def test_a_parked_await_of_a_future_is_not_left_to_the_grace(backend, anyio_backend, monkeypatch) -> None:
+    """An await that parks asks the watcher to complete the future at once: without that, only
+    the park's backing-off re-check (on this thread) would see it complete."""
+    from deviceop._core import _completion, _future
+
+    monkeypatch.setattr(_future, "GRACE", 30.0)
+    monkeypatch.setattr(_completion, "_RECHECK", (60.0, 60.0))  # (no re-check would see it)
+    t = await do.zeros(128, do.float32)
+    fut = slow_fill(t, 4.0, 0.1).submit()
+    ran_on: list[int] = []
+    fut.add_done_callback(lambda f: ran_on.append(threading.get_ident()))
+    assert (await fut.wait(timeout=10))[0].tensor is t
+    assert ran_on and ran_on[0] != threading.get_ident()
+
+
+def test_a_future_submitted_outside_a_loop_gets_no_grace(backend, monkeypatch) -> None:
+    from deviceop._core import _watch
+
+    graces: list[float] = []
+    real = _watch.Watcher.give
+
+    def give(self, waitable, cx, then=None, grace=0.0):  # type: ignore[no-untyped-def]
+        if getattr(then, "__name__", "") == "_complete":  # (a future's; not a hand-over)
+            graces.append(grace)
+        return real(self, waitable, cx, then, grace)
+
+    monkeypatch.setattr(_watch.Watcher, "give", give)
+    t = do.zeros(128, do.float32).sync()
+    slow_fill(t, 5.0, 0.005).submit().result(timeout=30)
+
+    async def main() -> None:
+        await slow_fill(t, 6.0, 0.005).submit()
+
+    asyncio.run(main())
+    assert graces == [0.0, 0.05]
+
+
 async def test_parked_await_costs_little_cpu(backend, anyio_backend) -> None:
     """A long op is awaited by parking, not polling: the process barely uses the CPU."""
     t = await do.zeros(128, do.float32)

@@ -271,6 +271,70 @@ def test_futures_complete_without_their_watcher_thread(backend, monkeypatch):
     np.testing.assert_array_equal(t.numpy(), np.full(N, 1.0, np.float32))
 
 
+def test_the_watcher_leaves_an_entry_in_its_grace_to_others_until_hurried():
+    """Its thread neither waits for nor finishes an entry in its grace (a future submitted on a
+    loop's thread), even behind one it finishes; a hurry, or a later entry without a grace,
+    ends the grace; another thread's reap finishes it at any time."""
+    from deviceop._core._watch import Watcher
+
+    class Ev:  # an event (and, done, the stream): complete once set
+        backend = None
+        index = "test"
+
+        def __init__(self, done: bool = False) -> None:
+            self.flag = threading.Event()
+            if done:
+                self.flag.set()
+
+        def query(self) -> bool:
+            return self.flag.is_set()
+
+        def synchronize(self) -> None:
+            self.flag.wait()
+
+    w = Watcher(Ev(True))
+    got: dict[str, int] = {}
+
+    def then(name):  # type: ignore[no-untyped-def]
+        return lambda err: got.setdefault(name, threading.get_ident())
+
+    def until(name: str) -> None:
+        deadline = time.monotonic() + 10
+        while name not in got and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert name in got, (name, got)
+
+    me = threading.get_ident()
+    try:
+        first, second = Ev(), Ev()
+        w.give(first, None, then("plain"))
+        lazy = w.give(second, None, then("lazy"), 30.0)
+        first.flag.set()
+        second.flag.set()
+        until("plain")
+        time.sleep(0.1)
+        assert "lazy" not in got  # (its work is done: the thread left it alone)
+        w.hurry(lazy)
+        until("lazy")
+        assert got["plain"] != me and got["lazy"] != me  # the watcher's thread finished both
+
+        first, second = Ev(), Ev()
+        w.give(first, None, then("lazy 2"), 30.0)
+        w.give(second, None, then("plain 2"))  # watching it means finishing those before it
+        first.flag.set()
+        second.flag.set()
+        until("plain 2")
+        until("lazy 2")
+        assert got["lazy 2"] != me
+
+        w.give(Ev(True), None, then("lazy 3"), 30.0)
+        time.sleep(0.05)
+        w.reap()  # another thread that looks finishes it, grace or not
+        assert got["lazy 3"] == me
+    finally:
+        w.stop()
+
+
 def test_each_future_completes_once_whoever_looks(backend):
     # the submitting thread, threads asking the futures and the watcher race to complete them
     s = do.next_stream()

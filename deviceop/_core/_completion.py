@@ -511,11 +511,13 @@ def wait_completed(cx: Any, timeout: float | None = None) -> bool:
     return True
 
 
-async def await_future(fut: Any, timeout: float | None = None) -> Any:
+async def await_future(fut: Any, timeout: float | None = None, hurry: Callable[[], None] | None = None) -> Any:
     """Resume when the submitted work behind ``fut`` (a DeviceFuture) is complete; return its
-    output. The future completes when its own event does (its stream's watcher, or whoever sees
-    it first, finishes it): poll while it is due soon, else park until its completion callback
-    wakes the loop, as an op's wait does."""
+    output. The future completes when its own event does (whoever sees it first finishes it:
+    this task while it polls, else its stream's watcher): poll while it is due soon, else park
+    until its completion callback wakes the loop, as an op's wait does. ``hurry()``: called
+    when the task parks, to have the stream's watcher look for the completion from then on
+    (a future submitted on a loop's thread is left to that loop for a grace period)."""
     timeout = check_timeout(timeout)
     lib, d = loop_dispatcher()
     deadline = None if timeout is None else time.perf_counter() + timeout
@@ -523,6 +525,8 @@ async def await_future(fut: Any, timeout: float | None = None) -> Any:
         tok = d.register(None)
         ch = d.channel
         fut.add_done_callback(lambda _f: ch.push(tok))
+        if hurry is not None:
+            hurry()  # (the watcher completes it as soon as its work is done, grace or not)
         try:
             await _park(lib, d, tok, fut.done, fut.done, deadline, f"submitted work ({fut._cx.describe()})", timeout)
         finally:

@@ -11,7 +11,8 @@ from .._errors import BackendError
 from ._completion import await_future
 from ._guards import check_timeout, refuse_in_capture, refuse_on_loop
 from ._ledger import lost
-from ._watch import Watcher, give
+from ._wake import loop_running_here
+from ._watch import Watcher, watcher_for
 
 __all__ = ["DeviceFuture"]
 
@@ -34,7 +35,7 @@ class DeviceFuture(Generic[T]):
     thread, or give ``add_done_callback`` a function.
     """
 
-    __slots__ = ("_callbacks", "_cx", "_done_event", "_error", "_event", "_lock", "_value", "_watcher")
+    __slots__ = ("_callbacks", "_cx", "_done_event", "_error", "_event", "_lock", "_seq", "_value", "_watcher")
 
     def __init__(self, cx: Any, value: Any) -> None:
         self._cx = cx
@@ -45,6 +46,7 @@ class DeviceFuture(Generic[T]):
         self._lock = threading.Lock()
         self._watcher: Watcher | None = None  # the stream's watcher, once the work is given to it
         self._done_event: Any = None  # the work's completion event (recorded on its stream)
+        self._seq = 0  # its entry's number with the watcher (see watch_future)
 
     def done(self) -> bool:
         """True once the work has completed (successfully or not). Work seen complete here is
@@ -108,7 +110,10 @@ class DeviceFuture(Generic[T]):
             raise BackendError(f"this future's work ({self._cx.describe()}) will not complete here: {why}")
 
     def add_done_callback(self, fn: Callable[[DeviceFuture[T]], Any]) -> None:
-        """Call ``fn(self)`` on completion (at once if already complete), on the completing thread."""
+        """Call ``fn(self)`` on completion (at once if already complete), on the completing thread.
+        A future submitted on an event loop's thread is left to that loop for 50 ms: not awaited
+        there, it is completed by its stream's watcher thread once its work is done and 50 ms
+        have passed since its submission (see the ops page)."""
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(fn)
@@ -124,7 +129,14 @@ class DeviceFuture(Generic[T]):
         refuse_in_capture("await DeviceFuture")
         if not self._event.is_set():
             self._check_device()
-        return await_future(self, timeout)
+        return await_future(self, timeout, self._hurry)
+
+    def _hurry(self) -> None:
+        """A task parks until the future completes: the watcher's thread completes it as soon
+        as its work is done, grace period or not (see watch_future)."""
+        w = self._watcher
+        if w is not None:
+            w.hurry(self._seq)
 
     def _complete(self, error: BaseException | None) -> None:
         """The work completed (``error``: why it failed); called once, by whoever saw it."""
@@ -146,8 +158,21 @@ class DeviceFuture(Generic[T]):
         return f"<DeviceFuture {self._cx.describe()} {state}>"
 
 
+#: how long the stream's watcher thread leaves a future submitted on an event loop's thread to
+#: that loop (which finishes it when it awaits the future, or gives the stream more work)
+GRACE = 0.05
+
+
 def watch_future(stream: Any, event: Any, cx: Any, fut: DeviceFuture[Any]) -> None:
     """Complete ``fut`` once ``event`` (recorded on ``stream`` after ``cx``'s work) completes:
-    ``cx`` is finished by the stream's watcher, or by whoever sees the event complete first."""
+    ``cx`` is finished by the stream's watcher, or by whoever sees the event complete first.
+
+    Submitted on a thread running an event loop, the future is most likely awaited there: the
+    watcher's thread leaves it to that loop for :data:`GRACE` seconds (an await that parks asks
+    it to look at once), so that the loop that uses the results also finishes the work, rather
+    than a thread that must take the interpreter's lock from it to do so."""
     fut._done_event = event
-    fut._watcher = give(stream, cx, event, fut._complete)
+    fut._watcher = w = watcher_for(stream)
+    # (a number, not the entry: the future may be completed before it is stored, and the entry
+    # holds the future's completion, which holds the future)
+    fut._seq = w.give(event, cx, fut._complete, GRACE if loop_running_here() else 0.0)

@@ -7,6 +7,15 @@ complete on the device. Whoever sees an entry complete first finishes it (:meth:
 the thread that gives the stream more work, a thread asking a future, or the watcher's own
 thread. Entries of one stream complete in stream order.
 
+An entry may come with a grace period (a future submitted on a thread running an event loop,
+which that loop most likely awaits): the watcher's thread neither waits for it nor finishes it
+until the grace has passed, leaving it to the threads that ask or give, unless someone waiting
+for it asks the thread to look (:meth:`Watcher.hurry`) or an entry without a grace is given
+after it (stream order: watching that one means finishing those before it). A grace ends no
+sooner than those of the entries before it. Finishing an execution on another thread than the
+one that uses its results takes the interpreter's lock from that thread and leaves both with
+cold caches, which costs more host CPU than the finishing itself.
+
 A fault is scoped by its kind (:func:`sticky`): a sticky error (the context is lost: an illegal
 address, a launch failure, an assert) fails every execution of that device and retires every
 completion slot armed on it (:func:`deviceop._core._reactor.fail_context`), since the device
@@ -97,6 +106,8 @@ class Watcher:
     which the giving thread then waits for at its next driver call. When no more work comes, it
     sleeps in the driver until the oldest entry completes (the events are made for blocking
     waits on cuda: no CPU while it waits), and when nothing is pending it waits to be given work.
+    While the oldest entry is in its grace it waits for the grace to end (or for
+    :meth:`hurry`, or an entry without a grace), and its looks stop at the first entry in one.
     """
 
     def __init__(self, stream):
@@ -106,33 +117,63 @@ class Watcher:
         self.wake = threading.Event()
         self.given = 0  # entries given so far: the thread tells a busy stream from a quiet one
         self.idle = False  # the thread waits for work: give() wakes it
+        self.eager = 0  # the entries given up to this one are the thread's to look at, grace or not
+        self.holding = 0.0  # the thread leaves a grace's entries alone until then: give() may wake it
         self.stopping = False
         threading.Thread(target=self._run, name=f"deviceop-watch-{getattr(stream, 'index', '?')}", daemon=True).start()
 
-    def give(self, waitable, cx, then=None):
+    def give(self, waitable, cx, then=None, double grace=0.0):
         """Finish ``cx`` and call ``then(err)`` once ``waitable`` (an event recorded after its work,
-        or the stream) completes; what is complete already is finished first, on this thread."""
+        or the stream) completes; what is complete already is finished first, on this thread.
+        ``grace``: seconds during which the watcher's thread leaves the entry to others (see
+        :meth:`hurry`). Returns the entry's number (for :meth:`hurry`)."""
         if self.pending:
             self.reap()
+        cdef double until = time.monotonic() + grace if grace > 0 else 0.0
         with self.lock:
-            self.pending.append([waitable, cx, then])
             self.given += 1
-            wake, self.idle = self.idle, False
+            if until and self.pending and self.pending[-1][3] > until:
+                until = self.pending[-1][3]  # (no sooner than those before it: stream order)
+            self.pending.append([waitable, cx, then, until, self.given])
+            if not until:
+                self.eager = self.given  # (its watch covers those before it: stream order)
+            # a thread waiting out a grace looks again for an entry that wants a look sooner
+            # (one without a grace; or with one ending sooner, the entry it waits for finished)
+            wake = self.idle or (self.holding and (not until or until < self.holding))
+            self.idle = False
+            seq = self.given
+        if wake:
+            self.wake.set()
+        return seq
+
+    def hurry(self, seq):
+        """A task waits for entry number ``seq`` (as :meth:`give` returned it) and looks for
+        its completion only now and then (a parked await's re-check): the watcher's thread
+        looks after it, and the entries before it, from now on, grace or not."""
+        with self.lock:
+            if seq <= self.eager:
+                return
+            self.eager = seq
+            wake = self.holding
         if wake:
             self.wake.set()
 
-    def reap(self, bint final=False):
+    def reap(self, bint final=False, bint graced=False):
         """Finish, on the calling thread and in stream order, every entry whose work completed
         (a sticky error finishes them with it). Nothing on a thread that records a graph: a query
         there would end the recording. ``final``: the watcher's own thread, after a wait that
-        failed: an error of one call that the stream's own query repeats ends the entry."""
+        failed: an error of one call that the stream's own query repeats ends the entry.
+        ``graced``: the watcher's own thread, which stops at the first entry in its grace."""
         if CAPTURE.scope is not None:
             return
         done = []
+        cdef double now = time.monotonic() if graced else 0.0
         try:
             with self.lock:
                 while self.pending:
                     head = self.pending[0]
+                    if graced and head[3] > now and head[4] > self.eager:
+                        break
                     err = None
                     try:
                         if not head[0].query():
@@ -160,7 +201,7 @@ class Watcher:
         """End the thread once what it was given is finished."""
         with self.lock:
             self.stopping = True
-            wake, self.idle = self.idle, False
+            wake, self.idle = self.idle or self.holding, False
         if wake:
             self.wake.set()
 
@@ -169,6 +210,8 @@ class Watcher:
             self.stream.backend.make_current()
         except Exception:  # (events are waited on in any context; the work's own errors show there)
             pass
+        cdef double grace = 0.0
+        cdef bint hold = False
         seen = 0
         look = _LOOK
         while True:
@@ -186,8 +229,31 @@ class Watcher:
                     seen = self.given  # woken by one entry: wait for it in the driver at once
                     look = _LOOK
                     continue
+                if head is not None and head[3]:
+                    with self.lock:
+                        head = self.pending[0] if self.pending else None
+                        hold = head is not None and head[4] > self.eager and not self.stopping
+                        if hold:
+                            grace = head[3] - time.monotonic()
+                            hold = grace > 0
+                        if hold:
+                            self.holding = head[3]
+                    if head is None:
+                        continue
+                    if hold:
+                        # the oldest entry is left to the threads that use its results for now
+                        # (give, hurry and stop wake this thread early); not held meanwhile:
+                        # once they finish it, what it references goes with it
+                        seen = given
+                        head = None
+                        self.wake.wait(grace)
+                        self.wake.clear()
+                        with self.lock:
+                            self.holding = 0.0
+                        continue
                 if head is None or given != seen:
                     seen = given
+                    head = None
                     time.sleep(look)  # work is being given: its giver finishes what is done
                     look = min(2 * look, _LOOK_MAX)
                 else:
@@ -197,7 +263,8 @@ class Watcher:
                     except Exception:
                         self.reap(True)  # the wait failed: reap() finishes the entry with the error
                         continue
-                self.reap()
+                head = None
+                self.reap(False, not self.stopping)  # (stopping: graces end)
             except BaseException:  # pragma: no cover - defensive: never leave a waiter hanging
                 time.sleep(_LOOK)
 
