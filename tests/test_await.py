@@ -327,12 +327,13 @@ async def test_a_future_submitted_in_a_loop_is_completed_by_that_loop_when_await
     fut = slow_fill(t, 2.0, 0.005).submit()
     ran_on: list[int] = []
     fut.add_done_callback(lambda f: ran_on.append(threading.get_ident()))
-    while not fut._done_event.query():  # (the loop's thread busy until the work is done; a
-        time.sleep(0.001)  # query completes nothing, and the interpreter's lock is free)
+    ev = fut._done_event
+    while not ev.query():  # (the loop's thread busy until the work is done; a query completes
+        time.sleep(0.001)  # nothing, and the interpreter's lock is free)
     assert (await fut)[0].tensor is t
     assert ran_on == [threading.get_ident()]
     assert (await do.to_numpy(t))[0] == 2.0
-    del fut, t  # nothing else holds them: the watcher waiting out the grace neither
+    del fut, t, ev  # nothing else holds them, not even the watcher waiting out the grace
     deadline = time.monotonic() + 5
     while do.used_bytes() > base and time.monotonic() < deadline:
         await anyio.sleep(0.01)
@@ -365,7 +366,7 @@ async def test_a_parked_await_of_a_future_is_not_left_to_the_grace(backend, anyi
     monkeypatch.setattr(_future, "GRACE", 30.0)
     monkeypatch.setattr(_completion, "_RECHECK", (60.0, 60.0))  # (no re-check would see it)
     t = await do.zeros(128, do.float32)
-    fut = slow_fill(t, 4.0, 0.1).submit()
+    fut = slow_fill(t, 4.0, 0.5).submit()  # (long past the await's poll: it parks)
     ran_on: list[int] = []
     fut.add_done_callback(lambda f: ran_on.append(threading.get_ident()))
     assert (await fut.wait(timeout=10))[0].tensor is t

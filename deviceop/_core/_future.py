@@ -112,8 +112,8 @@ class DeviceFuture(Generic[T]):
     def add_done_callback(self, fn: Callable[[DeviceFuture[T]], Any]) -> None:
         """Call ``fn(self)`` on completion (at once if already complete), on the completing thread.
         A future submitted on an event loop's thread is left to that loop for 50 ms: not awaited
-        there, it is completed by its stream's watcher thread once its work is done and 50 ms
-        have passed since its submission (see the ops page)."""
+        there, it is completed by its stream's watcher thread when its work is done, or 50 ms
+        after its submission if that is later (see the ops page)."""
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(fn)

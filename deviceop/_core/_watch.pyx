@@ -154,7 +154,8 @@ class Watcher:
             if seq <= self.eager:
                 return
             self.eager = seq
-            wake = self.holding
+            # (a thread holding for a later entry: the one asked for was finished meanwhile)
+            wake = self.holding and self.pending and self.pending[0][4] <= seq
         if wake:
             self.wake.set()
 
@@ -261,7 +262,8 @@ class Watcher:
                     try:
                         head[0].synchronize()  # nothing more given since the last look
                     except Exception:
-                        self.reap(True)  # the wait failed: reap() finishes the entry with the error
+                        # the wait failed: reap() finishes the entry with the error
+                        self.reap(True, not self.stopping)
                         continue
                 head = None
                 self.reap(False, not self.stopping)  # (stopping: graces end)
