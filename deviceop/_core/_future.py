@@ -9,9 +9,8 @@ from typing import Any, Generic, TypeVar
 
 from .._errors import BackendError
 from ._completion import await_future
-from ._guards import check_timeout, refuse_in_capture, refuse_on_loop
+from ._guards import check_timeout, loop_here, refuse_in_capture, refuse_on_loop
 from ._ledger import lost
-from ._wake import loop_running_here
 from ._watch import Watcher, watcher_for
 
 __all__ = ["DeviceFuture"]
@@ -175,4 +174,4 @@ def watch_future(stream: Any, event: Any, cx: Any, fut: DeviceFuture[Any]) -> No
     fut._watcher = w = watcher_for(stream)
     # (a number, not the entry: the future may be completed before it is stored, and the entry
     # holds the future's completion, which holds the future)
-    fut._seq = w.give(event, cx, fut._complete, GRACE if loop_running_here() else 0.0)
+    fut._seq = w.give(event, cx, fut._complete, GRACE if loop_here() is not None else 0.0)

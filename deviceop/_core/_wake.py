@@ -23,7 +23,7 @@ from .._errors import UsageError
 from .._process import SERVICES, at_fork_child
 from ._base import Channel
 
-__all__ = ["Dispatcher", "current_lib", "dispatcher", "loop_dispatcher", "loop_running_here", "on_asyncio_loop"]
+__all__ = ["Dispatcher", "current_lib", "dispatcher", "loop_dispatcher", "on_asyncio_loop"]
 
 
 def current_lib() -> str:
@@ -146,12 +146,6 @@ def _asyncio_loop_here() -> Any:
         return None
     aio = sys.modules.get("asyncio")
     return aio._get_running_loop() if aio is not None else None
-
-
-def loop_running_here() -> bool:
-    """Whether an event loop (asyncio, uvloop, trio) runs the calling code, read as
-    :func:`loop_dispatcher` reads it (no sniffio call)."""
-    return _sniffed.name == "trio" or _asyncio_loop_here() is not None
 
 
 def on_asyncio_loop(loop: Any) -> bool:

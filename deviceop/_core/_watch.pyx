@@ -98,6 +98,11 @@ cdef object _settle(list entry, object err):
             pass
 
 
+cdef inline bint _in_grace(list entry, double now, object eager):
+    # given with a grace that has not passed, and nobody asked the watcher's thread to look
+    return entry[3] > now and entry[4] > eager
+
+
 class Watcher:
     """Finishes the executions given for one stream, in stream order.
 
@@ -173,7 +178,7 @@ class Watcher:
             with self.lock:
                 while self.pending:
                     head = self.pending[0]
-                    if graced and head[3] > now and head[4] > self.eager:
+                    if graced and _in_grace(head, now, self.eager):
                         break
                     err = None
                     try:
@@ -211,8 +216,7 @@ class Watcher:
             self.stream.backend.make_current()
         except Exception:  # (events are waited on in any context; the work's own errors show there)
             pass
-        cdef double grace = 0.0
-        cdef bint hold = False
+        cdef double grace = 0.0, now
         seen = 0
         look = _LOOK
         while True:
@@ -233,15 +237,14 @@ class Watcher:
                 if head is not None and head[3]:
                     with self.lock:
                         head = self.pending[0] if self.pending else None
-                        hold = head is not None and head[4] > self.eager and not self.stopping
-                        if hold:
-                            grace = head[3] - time.monotonic()
-                            hold = grace > 0
-                        if hold:
+                        grace = 0.0
+                        now = time.monotonic()
+                        if head is not None and not self.stopping and _in_grace(head, now, self.eager):
+                            grace = head[3] - now
                             self.holding = head[3]
                     if head is None:
                         continue
-                    if hold:
+                    if grace > 0:
                         # the oldest entry is left to the threads that use its results for now
                         # (give, hurry and stop wake this thread early); not held meanwhile:
                         # once they finish it, what it references goes with it
