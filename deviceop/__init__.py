@@ -116,7 +116,9 @@ def empty_cache() -> int:
     """Give the current device's cached idle memory blocks back to the driver; return the bytes.
 
     deviceop keeps the memory of dropped buffers for reuse (a block is cached only once no work
-    uses it); allocation failures empty the cache and retry by themselves.
+    uses it); allocation failures empty the cache and retry by themselves. The buffers of work
+    that has completed but that no thread has finished yet (a future submitted in an event loop
+    and not awaited yet) are released first; the future's callbacks still run where it completes.
     """
     return int(_current().empty_cache())
 

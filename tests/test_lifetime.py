@@ -6,14 +6,16 @@ scoped by its kind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import math
 import time
+from collections.abc import Iterator
 
 import anyio
 import pytest
 from conftest import STUB_DRIVER
-from helpers import longest_gap, slow_fill
+from helpers import longest_gap, slow_copy, slow_fill
 
 import deviceop as do
 from deviceop._backends._host import HostStream
@@ -337,6 +339,101 @@ def test_an_allocation_the_host_cannot_make_is_a_cuda_error(host_backend, monkey
     assert e.value.code == 2
     monkeypatch.setattr(numpy, "empty", real)
     assert do.zeros(2).sync().numpy().tolist() == [0.0, 0.0]  # not a sticky fault
+
+
+@contextlib.contextmanager
+def _device_full(backend: str) -> Iterator[None]:
+    """Within it, an allocation that needs device memory beyond what is in use on entry fails
+    as on a full device (CUDA_ERROR_OUT_OF_MEMORY), on the host backend or the stub driver."""
+    if backend == "host":
+        import numpy
+
+        real = numpy.empty
+        cap = do.used_bytes()
+
+        def refuse(shape, dtype=float, *a, **k):  # type: ignore[no-untyped-def]
+            if isinstance(shape, int) and do.used_bytes() + shape > cap:
+                raise MemoryError("Unable to allocate")
+            return real(shape, dtype, *a, **k)
+
+        numpy.empty = refuse
+        try:
+            yield
+        finally:
+            numpy.empty = real
+    elif STUB_DRIVER:
+        from stub_driver import emulate
+
+        emulate.set_pool_cap(emulate.pool_used())
+        try:
+            yield
+        finally:
+            emulate.set_pool_cap(0)
+    else:
+        pytest.skip("a full device is the host backend's or the stub driver's")
+
+
+def _copy_of_a_fresh_buffer(dst: do.Tensor, v: float) -> do.DeviceOp:
+    # (the fresh buffer is the execution's alone, not part of its value: it goes back when the
+    # execution finishes)
+    return slow_copy(dst, do.full(dst.size, v, do.float32), 0.005).map(lambda out: out[0].tensor)
+
+
+def _until_complete(fut: do.DeviceFuture) -> None:
+    # its work completes on the device; a query finishes nothing (a blocking wait is refused
+    # on a loop's thread)
+    ev = fut._done_event
+    deadline = time.monotonic() + 30
+    while not ev.query():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+async def test_a_full_device_takes_back_the_buffers_of_completed_work_left_to_a_loop(
+    backend, anyio_backend, monkeypatch
+):
+    """A future submitted in a loop and not awaited yet is left to that loop by its stream's
+    watcher (its grace): its buffers are held after its work completed. An allocation that
+    finds the device full finishes that execution, so its blocks go back, and succeeds; the
+    future's callbacks do not run on the allocating thread but where the future completes."""
+    from deviceop._core import _future
+
+    monkeypatch.setattr(_future, "GRACE", 60.0)
+    dst = await do.zeros(1 << 20, do.float32)
+    do.empty_cache()
+    fut = _copy_of_a_fresh_buffer(dst, 7.0).submit()
+    ran: list[int] = []
+    fut.add_done_callback(lambda f: ran.append(1))
+    _until_complete(fut)  # (nobody finished it)
+    held = do.used_bytes()
+    with _device_full(backend):
+        x = await do.full(1 << 20, 1.0, do.float32)  # needs the block the future's execution holds
+    assert do.used_bytes() == held  # (that block, now x's)
+    assert ran == []
+    assert (await fut) is dst
+    assert ran == [1]
+    assert (await do.to_numpy(dst) == 7.0).all() and (await do.to_numpy(x) == 1.0).all()
+    with _device_full(backend), pytest.raises(do.CudaError, match="OUT_OF_MEMORY"):
+        await do.full(1 << 21, 1.0, do.float32)  # (nothing to take back: still an error)
+    assert (await do.to_numpy(x) == 1.0).all()  # (an error of that allocation only)
+
+
+async def test_empty_cache_takes_back_the_buffers_of_completed_work_left_to_a_loop(backend, anyio_backend, monkeypatch):
+    from deviceop._core import _future
+
+    monkeypatch.setattr(_future, "GRACE", 60.0)
+    dst = await do.zeros(1 << 18, do.float32)
+    base = do.used_bytes()
+    fut = _copy_of_a_fresh_buffer(dst, 5.0).submit()
+    ran: list[int] = []
+    fut.add_done_callback(lambda f: ran.append(1))
+    _until_complete(fut)
+    assert do.used_bytes() >= base + (1 << 20)  # held while the loop has not taken it
+    do.empty_cache()
+    assert do.used_bytes() == base
+    assert ran == []
+    assert (await fut) is dst and ran == [1]
+    assert (await do.to_numpy(dst) == 5.0).all()
 
 
 def test_an_execution_dropped_while_this_thread_records_a_graph(backend):

@@ -335,6 +335,68 @@ def test_the_watcher_leaves_an_entry_in_its_grace_to_others_until_hurried():
         w.stop()
 
 
+def test_a_reclaim_finishes_completed_executions_and_leaves_their_callbacks():
+    """A reclaim (an allocation that found the device full) finishes the executions of the
+    entries whose work completed, in grace or not, stopping at the first one still running, and
+    calls none of their callbacks; whoever finishes such an entry waits until its execution's
+    finishing has ended, and its callback sees what that finishing raised."""
+    from deviceop._core._watch import Watcher
+
+    class Ev:
+        backend = None
+        index = "test"
+
+        def __init__(self, done: bool) -> None:
+            self.done = done
+
+        def query(self) -> bool:
+            return self.done
+
+        def synchronize(self) -> None:
+            pass
+
+    log: list[str] = []
+
+    class Cx:
+        def __init__(self, name: str, slow: float = 0.0, fail: bool = False) -> None:
+            self.name, self.slow, self.fail = name, slow, fail
+
+        def finish(self, ok: bool) -> None:
+            time.sleep(self.slow)
+            log.append(f"finish {self.name}")
+            if self.fail:
+                raise RuntimeError(self.name)
+
+    thens: list[int | None] = []
+
+    def then(name):  # type: ignore[no-untyped-def]
+        return lambda err: (thens.append(threading.get_ident()), log.append(f"then {name} {err!r}"))
+
+    evs = [Ev(False) for _ in range(4)]
+    w = Watcher(Ev(True))
+    try:
+        # (given while running: a give finishes what has completed before it)
+        w.give(evs[0], Cx("a", slow=0.3), then("a"), 30.0)
+        w.give(evs[1], Cx("b", fail=True), then("b"), 30.0)
+        w.give(evs[2], Cx("c"), then("c"), 30.0)
+        w.give(evs[3], Cx("d"), then("d"), 30.0)
+        evs[0].done = evs[1].done = evs[3].done = True  # (d: complete, after one that is not)
+        reaper = threading.Thread(target=lambda: (time.sleep(0.1), w.reap()))
+        reaper.start()
+        assert w.reclaim() == 2
+        reaper.join(10)
+        assert sorted(log) == ["finish a", "finish b", "then a None", "then b RuntimeError('b')"]
+        assert log.index("finish a") < log.index("then a None")  # (the reaper waited for it)
+        assert log.index("finish b") < log.index("then b RuntimeError('b')")
+        assert set(thens) == {reaper.ident}  # (the reclaiming thread called none)
+        assert w.reclaim() == 0  # (finished already, or still running)
+        evs[2].done = True
+        w.reap()
+        assert log[4:] == ["finish c", "then c None", "finish d", "then d None"]
+    finally:
+        w.stop()
+
+
 def test_each_future_completes_once_whoever_looks(backend):
     # the submitting thread, threads asking the futures and the watcher race to complete them
     s = do.next_stream()

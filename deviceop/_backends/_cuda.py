@@ -30,6 +30,7 @@ from .._core._base import (
     swap_current,
 )
 from .._core._capture import release
+from .._core._watch import reclaim
 from .._errors import BackendError, CudaError
 from . import _cuda_driver as _nd
 from ._cuda_errors import _drv, check, cuda_error
@@ -354,7 +355,10 @@ class CudaBackend:
         self.blocks.give_block(buf.ptr, size_class(buf.nbytes))
 
     def empty_cache(self) -> int:
-        """Give every cached (idle) block back to the driver's pool; return the bytes freed."""
+        """Give every cached (idle) block back to the driver's pool; return the bytes freed.
+        The executions of this device whose work has completed but which no thread has finished
+        yet are finished first (:func:`~deviceop._core._watch.reclaim`): their blocks go too."""
+        reclaim(self)
         freed = 0
         with self.current():
             for ptr, size in self.blocks.drain():

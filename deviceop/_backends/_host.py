@@ -22,6 +22,7 @@ import numpy as np
 
 from .._core._base import Buffer, StreamBase, register_stream_type
 from .._core._ledger import abandon
+from .._core._watch import reclaim
 from .._errors import BackendError, CudaError, DTypeError, SettingError, UsageError
 
 __all__ = ["HostBackend", "set_host_chaos"]
@@ -387,6 +388,15 @@ class HostBackend:
         try:
             arr = np.empty(max(nbytes, 1), dtype=np.uint8)
         except MemoryError:
+            arr = None
+        if arr is None and reclaim(self):
+            # as the cuda backend does: completed work that no thread has finished yet lets go
+            # of its buffers, then the allocation is tried once more
+            try:
+                arr = np.empty(max(nbytes, 1), dtype=np.uint8)
+            except MemoryError:
+                pass
+        if arr is None:
             # what the driver's pool says when it is out of memory: an error of this allocation
             # (the context goes on), not a sticky fault
             raise CudaError(
@@ -404,7 +414,9 @@ class HostBackend:
             self._used -= buf.nbytes
 
     def empty_cache(self) -> int:
-        """Nothing is cached on the host backend; returns 0."""
+        """Nothing is cached on the host backend: returns 0. Completed work that no thread has
+        finished yet lets go of its buffers (:func:`~deviceop._core._watch.reclaim`), as on cuda."""
+        reclaim(self)
         return 0
 
     def used_bytes(self) -> int:

@@ -691,7 +691,9 @@ cdef int _ready_on(Driver d, void* ash, object stream) except -1:
 cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nbytes):
     """A buffer of ``nbytes`` on ``stream``: a cached idle block of its size class, else one from
     the driver's pool (``d.mem_alloc``); when the pool is out of memory the backend's cached
-    blocks go back to it (``backend.empty_cache()``) and the allocation is tried once more.
+    blocks go back to it (``backend.empty_cache()``, which first finishes the executions whose
+    work has completed but which no thread has finished yet, so their blocks go too) and the
+    allocation is tried once more.
     The buffer returns its block to the cache when it is dropped.
 
     A fresh block is allocated on the driver's allocation stream (``d.alloc_stream``) where it
@@ -711,7 +713,7 @@ cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nb
     if ptr == 0:
         with nogil:
             err = d.mem_alloc(&ptr, size, ash)
-        if err == 2 and blocks.cached:  # CUDA_ERROR_OUT_OF_MEMORY
+        if err == 2:  # CUDA_ERROR_OUT_OF_MEMORY: completed work's blocks and the idle ones go back
             backend.empty_cache()
             with nogil:
                 err = d.mem_alloc(&ptr, size, ash)

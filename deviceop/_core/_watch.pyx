@@ -14,7 +14,10 @@ for it asks the thread to look (:meth:`Watcher.hurry`) or an entry without a gra
 after it (stream order: watching that one means finishing those before it). A grace ends no
 sooner than those of the entries before it. Finishing an execution on another thread than the
 one that uses its results takes the interpreter's lock from that thread and leaves both with
-cold caches, which costs more host CPU than the finishing itself.
+cold caches, which costs more host CPU than the finishing itself. An allocation that finds the
+device full does not wait for any of that (:func:`reclaim`): it finishes the executions of the
+entries whose work completed at once, so that their blocks go back, and leaves the rest of
+each entry (a future's completion, which may run the user's callbacks) where it was.
 
 A fault is scoped by its kind (:func:`sticky`): a sticky error (the context is lost: an illegal
 address, a launch failure, an assert) fails every execution of that device and retires every
@@ -37,7 +40,7 @@ from .._process import SERVICES, at_fork_child
 from ._capture import CAPTURE
 from ._reactor import fail_context
 
-__all__ = ["Watcher", "give", "hand_over", "orphaned", "sticky", "stop_watchers", "watcher_for"]
+__all__ = ["Watcher", "give", "hand_over", "orphaned", "reclaim", "sticky", "stop_watchers", "watcher_for"]
 
 # Driver errors after which the context can run nothing more (CUDA's "sticky" errors) and a few
 # that leave the device unusable to this process; any other CudaError is an error of one call.
@@ -96,6 +99,36 @@ cdef object _settle(list entry, object err):
             then(err)
         except Exception:  # a completion callback's failure must not stop whoever completes it
             pass
+
+
+class _Early:
+    """An entry's execution finished ahead of its entry (:meth:`Watcher.reclaim`): whoever
+    settles the entry waits until that finishing has ended (a staging copy into the results'
+    array, say) and sees what it raised."""
+
+    __slots__ = ("by", "cx", "ended", "err")
+
+    def __init__(self, cx):
+        self.cx = cx
+        self.err = None
+        self.ended = threading.Event()
+        self.by = threading.get_ident()
+
+    def run(self):
+        try:
+            self.cx.finish(True)
+        except BaseException as e:
+            self.err = e
+        finally:
+            self.cx = None
+            self.ended.set()
+
+    def finish(self, ok):
+        # (the finishing thread itself, come back through a finaliser, cannot wait for itself)
+        if self.by != threading.get_ident():
+            self.ended.wait()
+        if self.err is not None:
+            raise self.err
 
 
 cdef inline bint _in_grace(list entry, double now, object eager):
@@ -202,6 +235,37 @@ class Watcher:
                 if err is not None:
                     device_failed(self.stream.backend, err)
                 _settle(entry, err)
+
+    def reclaim(self):
+        """Finish now, on this thread, the executions of the entries whose work completed, in
+        grace or not, so that their buffers go back to the cache; the rest of each entry (its
+        ``then``: a future's completion, which may run the user's callbacks) stays for whoever
+        finishes the entry. For an allocation that failed: it frees memory without running
+        callbacks on a thread that is enqueueing work. Returns how many were finished."""
+        if CAPTURE.scope is not None:
+            return 0
+        early = []
+        with self.lock:
+            for entry in self.pending:
+                try:
+                    if not entry[0].query():
+                        break  # (stream order: nothing after it has completed either)
+                except Exception:
+                    break  # (an error of the work: reap() finishes the entry with it)
+                cx = entry[1]
+                if cx is not None and type(cx) is not _Early:
+                    entry[1] = e = _Early(cx)
+                    early.append(e)
+        # outside the lock: finishing drops objects whose finalisers may give this stream work;
+        # every one marked is run, whatever interrupts (whoever settles its entry waits for it)
+        try:
+            for e in early:
+                e.run()
+        finally:
+            for e in early:
+                if not e.ended.is_set():
+                    e.run()
+        return len(early)
 
     def stop(self):
         """End the thread once what it was given is finished."""
@@ -351,6 +415,15 @@ def _start_janitor():
 
 
 _start_janitor()
+
+
+def reclaim(backend):
+    """Finish the completed executions that ``backend``'s watchers hold, leaving their entries'
+    callbacks to whoever finishes the entries (:meth:`Watcher.reclaim`); returns how many. An
+    allocation that failed calls it before it tries again."""
+    with _wlock:
+        mine = [w for w in _watchers.values() if w.stream.backend is backend]
+    return sum([w.reclaim() for w in mine])
 
 
 def stop_watchers(backend):

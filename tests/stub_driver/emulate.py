@@ -259,6 +259,19 @@ def fail_next_node_update(code: int) -> None:
     _state["lib"].stub_fail_next_node_update(ctypes.c_int(code))
 
 
+def set_pool_cap(nbytes: int) -> None:
+    """Make an allocation that would take the device memory in use past ``nbytes`` fail with
+    CUDA_ERROR_OUT_OF_MEMORY, as a full device's pool does (0: no cap)."""
+    _state["lib"].stub_set_pool_cap(ctypes.c_longlong(nbytes))
+
+
+def pool_used() -> int:
+    """Bytes of the device's pool in use (live and cached blocks), less those being freed."""
+    fn = _state["lib"].stub_pool_used
+    fn.restype = ctypes.c_longlong
+    return int(fn())
+
+
 def fail_next_write(code: int) -> None:
     """Make the next cuStreamWriteValue32 (a completion flag's arming) fail with ``code`` once,
     enqueuing nothing: an error of that one call (the fault switch of the lifetime tests)."""

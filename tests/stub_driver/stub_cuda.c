@@ -60,6 +60,9 @@ void stub_set_hooks(launch_hook_t launch, nparams_hook_t nparams) {
 }
 long stub_launches(void) { return launches; }
 long stub_live_allocs(void) { return live_allocs; }
+// bytes freed in stream order whose free has not run yet: the pool serves them to a later
+// allocation already, as the driver's does to one ordered after the free
+static long long freeing;
 // The harness widens race windows: cuMemcpyDtoHAsync's call itself takes this long (µs)
 // (stub_dtoh_calls_waiting: how many such calls are waiting out the delay now)
 static volatile unsigned dtoh_call_us;
@@ -212,6 +215,7 @@ static void run_work(const work_t *w) {
         }
         return;
     case W_FREE:
+        __sync_fetch_and_sub(&freeing, (long long)*(size_t *)((char *)w->dst - 256));
         release(w->dst);
         return;
     case W_RECORD:
@@ -342,6 +346,12 @@ CUresult cuCtxSynchronize(void) { return OK; }
 // ---- memory --------------------------------------------------------------------------------
 static int the_pool;
 static long long used;
+// The harness caps the pool (a fault switch): an allocation that would take the bytes in use
+// past the cap fails with CUDA_ERROR_OUT_OF_MEMORY (0: no cap)
+static volatile long long pool_cap;
+void stub_set_pool_cap(long long bytes) { __atomic_store_n(&pool_cap, bytes, __ATOMIC_SEQ_CST); }
+// the bytes of the pool in use, less those whose stream-ordered free is under way
+long long stub_pool_used(void) { return __atomic_load_n(&used, __ATOMIC_SEQ_CST) - __atomic_load_n(&freeing, __ATOMIC_SEQ_CST); }
 CUresult cuDeviceGetDefaultMemPool(void **pool, int dev) { *pool = &the_pool; return OK; }
 CUresult cuMemPoolSetAttribute(void *pool, int attr, void *value) { return OK; }
 CUresult cuMemPoolGetAttribute(void *pool, int attr, void *value) {
@@ -358,6 +368,9 @@ static pthread_mutex_t ranges_mu = PTHREAD_MUTEX_INITIALIZER;
 static CUresult alloc(CUdeviceptr *p, size_t n) {
     // a size header keeps the pool's "used" figure honest; 256-byte aligned like the driver's
     void *raw = NULL;
+    long long cap = __atomic_load_n(&pool_cap, __ATOMIC_SEQ_CST);
+    if (cap && __atomic_load_n(&used, __ATOMIC_SEQ_CST) - __atomic_load_n(&freeing, __ATOMIC_SEQ_CST) + (long long)n > cap)
+        return E_OUT_OF_MEMORY;
     if (posix_memalign(&raw, 256, n + 256) != 0) return E_OUT_OF_MEMORY;
     *(size_t *)raw = n;
     *p = (CUdeviceptr)((char *)raw + 256);
@@ -394,7 +407,12 @@ CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, void *s) {
 }
 CUresult cuMemFreeAsync(CUdeviceptr p, void *s) {
     work_t w = {.kind = W_FREE, .dst = p};
-    return s ? submit(s, &w) : release(p);
+    if (!s || !p) return release(p);
+    long long n = (long long)*(size_t *)((char *)p - 256);
+    __sync_fetch_and_add(&freeing, n);
+    CUresult err = submit(s, &w);
+    if (err) __sync_fetch_and_sub(&freeing, n);
+    return err;
 }
 CUresult cuMemAlloc(CUdeviceptr *p, size_t n) { return alloc(p, n); }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return alloc(p, n); }
