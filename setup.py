@@ -11,6 +11,20 @@ import re
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+#: translations and compilations at once: pip's builds (editable, wheel) pass no -j
+_JOBS = os.cpu_count() or 1
+
+
+class _BuildExt(build_ext):
+    """``build_ext`` compiling the modules in parallel, one job per CPU, unless ``-j`` says how
+    many."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = _JOBS
 
 
 def _driver_headers() -> set[str]:
@@ -79,14 +93,17 @@ compiled_py = [
 ]
 
 setup(
+    cmdclass={"build_ext": _BuildExt},
     ext_modules=cythonize(
         extensions,
         compiler_directives={"language_level": 3, "embedsignature": True, "binding": True},
         quiet=True,
+        nthreads=_JOBS,
     )
     + cythonize(
         compiled_py,
         compiler_directives={"language_level": 3, "binding": True, "annotation_typing": False},
         quiet=True,
+        nthreads=_JOBS,
     ),
 )
