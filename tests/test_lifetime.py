@@ -38,18 +38,26 @@ def anyio_backend(request):
 FILL_S = 1.0
 
 
-def _watched_fill(refs: list, seconds: float) -> do.DeviceOp:
-    """A fill of a fresh buffer (only the execution holds it) lasting about ``seconds``; ``refs``
-    gets the device's bytes in use before the buffer was made."""
-    # earlier work settled first (its blocks back), so that the count moves only with this fill
+def _settled() -> None:
+    """Earlier work settled (its blocks back), so that the bytes in use move only with what
+    the test does next."""
+    from deviceop._core._watch import watcher_for
+
     for st in do.streams():
         st.synchronize()
+        watcher_for(st).reap()  # (also what its watcher leaves to a loop for now: a test's future)
     deadline = time.monotonic() + 5
     last = -1
     while time.monotonic() < deadline and do.used_bytes() != last:
         last = do.used_bytes()
         gc.collect()
         time.sleep(0.02)
+
+
+def _watched_fill(refs: list, seconds: float) -> do.DeviceOp:
+    """A fill of a fresh buffer (only the execution holds it) lasting about ``seconds``; ``refs``
+    gets the device's bytes in use before the buffer was made."""
+    _settled()
     refs.append(do.used_bytes())
     refs.append(time.monotonic())  # (about when the fill starts: see _held_until_done)
     return do.zeros(N, do.float32).then(lambda t: slow_fill(t, 1.0, seconds))
@@ -400,7 +408,8 @@ async def test_a_full_device_takes_back_the_buffers_of_completed_work_left_to_a_
 
     monkeypatch.setattr(_future, "GRACE", 60.0)
     dst = await do.zeros(1 << 20, do.float32)
-    do.empty_cache()
+    _settled()
+    do.empty_cache()  # (a cached block would serve the allocation below)
     fut = _copy_of_a_fresh_buffer(dst, 7.0).submit()
     ran: list[int] = []
     fut.add_done_callback(lambda f: ran.append(1))
@@ -423,6 +432,7 @@ async def test_empty_cache_takes_back_the_buffers_of_completed_work_left_to_a_lo
 
     monkeypatch.setattr(_future, "GRACE", 60.0)
     dst = await do.zeros(1 << 18, do.float32)
+    _settled()
     base = do.used_bytes()
     fut = _copy_of_a_fresh_buffer(dst, 5.0).submit()
     ran: list[int] = []
