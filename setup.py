@@ -13,8 +13,9 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-#: translations and compilations at once: pip's builds (editable, wheel) pass no -j
-_JOBS = os.cpu_count() or 1
+#: translations and compilations at once: pip's builds (editable, wheel) pass no -j (the CPUs
+#: this process may use: a container's share, not the host's count)
+_JOBS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class _BuildExt(build_ext):

@@ -417,7 +417,7 @@ async def test_a_full_device_takes_back_the_buffers_of_completed_work_left_to_a_
     held = do.used_bytes()
     with _device_full(backend):
         x = await do.full(1 << 20, 1.0, do.float32)  # needs the block the future's execution holds
-    assert do.used_bytes() == held  # (that block, now x's)
+    assert do.used_bytes() == held  # (its block went back; x took as much)
     assert ran == []
     assert (await fut) is dst
     assert ran == [1]

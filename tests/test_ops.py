@@ -338,8 +338,8 @@ def test_the_watcher_leaves_an_entry_in_its_grace_to_others_until_hurried():
 def test_a_reclaim_finishes_completed_executions_and_leaves_their_callbacks():
     """A reclaim (an allocation that found the device full) finishes the executions of the
     entries whose work completed, in grace or not, stopping at the first one still running, and
-    calls none of their callbacks; whoever finishes such an entry waits until its execution's
-    finishing has ended, and its callback sees what that finishing raised."""
+    calls none of their callbacks; whoever finishes such an entry meanwhile waits until its
+    execution's finishing has ended, and its callback sees what that finishing raised."""
     from deviceop._core._watch import Watcher
 
     class Ev:
@@ -356,18 +356,20 @@ def test_a_reclaim_finishes_completed_executions_and_leaves_their_callbacks():
             pass
 
     log: list[str] = []
+    finishing = threading.Event()
 
     class Cx:
         def __init__(self, name: str, slow: float = 0.0, fail: bool = False) -> None:
             self.name, self.slow, self.fail = name, slow, fail
 
         def finish(self, ok: bool) -> None:
+            finishing.set()
             time.sleep(self.slow)
             log.append(f"finish {self.name}")
             if self.fail:
                 raise RuntimeError(self.name)
 
-    thens: list[int | None] = []
+    thens: list[int] = []
 
     def then(name):  # type: ignore[no-untyped-def]
         return lambda err: (thens.append(threading.get_ident()), log.append(f"then {name} {err!r}"))
@@ -381,7 +383,8 @@ def test_a_reclaim_finishes_completed_executions_and_leaves_their_callbacks():
         w.give(evs[2], Cx("c"), then("c"), 30.0)
         w.give(evs[3], Cx("d"), then("d"), 30.0)
         evs[0].done = evs[1].done = evs[3].done = True  # (d: complete, after one that is not)
-        reaper = threading.Thread(target=lambda: (time.sleep(0.1), w.reap()))
+        # another thread reaps while a's execution is being finished
+        reaper = threading.Thread(target=lambda: (finishing.wait(10), w.reap()))
         reaper.start()
         assert w.reclaim() == 2
         reaper.join(10)
@@ -393,6 +396,70 @@ def test_a_reclaim_finishes_completed_executions_and_leaves_their_callbacks():
         evs[2].done = True
         w.reap()
         assert log[4:] == ["finish c", "then c None", "finish d", "then d None"]
+    finally:
+        w.stop()
+
+
+def test_a_reclaimed_entry_is_settled_only_once_its_execution_has_finished():
+    """A finaliser run by the reclaim's finishing that gives the stream work (a reap on the same
+    thread) leaves that entry for later; an entry marked but not finished (the reclaiming
+    thread was interrupted) is finished by whoever settles it."""
+    from deviceop._core import _watch
+
+    class Ev:
+        backend = None
+        index = "test"
+
+        def __init__(self) -> None:
+            self.done = False
+
+        def query(self) -> bool:
+            return self.done
+
+        def synchronize(self) -> None:
+            pass
+
+    log: list[str] = []
+    w = _watch.Watcher(Ev())
+
+    class Cx:
+        def __init__(self, name: str, nested: bool = False) -> None:
+            self.name, self.nested = name, nested
+
+        def finish(self, ok: bool) -> None:
+            if self.nested:
+                w.reap()  # (as give() does first)
+            log.append(f"finish {self.name}")
+
+    try:
+        ev = Ev()
+        w.give(ev, Cx("a", nested=True), lambda err: log.append("then a"), 30.0)
+        ev.done = True
+        assert w.reclaim() == 1
+        assert log == ["finish a"]  # (the nested reap did not settle the entry being finished)
+        w.reap()
+        assert log == ["finish a", "then a"]
+
+        ev = Ev()
+        w.give(ev, Cx("b"), lambda err: log.append("then b"), 30.0)
+        ev.done = True
+        real = _watch._Early.run
+        calls: list[int] = []
+
+        def interrupted(self):  # type: ignore[no-untyped-def]
+            if len(calls) < 2:  # (the reclaim's two runs: as if interrupts came before each)
+                calls.append(1)
+                raise KeyboardInterrupt
+            return real(self)
+
+        _watch._Early.run = interrupted
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                w.reclaim()
+        finally:
+            _watch._Early.run = real
+        w.reap()
+        assert log[2:] == ["finish b", "then b"]
     finally:
         w.stop()
 

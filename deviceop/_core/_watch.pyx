@@ -102,31 +102,42 @@ cdef object _settle(list entry, object err):
 
 
 class _Early:
-    """An entry's execution finished ahead of its entry (:meth:`Watcher.reclaim`): whoever
-    settles the entry waits until that finishing has ended (a staging copy into the results'
-    array, say) and sees what it raised."""
+    """An entry's execution finished ahead of its entry (:meth:`Watcher.reclaim`). Whoever
+    settles the entry finishes the execution itself if nobody has begun to (the reclaiming
+    thread was interrupted first), else waits until that finishing has ended (a staging copy
+    into the results' array, say), and sees what it raised."""
 
-    __slots__ = ("by", "cx", "ended", "err")
+    __slots__ = ("claim", "cx", "ended", "err", "owner")
 
     def __init__(self, cx):
         self.cx = cx
         self.err = None
         self.ended = threading.Event()
-        self.by = threading.get_ident()
+        self.claim = threading.Lock()  # taken, never given back, by the thread that finishes it
+        self.owner = 0
 
     def run(self):
+        """Finish the execution, unless another thread has begun to."""
+        if not self.claim.acquire(False):
+            return
+        self.owner = threading.get_ident()
         try:
             self.cx.finish(True)
         except BaseException as e:
-            self.err = e
+            self.err = e  # (the entry's callback sees it, as a settle's own finish() shows it)
+            if not isinstance(e, Exception):
+                raise  # (an interrupt reaches this thread as well)
         finally:
             self.cx = None
             self.ended.set()
 
+    def busy_here(self):
+        """This very thread is finishing it (a finaliser run by that finishing came back here)."""
+        return self.owner == threading.get_ident() and not self.ended.is_set()
+
     def finish(self, ok):
-        # (the finishing thread itself, come back through a finaliser, cannot wait for itself)
-        if self.by != threading.get_ident():
-            self.ended.wait()
+        self.run()
+        self.ended.wait()
         if self.err is not None:
             raise self.err
 
@@ -213,6 +224,8 @@ class Watcher:
                     head = self.pending[0]
                     if graced and _in_grace(head, now, self.eager):
                         break
+                    if type(head[1]) is _Early and head[1].busy_here():
+                        break  # (settled later, once this thread has finished its execution)
                     err = None
                     try:
                         if not head[0].query():
@@ -245,26 +258,26 @@ class Watcher:
         if CAPTURE.scope is not None:
             return 0
         early = []
-        with self.lock:
-            for entry in self.pending:
-                try:
-                    if not entry[0].query():
-                        break  # (stream order: nothing after it has completed either)
-                except Exception:
-                    break  # (an error of the work: reap() finishes the entry with it)
-                cx = entry[1]
-                if cx is not None and type(cx) is not _Early:
-                    entry[1] = e = _Early(cx)
-                    early.append(e)
-        # outside the lock: finishing drops objects whose finalisers may give this stream work;
-        # every one marked is run, whatever interrupts (whoever settles its entry waits for it)
+        # finished outside the lock: finishing drops objects whose finalisers may give this
+        # stream work. One marked and not run (an interrupt) is run by whoever settles its entry
         try:
+            with self.lock:
+                for entry in self.pending:
+                    try:
+                        if not entry[0].query():
+                            break  # (stream order: nothing after it has completed either)
+                    except Exception:
+                        break  # (an error of the work: reap() finishes the entry with it)
+                    cx = entry[1]
+                    if cx is not None and type(cx) is not _Early:
+                        e = _Early(cx)
+                        entry[1] = e
+                        early.append(e)
             for e in early:
                 e.run()
         finally:
             for e in early:
-                if not e.ended.is_set():
-                    e.run()
+                e.run()  # (returns at once where it ran)
         return len(early)
 
     def stop(self):
