@@ -335,25 +335,28 @@ def test_the_watcher_leaves_an_entry_in_its_grace_to_others_until_hurried():
         w.stop()
 
 
+class _Waitable:
+    """What a watcher waits on, in its unit tests: complete once ``done`` is set."""
+
+    backend = None
+    index = "test"
+
+    def __init__(self, done: bool = False) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        pass
+
+
 def test_a_reclaim_finishes_completed_executions_and_leaves_their_callbacks():
     """A reclaim (an allocation that found the device full) finishes the executions of the
     entries whose work completed, in grace or not, stopping at the first one still running, and
     calls none of their callbacks; whoever finishes such an entry meanwhile waits until its
     execution's finishing has ended, and its callback sees what that finishing raised."""
     from deviceop._core._watch import Watcher
-
-    class Ev:
-        backend = None
-        index = "test"
-
-        def __init__(self, done: bool) -> None:
-            self.done = done
-
-        def query(self) -> bool:
-            return self.done
-
-        def synchronize(self) -> None:
-            pass
 
     log: list[str] = []
     finishing = threading.Event()
@@ -374,8 +377,8 @@ def test_a_reclaim_finishes_completed_executions_and_leaves_their_callbacks():
     def then(name):  # type: ignore[no-untyped-def]
         return lambda err: (thens.append(threading.get_ident()), log.append(f"then {name} {err!r}"))
 
-    evs = [Ev(False) for _ in range(4)]
-    w = Watcher(Ev(True))
+    evs = [_Waitable() for _ in range(4)]
+    w = Watcher(_Waitable(True))
     try:
         # (given while running: a give finishes what has completed before it)
         w.give(evs[0], Cx("a", slow=0.3), then("a"), 30.0)
@@ -406,21 +409,8 @@ def test_a_reclaimed_entry_is_settled_only_once_its_execution_has_finished():
     thread was interrupted) is finished by whoever settles it."""
     from deviceop._core import _watch
 
-    class Ev:
-        backend = None
-        index = "test"
-
-        def __init__(self) -> None:
-            self.done = False
-
-        def query(self) -> bool:
-            return self.done
-
-        def synchronize(self) -> None:
-            pass
-
     log: list[str] = []
-    w = _watch.Watcher(Ev())
+    w = _watch.Watcher(_Waitable())
 
     class Cx:
         def __init__(self, name: str, nested: bool = False) -> None:
@@ -432,7 +422,7 @@ def test_a_reclaimed_entry_is_settled_only_once_its_execution_has_finished():
             log.append(f"finish {self.name}")
 
     try:
-        ev = Ev()
+        ev = _Waitable()
         w.give(ev, Cx("a", nested=True), lambda err: log.append("then a"), 30.0)
         ev.done = True
         assert w.reclaim() == 1
@@ -440,7 +430,7 @@ def test_a_reclaimed_entry_is_settled_only_once_its_execution_has_finished():
         w.reap()
         assert log == ["finish a", "then a"]
 
-        ev = Ev()
+        ev = _Waitable()
         w.give(ev, Cx("b"), lambda err: log.append("then b"), 30.0)
         ev.done = True
         real = _watch._Early.run
