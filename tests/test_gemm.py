@@ -484,10 +484,12 @@ def test_gemm_replays_record_a_wide_repeating_pattern_within_tens_of_rounds():
     # miss from the 2 * HOT-th, 1 / cost before it) pays for at most that many replays' worth
     # of recordings, at their price: about 2.2 replays' saving a call
     t = table()
-    for i in range(2000):
+    low = t.cost  # (the price moves with each recording's measured time: a loaded host's
+    for i in range(2000):  # preemption raises it; the recordings were paid at the prices of then)
         for _ in range(2 * HOT + 1):
             t.get(("once", i), None, None, lambda s: 0)
-    assert t.recorded <= 2.5 * 2000 / t.cost + 8, (t.recorded, t.cost)
+        low = min(low, t.cost)
+    assert t.recorded <= 2.5 * 2000 / low + 8, (t.recorded, low, t.cost)
 
 
 def test_gemm_batch_table_draws_on_the_calls_credit_and_leaves_their_price_alone():
