@@ -125,6 +125,22 @@ def pool_of(n: int) -> list:
     return st
 
 
+def core_share(seconds: float = 0.1) -> float:
+    """The share of a core that a busy thread gets over ``seconds`` while this one waits: about
+    1.0 where a core is idle, less where other processes keep the cores busy."""
+    got: list[float] = []
+
+    def spin() -> None:
+        c0, w0 = time.thread_time(), time.perf_counter()
+        busy(seconds)
+        got.append((time.thread_time() - c0) / (time.perf_counter() - w0))
+
+    th = threading.Thread(target=spin)
+    th.start()
+    th.join()
+    return got[0]
+
+
 def busy(seconds: float) -> None:
     """Host work on the calling thread (a library enqueueing many kernels)."""
     end = time.perf_counter() + seconds
