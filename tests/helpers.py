@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -125,20 +126,25 @@ def pool_of(n: int) -> list:
     return st
 
 
-def core_share(seconds: float = 0.1) -> float:
-    """The share of a core that a busy thread gets over ``seconds`` while this one waits: about
-    1.0 where a core is idle, less where other processes keep the cores busy."""
-    got: list[float] = []
+def idle_cores(seconds: float = 0.2) -> float:
+    """How many of the machine's cores were idle over the next ``seconds`` (its whole count
+    where the kernel does not say: /proc/stat is Linux's)."""
 
-    def spin() -> None:
-        c0, w0 = time.thread_time(), time.perf_counter()
-        busy(seconds)
-        got.append((time.thread_time() - c0) / (time.perf_counter() - w0))
+    def sample() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return v[3] + (v[4] if len(v) > 4 else 0), sum(v)  # (idle and I/O wait, all)
 
-    th = threading.Thread(target=spin)
-    th.start()
-    th.join()
-    return got[0]
+    a = sample()
+    time.sleep(seconds)
+    b = sample()
+    n = os.cpu_count() or 1
+    if a is None or b is None or b[1] == a[1]:
+        return float(n)
+    return n * (b[0] - a[0]) / (b[1] - a[1])
 
 
 def busy(seconds: float) -> None:
