@@ -273,11 +273,9 @@ class Watcher:
                         e = _Early(cx)
                         entry[1] = e
                         early.append(e)
-            for e in early:
-                e.run()
         finally:
             for e in early:
-                e.run()  # (returns at once where it ran)
+                e.run()
         return len(early)
 
     def stop(self):
