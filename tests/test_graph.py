@@ -667,6 +667,74 @@ def test_cache_copies_are_recorded_once_each_and_used_in_turn(backend) -> None:
     assert "graphs=0" in repr(c)
 
 
+def test_cache_run_numpy_uploads_into_the_static_input_and_downloads_its_rows(backend) -> None:
+    seen = []
+
+    def build(inp: do.Tensor) -> do.DeviceOp:
+        seen.append(inp)
+        return _double_rows(inp)
+
+    c = do.graph.GraphCache(build, buckets=[4, 8], copies=2)
+    rng = np.random.default_rng(5)
+    for n in (3, 8, 1, 4, 8, 2, 11):  # 11: larger than every bucket, run eagerly
+        a = rng.standard_normal((n, 6)).astype(np.float32)
+        y = c.run_numpy(a).sync()
+        assert isinstance(y, np.ndarray) and y.shape == (n, 6) and y.dtype == np.float32
+        np.testing.assert_array_equal(y, a * 2)
+    # the padding rows of a call are zeros, not an earlier call's rows: the first recording of
+    # bucket 4 (calls of 3 and 4 rows) now takes 1 row
+    c.run_numpy(np.full((1, 6), 7.0, np.float32)).sync()
+    got = seen[0].numpy()
+    assert got.shape == (4, 6) and np.all(got[0] == 7) and np.all(got[1:] == 0)
+    s = c.stats()
+    assert (s["calls"], s["eager"], s["misses"]) == (8, 1, 4)  # two copies of two buckets
+    assert s["rows"] == 3 + 8 + 1 + 4 + 8 + 2 + 1 and s["padded_rows"] == 1 + 0 + 3 + 0 + 0 + 2 + 3
+    # a snapshot: the array may change as soon as the call is enqueued
+    a = np.ones((2, 6), np.float32)
+    fut = c.run_numpy(a).submit()
+    a[:] = 5
+    np.testing.assert_array_equal(fut.result(timeout=30), np.full((2, 6), 2.0, np.float32))
+    # a strided array is taken as its C-ordered copy
+    b = np.arange(48, dtype=np.float32).reshape(8, 6)[::2]
+    np.testing.assert_array_equal(c.run_numpy(b).sync(), b * 2)
+
+
+def test_cache_run_numpy_calls_in_flight_at_once_each_get_their_own_rows(backend) -> None:
+    c = do.graph.GraphCache(_double_rows, buckets=[4], copies=2)
+    streams = do.streams()
+
+    out: list[np.ndarray | None] = [None] * 24
+
+    async def one(k: int) -> None:
+        a = np.full((1 + k % 4, 16), float(k), np.float32)
+        out[k] = await c.run_numpy(a).wait(stream=streams[k % len(streams)])
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for k in range(24):
+                tg.start_soon(one, k)
+
+    anyio.run(main)
+    for k, y in enumerate(out):
+        assert y is not None
+        assert y.shape == (1 + k % 4, 16) and np.all(y == 2 * k)
+
+
+def test_cache_run_numpy_refuses_what_it_cannot_take(backend) -> None:
+    c = do.graph.GraphCache(_double_rows, buckets=[4])
+    with pytest.raises(do.UsageError, match=r"takes a numpy\.ndarray"):
+        c.run_numpy(do.zeros((2, 4)).sync())  # type: ignore[arg-type]
+    with pytest.raises(do.ShapeError, match="at least one row"):
+        c.run_numpy(np.zeros((0, 4), np.float32))
+    with pytest.raises(do.ShapeError, match="at least one row"):
+        c.run_numpy(np.array(3.0, np.float32))
+    with pytest.raises(do.DTypeError):
+        c.run_numpy(np.zeros((2, 4), np.complex64))
+    with do.graph.scope() as sc:
+        with pytest.raises(do.CaptureError, match="graphs do not nest"):
+            sc.record(c.run_numpy(np.zeros((2, 4), np.float32)))
+
+
 @pytest.mark.parametrize("copies", [0, -1, 65, 1.0, True, None])
 def test_cache_copies_out_of_range_are_refused(copies) -> None:
     with pytest.raises(do.UsageError, match="copies must be an int from 1 to 64"):

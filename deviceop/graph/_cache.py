@@ -14,12 +14,16 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from .._core._guards import blocking_allowed
 from .._core._ledger import check_backend, enqueue
 from .._core._tensor import Tensor
+from .._dtypes import DType, as_dtype
 from .._errors import CaptureError, ShapeError, UsageError
 from ..ops._base import DeviceOp
 from ..ops._leaf import new_tensor
+from ..ops._transfer import from_numpy, to_numpy
 from ._graph import CudaGraph, scope
 
 __all__ = ["GraphCache", "power_of_two_buckets"]
@@ -123,6 +127,25 @@ class GraphCache:
             raise ShapeError("GraphCache copies its input with one memcpy: pass a contiguous tensor")
         return _CacheCall(self, x)
 
+    def run_numpy(self, x: np.ndarray) -> DeviceOp[np.ndarray]:
+        """An op from a host array to a host array: ``x`` (a numpy array of at least one row,
+        read when the op runs) is uploaded straight into the static input of the smallest bucket
+        that holds it (the padding rows zeros), the graph replayed, and the first ``len(x)`` rows
+        of the static output downloaded into a new numpy array. It yields what
+        ``do.to_numpy(do.from_numpy(x).then(cache))`` yields, without the device tensors of the
+        input and output and the device copies between them and the recording: the way to
+        serve requests that arrive and leave on the host. An input larger than every bucket
+        runs ``build`` eagerly, as ``cache(x)`` does. Calls of one recording are ordered as
+        ``cache(x)``'s: the next replay of a recording waits for the download of the last."""
+        if not isinstance(x, np.ndarray):
+            raise UsageError(
+                f"GraphCache.run_numpy takes a numpy.ndarray, got {type(x).__name__}; call the cache "
+                "itself (cache(t)) for a deviceop Tensor"
+            )
+        if not x.shape or x.shape[0] < 1:
+            raise ShapeError(f"GraphCache.run_numpy needs an array with at least one row, got shape {x.shape}")
+        return _NumpyCall(self, x, as_dtype(x.dtype, "GraphCache.run_numpy input dtype"))
+
     def stats(self) -> dict[str, float]:
         """Counters: calls, hits, misses (recordings), eager (too large), rows, padded_rows,
         hit_rate (hits / calls) and padding_waste (padded rows / rows replayed)."""
@@ -141,8 +164,8 @@ class GraphCache:
                 self._stats[k] = 0
 
     # -- at run time ---------------------------------------------------------------------------
-    def _record(self, cx: Any, key: tuple[Any, ...], b: int, x: Tensor) -> _Entry:
-        inp = new_tensor(cx, (b, *x.shape[1:]), x.dtype, "GraphCache static input")
+    def _record(self, cx: Any, b: int, tail: tuple[int, ...], dtype: DType) -> _Entry:
+        inp = new_tensor(cx, (b, *tail), dtype, "GraphCache static input")
         cx.backend.memset(inp.buffer, 0, inp.nbytes, b"\0", cx.stream)  # (new: no other thread sees it)
         with blocking_allowed():  # (once per bucket: build may allocate its outputs with sync())
             op = self._build(inp)
@@ -157,6 +180,42 @@ class GraphCache:
             )
         return _Entry(inp, s.graph, out)
 
+    def _eager(self, cx: Any, x: Tensor) -> Tensor:
+        """``build(x)`` run as it is, for an input larger than every bucket."""
+        with self._lock:
+            self._stats["calls"] += 1
+            self._stats["eager"] += 1
+        with blocking_allowed():
+            op = self._build(x)
+        out = op._run(cx)
+        if type(out) is not Tensor:
+            raise UsageError(f"GraphCache build(x) must return an op whose output is a Tensor, got {out!r}")
+        return out
+
+    def _entry(self, cx: Any, b: int, n: int, tail: tuple[int, ...], dtype: DType) -> _Entry:
+        """The recording of bucket ``b`` whose turn it is (recorded first if the bucket has
+        fewer than ``copies``), the call of ``n`` rows counted."""
+        key = (b, tail, dtype.name, cx.backend)
+        with self._lock:
+            lst = self._entries.setdefault(key, [])
+            turn = self._turns.get(key, 0)
+            self._turns[key] = turn + 1
+            e = lst[turn % self.copies] if len(lst) == self.copies else None
+        hit = e is not None
+        if e is None:
+            e = self._record(cx, b, tail, dtype)  # (outside the lock: recording runs build and waits)
+            with self._lock:
+                if len(lst) < self.copies:
+                    lst.append(e)
+                # else: other threads filled the copies meanwhile; this recording serves this call
+        st = self._stats
+        with self._lock:
+            st["calls"] += 1
+            st["hits" if hit else "misses"] += 1
+            st["rows"] += n
+            st["padded_rows"] += b - n
+        return e
+
     def _run(self, cx: Any, x: Tensor) -> Tensor:
         if cx.capturing:
             raise CaptureError(
@@ -165,35 +224,9 @@ class GraphCache:
         check_backend(cx, x.buffer.backend, "GraphCache call")
         n = x.shape[0]
         b = self.bucket_for(n)
-        st = self._stats
         if b is None:
-            with self._lock:
-                st["calls"] += 1
-                st["eager"] += 1
-            with blocking_allowed():
-                op = self._build(x)
-            out = op._run(cx)
-            if type(out) is not Tensor:
-                raise UsageError(f"GraphCache build(x) must return an op whose output is a Tensor, got {out!r}")
-            return out
-        key = (b, x.shape[1:], x.dtype.name, cx.backend)
-        with self._lock:
-            lst = self._entries.setdefault(key, [])
-            turn = self._turns.get(key, 0)
-            self._turns[key] = turn + 1
-            e = lst[turn % self.copies] if len(lst) == self.copies else None
-        hit = e is not None
-        if e is None:
-            e = self._record(cx, key, b, x)  # (outside the lock: recording runs build and waits)
-            with self._lock:
-                if len(lst) < self.copies:
-                    lst.append(e)
-                # else: other threads filled the copies meanwhile; this recording serves this call
-        with self._lock:
-            st["calls"] += 1
-            st["hits" if hit else "misses"] += 1
-            st["rows"] += n
-            st["padded_rows"] += b - n
+            return self._eager(cx, x)
+        e = self._entry(cx, b, n, x.shape[1:], x.dtype)
         inp = e.inp
         row = inp.nbytes // b
         be = cx.backend
@@ -224,6 +257,51 @@ class GraphCache:
                 "GraphCache output copy",
             )
         return res
+
+    def _run_numpy(self, cx: Any, x: np.ndarray, dtype: DType) -> np.ndarray:
+        if cx.capturing:
+            raise CaptureError(
+                "GraphCache.run_numpy inside a graph recording: graphs do not nest, and its download "
+                "completes on the host; call it outside the scope"
+            )
+        n = x.shape[0]
+        b = self.bucket_for(n)
+        if b is None:
+            return to_numpy(self._eager(cx, from_numpy(x)._run(cx)))._run(cx)
+        e = self._entry(cx, b, n, x.shape[1:], dtype)
+        inp = e.inp
+        row = inp.nbytes // b
+        if x.dtype != dtype.np_dtype:  # (a byte order or alias numpy tells apart: the bytes deviceop's dtype has)
+            x = x.astype(dtype.np_dtype)
+        be = cx.backend
+
+        def upload() -> None:
+            be.htod(inp.buffer, 0, x, cx.stream, cx)  # (a snapshot of x, taken now)
+            if n < b:
+                be.memset(inp.buffer, n * row, (b - n) * row, b"\0", cx.stream)
+
+        # upload, replay and download are enqueued as one, as cache(x)'s copies: the download
+        # reads the static output, so the next replay of this recording is ordered after it
+        with e.lock:
+            enqueue(cx, ((inp.buffer, 0, inp.nbytes, True),), upload, "GraphCache input upload")
+            out = e.graph.launch()._run(cx)
+            return to_numpy(out[:n] if n < b else out)._run(cx)
+
+
+class _NumpyCall(DeviceOp[np.ndarray]):
+    __slots__ = ("_c", "_dtype", "_x")
+
+    def __init__(self, c: GraphCache, x: np.ndarray, dtype: DType) -> None:
+        super().__init__()
+        self._c = c
+        self._x = x
+        self._dtype = dtype
+
+    def __repr__(self) -> str:
+        return f"<GraphCache.run_numpy, {self._x.shape[0]} rows>"
+
+    def _run(self, cx: Any) -> np.ndarray:
+        return self._c._run_numpy(cx, self._x, self._dtype)
 
 
 class _CacheCall(DeviceOp[Tensor]):

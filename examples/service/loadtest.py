@@ -422,6 +422,8 @@ def _main(argv: list[str] | None = None) -> int:
     xs = [rng.integers(0, VOCAB, a.rows, dtype=np.int32) for _ in range(a.inputs)]
     inputs = [x.tobytes() for x in xs]
     print(f"starting {len(impls)} servers ({', '.join(impls)})...", flush=True)
+    if a.profile:
+        os.makedirs(os.path.dirname(os.path.abspath(a.profile)), exist_ok=True)  # (the servers write there at exit)
     servers = {impl: start_server(impl, model_args, env, a.profile) for impl in impls}
     doc: dict[str, Any] = {"experiment": "service", "machine": machine(), "config": vars(a), "impls": impls}
     try:
