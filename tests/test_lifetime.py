@@ -427,6 +427,35 @@ async def test_a_full_device_takes_back_the_buffers_of_completed_work_left_to_a_
     assert (await do.to_numpy(x) == 1.0).all()  # (an error of that allocation only)
 
 
+async def test_a_full_device_serves_the_allocation_from_the_reclaimed_block_and_keeps_the_idle_ones(
+    backend, anyio_backend, monkeypatch
+):
+    """The block that completed work gives back, of the size asked, serves the allocation from
+    the cache: the idle blocks of other sizes stay cached, not given back to the driver."""
+    if backend == "host":
+        pytest.skip("the host backend caches no blocks")
+    from deviceop._core import _future
+    from deviceop.device import current
+
+    monkeypatch.setattr(_future, "GRACE", 60.0)
+    be = current()
+    dst = await do.zeros(1 << 20, do.float32)
+    _settled()
+    do.empty_cache()
+    other = await do.zeros(1 << 16, do.float32)  # (another size class)
+    del other
+    _settled()
+    cached = be.blocks.cached
+    assert cached >= 1 << 18
+    fut = _copy_of_a_fresh_buffer(dst, 7.0).submit()
+    _until_complete(fut)
+    with _device_full(backend):
+        x = await do.full(1 << 20, 1.0, do.float32)  # the future's block, taken from the cache
+    assert be.blocks.cached == cached  # (the idle block of the other size is still there)
+    assert (await fut) is dst
+    assert (await do.to_numpy(dst) == 7.0).all() and (await do.to_numpy(x) == 1.0).all()
+
+
 async def test_empty_cache_takes_back_the_buffers_of_completed_work_left_to_a_loop(backend, anyio_backend, monkeypatch):
     from deviceop._core import _future
 

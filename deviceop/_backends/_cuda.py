@@ -354,10 +354,16 @@ class CudaBackend:
         """Return ``buf``'s block to the cache (no driver call: safe while a thread records)."""
         self.blocks.give_block(buf.ptr, size_class(buf.nbytes))
 
+    def reclaim(self) -> int:
+        """Finish the executions of this device whose work has completed but which no thread has
+        finished yet (:func:`~deviceop._core._watch.reclaim`): their blocks go back to the cache.
+        Returns how many were finished. An allocation that finds the device full calls it first."""
+        return reclaim(self)
+
     def empty_cache(self) -> int:
         """Give every cached (idle) block back to the driver's pool; return the bytes freed.
         The executions of this device whose work has completed but which no thread has finished
-        yet are finished first (:func:`~deviceop._core._watch.reclaim`): their blocks go too."""
+        yet are finished first (:meth:`reclaim`): their blocks go too."""
         reclaim(self)
         freed = 0
         with self.current():

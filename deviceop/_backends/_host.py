@@ -389,7 +389,7 @@ class HostBackend:
             arr = np.empty(max(nbytes, 1), dtype=np.uint8)
         except MemoryError:
             arr = None
-        if arr is None and reclaim(self):
+        if arr is None and self.reclaim():
             # as the cuda backend does: completed work that no thread has finished yet lets go
             # of its buffers, then the allocation is tried once more
             try:
@@ -413,10 +413,16 @@ class HostBackend:
         with self._lock:
             self._used -= buf.nbytes
 
+    def reclaim(self) -> int:
+        """Finish the executions whose work has completed but which no thread has finished yet
+        (:func:`~deviceop._core._watch.reclaim`): their buffers go. Returns how many were
+        finished. An allocation that fails calls it, then tries once more."""
+        return reclaim(self)
+
     def empty_cache(self) -> int:
         """Nothing is cached on the host backend: returns 0. Completed work that no thread has
-        finished yet lets go of its buffers (:func:`~deviceop._core._watch.reclaim`), as on cuda."""
-        reclaim(self)
+        finished yet lets go of its buffers first (:meth:`reclaim`), as on cuda."""
+        self.reclaim()
         return 0
 
     def used_bytes(self) -> int:

@@ -690,10 +690,11 @@ cdef int _ready_on(Driver d, void* ash, object stream) except -1:
 
 cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nbytes):
     """A buffer of ``nbytes`` on ``stream``: a cached idle block of its size class, else one from
-    the driver's pool (``d.mem_alloc``); when the pool is out of memory the backend's cached
-    blocks go back to it (``backend.empty_cache()``, which first finishes the executions whose
-    work has completed but which no thread has finished yet, so their blocks go too) and the
-    allocation is tried once more.
+    the driver's pool (``d.mem_alloc``). When the pool is out of memory, the executions whose
+    work has completed but which no thread has finished yet are finished first
+    (``backend.reclaim()``): their blocks go back to the cache, and one of this size class is
+    taken from there, the other idle blocks kept. Without one, every idle block goes back to
+    the pool (``backend.empty_cache()``) and the allocation is tried once more.
     The buffer returns its block to the cache when it is dropped.
 
     A fresh block is allocated on the driver's allocation stream (``d.alloc_stream``) where it
@@ -709,16 +710,25 @@ cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nb
     cdef void* sh = <void*><uintptr_t>stream.handle_int
     cdef void* ash = <void*>d.alloc_stream if d.alloc_stream else sh
     cdef int err = 0
+    cdef bint fresh = ptr == 0
     cdef Buffer buf
-    if ptr == 0:
+    if fresh:
         with nogil:
             err = d.mem_alloc(&ptr, size, ash)
-        if err == 2:  # CUDA_ERROR_OUT_OF_MEMORY: completed work's blocks and the idle ones go back
-            backend.empty_cache()
-            with nogil:
-                err = d.mem_alloc(&ptr, size, ash)
+        if err == 2:  # CUDA_ERROR_OUT_OF_MEMORY: completed work's blocks go back to the cache
+            ptr = 0
+            if backend.reclaim():
+                ptr = blocks.take(size)  # (idle, ready for any stream, counted live by take)
+            if ptr != 0:
+                fresh = False
+                err = 0
+            else:  # none of this size: every idle block goes back to the pool, and once more
+                backend.empty_cache()
+                with nogil:
+                    err = d.mem_alloc(&ptr, size, ash)
         if err:
             raise d.error(err, f"cuMemAllocAsync({nbytes} bytes)")
+    if fresh:
         blocks.count(size)
         if ash != sh:
             try:
