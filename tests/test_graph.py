@@ -728,8 +728,13 @@ def test_cache_run_numpy_refuses_what_it_cannot_take(backend) -> None:
         c.run_numpy(np.zeros((0, 4), np.float32))
     with pytest.raises(do.ShapeError, match="at least one row"):
         c.run_numpy(np.array(3.0, np.float32))
-    with pytest.raises(do.DTypeError):
+    with pytest.raises(do.DTypeError, match=r"convert it first: x\.astype"):
         c.run_numpy(np.zeros((2, 4), np.complex64))
+    with pytest.raises(do.UsageError, match=r"numpy\.stack\(rows\)"):
+        c.run_numpy([np.zeros(4, np.float32)])  # type: ignore[arg-type]
+    eager = do.graph.GraphCache(lambda inp: 3, buckets=[1])  # type: ignore[arg-type,return-value]
+    with pytest.raises(do.UsageError, match="must return a DeviceOp"):
+        eager.run_numpy(np.zeros((2, 4), np.float32)).sync()  # (larger than every bucket: build runs eagerly)
     with do.graph.scope() as sc:
         with pytest.raises(do.CaptureError, match="graphs do not nest"):
             sc.record(c.run_numpy(np.zeros((2, 4), np.float32)))

@@ -449,8 +449,20 @@ async def test_a_full_device_serves_the_allocation_from_the_reclaimed_block_and_
     assert cached >= 1 << 18
     fut = _copy_of_a_fresh_buffer(dst, 7.0).submit()
     _until_complete(fut)
+    held = do.used_bytes()
+    reclaimed: list[int] = []
+    real_reclaim = be.reclaim
+
+    def reclaim() -> int:
+        reclaimed.append(real_reclaim())
+        return reclaimed[-1]
+
+    monkeypatch.setattr(be, "reclaim", reclaim)
     with _device_full(backend):
         x = await do.full(1 << 20, 1.0, do.float32)  # the future's block, taken from the cache
+    # (the allocation found the device full and finished the future's execution itself)
+    assert len(reclaimed) == 1 and reclaimed[0] >= 1
+    assert do.used_bytes() == held  # (its block went back; x took as much)
     assert be.blocks.cached == cached  # (the idle block of the other size is still there)
     assert (await fut) is dst
     assert (await do.to_numpy(dst) == 7.0).all() and (await do.to_numpy(x) == 1.0).all()

@@ -20,7 +20,7 @@ from .._core._guards import blocking_allowed
 from .._core._ledger import check_backend, enqueue
 from .._core._tensor import Tensor
 from .._dtypes import DType, as_dtype
-from .._errors import CaptureError, ShapeError, UsageError
+from .._errors import CaptureError, DTypeError, ShapeError, UsageError
 from ..ops._base import DeviceOp
 from ..ops._leaf import new_tensor
 from ..ops._transfer import from_numpy, to_numpy
@@ -139,12 +139,21 @@ class GraphCache:
         ``cache(x)``'s: the next replay of a recording waits for the download of the last."""
         if not isinstance(x, np.ndarray):
             raise UsageError(
-                f"GraphCache.run_numpy takes a numpy.ndarray, got {type(x).__name__}; call the cache "
-                "itself (cache(t)) for a deviceop Tensor"
+                f"GraphCache.run_numpy takes a numpy.ndarray, got {type(x).__name__}; make one first "
+                "(numpy.asarray(x), or numpy.stack(rows) for a list of rows), or call the cache itself "
+                "(cache(t)) with a deviceop Tensor"
             )
         if not x.shape or x.shape[0] < 1:
             raise ShapeError(f"GraphCache.run_numpy needs an array with at least one row, got shape {x.shape}")
-        return _NumpyCall(self, x, as_dtype(x.dtype, "GraphCache.run_numpy input dtype"))
+        try:
+            dtype = as_dtype(x.dtype, "GraphCache.run_numpy input dtype")
+        except DTypeError:
+            raise DTypeError(
+                f"GraphCache.run_numpy got an array of {x.dtype}, which deviceop has no dtype for; "
+                "convert it first: x.astype(numpy.float32) (or float16, int32, int64, uint8; "
+                "ml_dtypes.bfloat16 for bfloat16), the dtype the cache's build expects"
+            ) from None
+        return _NumpyCall(self, x, dtype)
 
     def stats(self) -> dict[str, float]:
         """Counters: calls, hits, misses (recordings), eager (too large), rows, padded_rows,
@@ -187,6 +196,8 @@ class GraphCache:
             self._stats["eager"] += 1
         with blocking_allowed():
             op = self._build(x)
+        if not isinstance(op, DeviceOp):
+            raise UsageError(f"GraphCache build(x) must return a DeviceOp, got {type(op).__name__}")
         out = op._run(cx)
         if type(out) is not Tensor:
             raise UsageError(f"GraphCache build(x) must return an op whose output is a Tensor, got {out!r}")
@@ -271,8 +282,6 @@ class GraphCache:
         e = self._entry(cx, b, n, x.shape[1:], dtype)
         inp = e.inp
         row = inp.nbytes // b
-        if x.dtype != dtype.np_dtype:  # (a byte order or alias numpy tells apart: the bytes deviceop's dtype has)
-            x = x.astype(dtype.np_dtype)
         be = cx.backend
 
         def upload() -> None:
