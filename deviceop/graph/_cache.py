@@ -66,6 +66,8 @@ class GraphCache:
     the smallest bucket that holds it, fills the padding rows with zeros, replays, and yields the
     first ``len(x)`` rows of the output, copied to a new tensor (``copy_out=False``: a view of
     the bucket's static output, overwritten by the next call in that bucket).
+    ``cache.run_numpy(array)`` does the same from a host array to a host array, uploading into
+    the static input and downloading from the static output with no device copies.
 
     The calls of one recording are ordered by the ledger in issue order (they share its
     buffers), so concurrent calls on several streams would run one after another.
