@@ -325,8 +325,16 @@ def service(d: dict[str, Any]) -> list[Metric]:
     for impl, s in d["summary"].items():
         v = s.get("vs_best_torch")
         if v:
+            rounds = v.get("rounds") or []  # (the ratio within each round; older documents have none)
             out.append(
-                Metric(f"requests/s, {impl}", v["ratio"], "x", "higher", f"the best PyTorch variant ({v['impl']})")
+                Metric(
+                    f"requests/s, {impl}",
+                    v["ratio"],
+                    "x",
+                    "higher",
+                    f"the best PyTorch variant ({v['impl']})",
+                    **_spread([min(rounds), max(rounds)] if len(rounds) > 1 else None),
+                )
             )
         if impl.startswith("deviceop") and s.get("lag_ms_p99") is not None:
             out.append(Metric(f"loop lag p99 at saturation, {impl}", s["lag_ms_p99"], "ms", "lower", ""))

@@ -171,6 +171,19 @@ def test_every_headline_reads_the_baseline_it_made():
             assert [m["name"] for m in headlines(name, e["raw"])] == [m["name"] for m in e["metrics"]]
 
 
+def test_the_service_headline_gives_the_spread_of_its_rounds():
+    from benchmarks.__main__ import headlines
+
+    summary = {
+        "deviceop-batch": {"vs_best_torch": {"impl": "torch-batch-graphs", "ratio": 1.2, "rounds": [1.3, 0.9, 1.1]}},
+        "deviceop": {"vs_best_torch": {"impl": "torch-batch-graphs", "ratio": 0.5}},  # (an older document)
+    }
+    got = {m["name"]: m for m in headlines("service", {"summary": summary})}
+    batch = got["requests/s, deviceop-batch"]
+    assert (batch["value"], batch["low"], batch["high"]) == (1.2, 0.9, 1.3)
+    assert "low" not in got["requests/s, deviceop"] and "high" not in got["requests/s, deviceop"]
+
+
 def _fake(tmp_path: Path, body: str, timeout_s: float = 60):
     from benchmarks._harness import Benchmark
 

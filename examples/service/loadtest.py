@@ -10,7 +10,8 @@ throughput, a request on a fixed schedule whatever is in flight). Each round pri
 variant and load; at the end a table gives each variant's medians over the closed-loop rounds:
 requests per second, latency p50 / p99, the server's event-loop lag p99, its CPU time per
 request (all its threads), errors and responses that differ from that server's first answer to
-the same input, its ratio to the best PyTorch variant and, with the ``cached`` variant among
+the same input, its ratio to the best PyTorch variant (with the lowest and highest ratio within
+a round: how far the machine moved it) and, with the ``cached`` variant among
 them (the server answering each distinct input from a dict: its HTTP work alone), its share of
 that ceiling. ``--out`` writes every figure (the open-loop medians too) as JSON.
 
@@ -313,6 +314,10 @@ def print_table(summary: dict[str, Any]) -> None:
     def f(x: float | None, spec: str) -> str:
         return format("-", ">" + spec.split(".")[0]) if x is None else format(x, spec)
 
+    def spread(vs: dict[str, Any]) -> str:
+        rs = vs.get("rounds") or []
+        return f" (rounds {min(rs):.2f}-{max(rs):.2f}x)" if len(rs) > 1 else ""
+
     print(
         f"\n{'variant':<20} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'lag p99':>7} {'CPU µs/req':>10}"
         f" {'errors':>6} {'of cached':>9}  vs the best PyTorch variant"
@@ -323,11 +328,12 @@ def print_table(summary: dict[str, Any]) -> None:
             f"{impl:<20} {f(m.get('req_s'), '8.0f')} {f(m.get('latency_ms_p50'), '7.2f')}"
             f" {f(m.get('latency_ms_p99'), '7.2f')} {f(m.get('lag_ms_p99'), '7.2f')}"
             f" {f(m.get('server_cpu_us_per_req'), '10.0f')} {m['errors'] + m['mismatches']:>6}"
-            f" {f(m.get('of_ceiling'), '9.2f')}" + (f"  {vs['ratio']:.2f}x {vs['impl']}" if vs else "")
+            f" {f(m.get('of_ceiling'), '9.2f')}" + (f"  {vs['ratio']:.2f}x {vs['impl']}{spread(vs)}" if vs else "")
         )
     print(
-        "(closed loop, medians over the rounds; lag: the server loop's timer lateness; errors: failed "
-        "or differing answers; of cached: the share of the cached variant's requests/s; --out has the rest)"
+        "(closed loop, medians over the rounds; rounds: the ratio within each round, lowest to highest; "
+        "lag: the server loop's timer lateness; errors: failed or differing answers; of cached: the share "
+        "of the cached variant's requests/s; --out has the rest)"
     )
 
 
@@ -535,7 +541,19 @@ def _main(argv: list[str] | None = None) -> int:
             best = max(torch_impls, key=lambda i: summary[i]["req_s"])
             r = ratio(summary[impl]["req_s"], summary[best]["req_s"])
             if r is not None:
-                summary[impl]["vs_best_torch"] = {"impl": best, "ratio": r}
+                # and round by round: the two windows of a round are next to each other in time,
+                # and their spread over rounds shows how far the machine moved the ratio
+                by_round = {x["round"]: x["req_s"] for x in rows if x["impl"] == best}
+                paired = [
+                    ratio(x["req_s"], by_round[x["round"]])
+                    for x in rows
+                    if x["impl"] == impl and x["round"] in by_round
+                ]
+                summary[impl]["vs_best_torch"] = {
+                    "impl": best,
+                    "ratio": r,
+                    "rounds": [q for q in paired if q is not None],
+                }
             if "torch-blocking" in summary:
                 summary[impl]["vs_torch_blocking"] = ratio(summary[impl]["req_s"], summary["torch-blocking"]["req_s"])
     if "cached" in summary:  # (the most the server's loop answers: its HTTP work alone)
