@@ -364,7 +364,7 @@ class CudaBackend:
         """Give every cached (idle) block back to the driver's pool; return the bytes freed.
         The executions of this device whose work has completed but which no thread has finished
         yet are finished first (:meth:`reclaim`): their blocks go too."""
-        reclaim(self)
+        self.reclaim()
         freed = 0
         with self.current():
             for ptr, size in self.blocks.drain():

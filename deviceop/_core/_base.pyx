@@ -716,7 +716,6 @@ cpdef Buffer driver_alloc(Driver d, object backend, object stream, Py_ssize_t nb
         with nogil:
             err = d.mem_alloc(&ptr, size, ash)
         if err == 2:  # CUDA_ERROR_OUT_OF_MEMORY: completed work's blocks go back to the cache
-            ptr = 0
             backend.reclaim()
             # (idle, ready for any stream, counted live by take; also one another thread gave
             # back meanwhile, whatever this reclaim found)
