@@ -519,3 +519,59 @@ def test_await_a_future_of_a_replaced_host_device(host_backend):
         return await fut.wait(timeout=20)
 
     assert asyncio.run(main()) is not None
+
+
+def test_an_interrupt_while_futures_are_settled_leaves_none_of_them_pending(backend, monkeypatch):
+    """A callback's KeyboardInterrupt (a Ctrl-C landing while a thread settles futures) reaches
+    that thread once every future taken with it is settled: none is left pending with its
+    execution unfinished, and the future's other callbacks run."""
+    from deviceop._core import _future
+
+    monkeypatch.setattr(_future, "GRACE", 60.0)  # (left to the loop: this thread settles both)
+    t1, t2 = do.zeros(4096, do.float32).sync(), do.zeros(4096, do.float32).sync()
+    s = do.next_stream()
+    ran: list[int] = []
+
+    def interrupt(f: do.DeviceFuture[object]) -> None:
+        raise KeyboardInterrupt("while settling")
+
+    async def main() -> tuple[do.DeviceFuture[object], do.DeviceFuture[object]]:
+        f1 = slow_fill(t1, 1.0, 0.1).submit(s)
+        f2 = slow_fill(t2, 2.0, 0.1).submit(s)  # (the same stream: settled in the same pass)
+        f1.add_done_callback(interrupt)
+        f1.add_done_callback(lambda f: ran.append(1))
+        _until_complete(f2)
+        with pytest.raises(KeyboardInterrupt, match="while settling"):
+            f1.done()
+        return f1, f2
+
+    f1, f2 = asyncio.run(main())
+    assert ran == [1]
+    assert f2._cx.done and f2.done() and f1.done()
+    assert f2.result(timeout=5)[1] == 2.0 and f1.result(timeout=5)[1] == 1.0  # (the kernel's arguments)
+
+
+def test_an_interrupt_in_a_completion_callback_runs_the_others_and_releases_the_buffers(backend):
+    """An execution's completion callbacks (staging copies, releases) all run when one of them
+    raises KeyboardInterrupt; the interrupt is raised after them, its buffers are dropped."""
+    cx, _ = start(do.zeros(4096, do.float32), do.next_stream(), "test")
+    ran: list[int] = []
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt("in a callback")
+
+    cx.on_done(interrupt)
+    cx.on_done(lambda: ran.append(1))
+    cx.wait_completed()
+    with pytest.raises(KeyboardInterrupt, match="in a callback"):
+        cx.finish(False)  # (a failed execution's callbacks' errors are not raised; an interrupt is)
+    assert ran == [1] and cx.done and cx.buffers is None
+
+
+def test_a_future_refuses_a_callback_that_is_not_callable(backend):
+    fut = do.zeros(16, do.float32).submit()
+    with pytest.raises(do.UsageError, match="needs a callable, got int"):
+        fut.add_done_callback(42)  # type: ignore[arg-type]
+    fut.result(timeout=30)
+    with pytest.raises(do.UsageError, match="needs a callable, got int"):
+        fut.add_done_callback(42)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ import pytest
 from helpers import K, pool_of, slow_fill
 
 import deviceop as do
+from deviceop._core._base import set_lend_cap
 
 N = 1024
 
@@ -133,6 +134,43 @@ def test_shared_consumed_from_two_submits_on_different_streams(backend):
     np.testing.assert_array_equal(a0, expect)
     np.testing.assert_array_equal(a1, expect)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("how", ["strided", "staged"])
+@pytest.mark.parametrize("other_stream", [True, False])
+def test_a_shared_host_result_is_filled_before_any_consumer_returns_it(backend, how, other_stream):
+    # do.to_numpy fills its array when its execution finishes (a strided view is gathered then;
+    # on cuda, past the lending cap, the bytes are copied out of a staging block then). Shared,
+    # the first consumer's execution has later work and is not finished when a second consumer
+    # returns: that consumer's finish runs the fill, once, before it returns the array
+    if how == "staged" and backend == "host":
+        pytest.skip("the host backend copies without staging blocks")
+    x = do.from_numpy(np.arange(64, dtype=np.float32).reshape(8, 8)).sync()
+    src, expect = (x.T, np.arange(64, dtype=np.float32).reshape(8, 8).T) if how == "strided" else (x, x.numpy())
+    t = do.zeros(N, do.float32).sync()
+    s0, s1 = pool_of(2)[:2]
+    prev = set_lend_cap(0)
+    try:
+        sh = do.to_numpy(src).shared()
+        first = sh.then(lambda a: slow_fill(t, 1.0, 0.3).map(lambda _: a)).submit(s0)
+        out = sh.sync_on(s1 if other_stream else s0)
+        np.testing.assert_array_equal(out, expect)
+        if other_stream:
+            assert not first.done()  # (its later work still runs: it has not run the fill)
+        assert first.result(timeout=30) is out
+        np.testing.assert_array_equal(out, expect)  # (filled once: the first's finish adds nothing)
+    finally:
+        set_lend_cap(prev)
+
+
+def test_a_shared_host_result_reaches_every_consumer_filled_when_the_first_finishes_first(backend):
+    x = do.from_numpy(np.arange(64, dtype=np.float32).reshape(8, 8)).sync()
+    sh = do.to_numpy(x.T).shared()
+    a = sh.sync()
+    b = sh.map(lambda v: v.copy()).sync()  # (its finish finds the fill run already)
+    expect = np.arange(64, dtype=np.float32).reshape(8, 8).T
+    np.testing.assert_array_equal(a, expect)
+    np.testing.assert_array_equal(b, expect)
 
 
 def test_shared_first_run_from_threads_runs_once(backend):

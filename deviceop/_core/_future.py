@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
-from .._errors import BackendError
+from .._errors import BackendError, UsageError
 from ._completion import await_future
 from ._guards import check_timeout, loop_here, refuse_in_capture, refuse_on_loop
 from ._ledger import lost
@@ -113,6 +113,8 @@ class DeviceFuture(Generic[T]):
         A future submitted on an event loop's thread is left to that loop for 50 ms: not awaited
         there, it is completed by its stream's watcher thread when its work is done, or 50 ms
         after its submission if that is later (see the ops page)."""
+        if not callable(fn):
+            raise UsageError(f"add_done_callback(fn) needs a callable, got {type(fn).__name__}")
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(fn)
@@ -146,11 +148,17 @@ class DeviceFuture(Generic[T]):
         with self._lock:
             self._event.set()
             cbs, self._callbacks = self._callbacks, []
+        interrupt = None
         for fn in cbs:
             try:
                 fn(self)
             except Exception:  # a callback's failure must not stop the thread completing it
                 pass
+            except BaseException as e:  # (an interrupt: raised once every callback has run)
+                if interrupt is None:
+                    interrupt = e
+        if interrupt is not None:
+            raise interrupt
 
     def __repr__(self) -> str:
         state = "done" if self._event.is_set() else "pending"

@@ -247,17 +247,21 @@ cdef class ExecutionContext:
         if self.done:
             return 0
         self.done = True
-        for child in self.children:  # joined into our stream: complete when we are
-            child.finish_c(ok)
         cbs = self._done_cbs
         self._done_cbs = None
         first = None
         try:
+            for child in self.children:  # joined into our stream: complete when we are
+                try:
+                    child.finish_c(ok)
+                except BaseException as e:
+                    if first is None:
+                        first = e
             if cbs is not None:
                 for cb in cbs:
                     try:
                         cb()  # staging copies and releases: every one runs (each frees memory)
-                    except Exception as e:
+                    except BaseException as e:  # (an interrupt too: raised once all have run)
                         if first is None:
                             first = e
         finally:
@@ -269,7 +273,7 @@ cdef class ExecutionContext:
             self.op = None
             self._event = None
             self._sealed = False
-        if first is not None and ok:
+        if first is not None and (ok or not isinstance(first, Exception)):
             raise first
         return 0
 

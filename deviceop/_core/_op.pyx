@@ -318,12 +318,78 @@ cdef class DeviceOp:
         return fut
 
 
+cdef class _Once:
+    """The completion callbacks a shared op's source left on its first execution (a staging
+    copy into the output array, a gather into it, a staging block's release): run once, by
+    whichever execution consuming the output finishes first, each later one waiting until they
+    have run. Every consumer's work completes after the source's (the same stream, or a wait on
+    the event recorded after it), so any of them finishing may run them; each consumer's
+    terminal returns only after its own finish, so none sees the output before it is filled."""
+
+    cdef list cbs
+    cdef object lock
+    cdef object error
+
+    def __call__(self):
+        with self.lock:  # (a second finisher waits here until the first has filled the output)
+            cbs, self.cbs = self.cbs, None
+            if cbs is None:
+                if self.error is not None:
+                    raise self.error
+                return
+            self.error = _run_all(cbs)
+            if self.error is not None:
+                raise self.error
+
+
+cdef object _run_all(list cbs):
+    """Call every callback of ``cbs`` (each may free memory: one raising stops none of the
+    others); return the first exception raised, or None."""
+    first = None
+    for cb in cbs:
+        try:
+            cb()
+        except BaseException as e:
+            if first is None:
+                first = e
+    return first
+
+
+cdef _Once _take_callbacks(ExecutionContext cx, Py_ssize_t n0, Py_ssize_t c0):
+    """The completion callbacks added to ``cx`` (past its first ``n0``) and to its children
+    made meanwhile (past its first ``c0``), moved into one :class:`_Once` that takes their place
+    on ``cx``; None where there are none."""
+    cdef ExecutionContext child
+    cdef list cbs = []
+    if cx._done_cbs is not None and len(cx._done_cbs) > n0:
+        cbs.extend(cx._done_cbs[n0:])
+        del cx._done_cbs[n0:]
+    todo = list(cx.children[c0:])
+    while todo:
+        child = todo.pop()
+        if child._done_cbs:
+            cbs.extend(child._done_cbs)
+            child._done_cbs = None
+        todo.extend(child.children)
+    if not cbs:
+        return None
+    cdef _Once once = _Once.__new__(_Once)
+    once.cbs = cbs
+    once.lock = threading.RLock()
+    if cx._done_cbs is None:
+        cx._done_cbs = []
+    cx._done_cbs.insert(n0, once)
+    return once
+
+
 class Shared(DeviceOp):
     """Runs its source once, under a lock, in the first consumer's execution.
 
     An event is recorded after that execution's work; consumers on other streams make their
     stream wait on it (never on a bare flag), consumers on the same stream are already ordered.
-    May be consumed any number of times.
+    What the source leaves for its execution's completion (a copy into a host array it
+    returned) runs when the first of the consumers' executions finishes, before any of them
+    returns the output. May be consumed any number of times.
     """
 
     __slots__ = ("_lock", "_src", "_state")
@@ -344,21 +410,24 @@ class Shared(DeviceOp):
             st = self._state
             if st is None:
                 src, self._src = self._src, None
+                n0 = len(cx._done_cbs) if cx._done_cbs is not None else 0
+                c0 = len(cx.children)
                 try:
                     out = src._run(cx)
                 except BaseException as e:
                     self._state = ("error", e)
                     raise
                 if cx.capturing:  # its work exists only in the graph: no event to wait on outside it
-                    self._state = ("captured", out, None, cx)
+                    self._state = ("captured", out, None, cx, None)
                     return out
+                once = _take_callbacks(cx, n0, c0)
                 ev = cx.backend.new_event()
                 cx.stream.record(ev)
-                self._state = ("ok", out, ev, cx.stream)
+                self._state = ("ok", out, ev, cx.stream, once)
                 return out
         if st[0] == "error":
             raise UsageError("this shared op failed in its first execution and has no output; build it anew") from st[1]
-        kind, out, ev, stream = st
+        kind, out, ev, stream, once = st
         if kind == "captured":
             if stream is not cx:  # (holds the recording's execution context)
                 raise CaptureError(
@@ -373,6 +442,8 @@ class Shared(DeviceOp):
             return out
         if stream is not cx.stream:
             cx.stream.wait(ev)
+        if once is not None:
+            cx.on_done(once)  # (a no-op when it runs, where the first execution has run them)
         return out
 
 

@@ -101,6 +101,24 @@ cdef object _settle(list entry, object err):
             pass
 
 
+cdef int _settle_all(object backend, list done) except -1:
+    """Settle every ``(entry, err)`` of ``done``, taken off the watcher: an interrupt raised
+    while settling one (a callback's ``KeyboardInterrupt``, a signal on this thread) is raised
+    only once every other is settled too, none of them left unfinished and its future pending."""
+    first = None
+    for entry, err in done:
+        try:
+            if err is not None:
+                device_failed(backend, err)
+            _settle(entry, err)
+        except BaseException as e:
+            if first is None:
+                first = e
+    if first is not None:
+        raise first
+    return 0
+
+
 class _Early:
     """An entry's execution finished ahead of its entry (:meth:`Watcher.reclaim`). Whoever
     settles the entry finishes the execution itself if nobody has begun to (the reclaiming
@@ -244,10 +262,7 @@ class Watcher:
                         err = CudaError(f"waiting for work on {self.stream!r} failed: {e!r}")
                     done.append((self.pending.popleft(), err))
         finally:  # (what was taken is finished, whatever interrupted the look)
-            for entry, err in done:
-                if err is not None:
-                    device_failed(self.stream.backend, err)
-                _settle(entry, err)
+            _settle_all(self.stream.backend, done)
 
     def reclaim(self):
         """Finish now, on this thread, the executions of the entries whose work completed, in
