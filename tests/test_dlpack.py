@@ -6,9 +6,11 @@ import gc
 
 import numpy as np
 import pytest
-from helpers import K
+from helpers import K, pool_of, slow_copy, slow_fill
 
 import deviceop as do
+
+N = 1024
 
 
 def _require(backend: str, name: str) -> None:
@@ -222,3 +224,53 @@ def test_export_capsule_lifetimes(backend):
     del owner  # the consumer releases it: its deleter drops the tensor
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("how", ["dlpack", "cai"])
+def test_an_exported_tensor_is_read_after_every_execution_in_flight_on_it(backend, how):
+    """A read of the tensor on stream 0, then a write of it on stream 1 (ordered after that
+    read): a consumer's read on stream 2 sees the write, whichever of the two the export finds."""
+    _require(backend, "cuda")
+    from deviceop.device import current
+
+    be = current()
+    s0, s1, s2 = pool_of(3)[:3]
+    t = do.full(N, 1.0, do.float32).sync()
+    u, v = do.zeros(N, do.float32).sync(), do.zeros(N, do.float32).sync()
+    fr = slow_copy(u, t, 0.3).submit(s0)
+    fw = slow_fill(t, 7.0, 0.3).submit(s1)
+    if how == "dlpack":
+        cap = t.__dlpack__(stream=s2.handle_int)  # (what torch.from_dlpack(t) asks on its stream)
+    else:
+        h = t.__cuda_array_interface__["stream"]  # a CAI v3 consumer waits for this stream
+        ev = be.new_event()
+        next(x for x in be.streams if x.handle_int == h).record(ev)
+        s2.wait(ev)
+    be.dtod(v.buffer, 0, t.buffer, 0, t.nbytes, s2)  # the consumer's read, on its stream
+    fr.result(timeout=30)
+    fw.result(timeout=30)
+    s2.synchronize()
+    assert (v.numpy() == 7.0).all() and (u.numpy() == 1.0).all()
+    if how == "dlpack":
+        del cap
+
+
+def test_an_exported_tensor_is_written_after_every_read_in_flight_on_it(backend):
+    """A write of the tensor on stream 0, then a read of it on stream 1: a consumer that writes
+    the tensor on stream 2 does so after that read, not into it."""
+    _require(backend, "cuda")
+    from deviceop.device import current
+
+    be = current()
+    s0, s1, s2 = pool_of(3)[:3]
+    t = do.zeros(N, do.float32).sync()
+    u = do.zeros(N, do.float32).sync()
+    fw = slow_fill(t, 1.0, 0.3).submit(s0)
+    fr = slow_copy(u, t, 0.3).submit(s1)
+    cap = t.__dlpack__(stream=s2.handle_int)
+    be.memset(t.buffer, 0, t.nbytes, np.float32(5.0).tobytes(), s2)  # (torch: t_torch.fill_(5))
+    fw.result(timeout=30)
+    fr.result(timeout=30)
+    s2.synchronize()
+    assert (u.numpy() == 1.0).all() and (t.numpy() == 5.0).all()
+    del cap

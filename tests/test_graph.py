@@ -620,8 +620,9 @@ def test_cache_awaited(backend) -> None:
 def test_cache_bad_input(backend) -> None:
     with pytest.raises(do.UsageError, match=r"buckets=.*max_size"):
         do.graph.GraphCache(_double_rows)
-    with pytest.raises(do.UsageError, match="positive ints"):
-        do.graph.GraphCache(_double_rows, buckets=[0, 4])
+    for bad in ([0, 4], [1, "a"], 5, [[1]], [], [2.0]):  # (a few were raw TypeErrors)
+        with pytest.raises(do.UsageError, match="positive ints"):
+            do.graph.GraphCache(_double_rows, buckets=bad)  # type: ignore[arg-type]
     with pytest.raises(do.UsageError, match="callable"):
         do.graph.GraphCache(3)  # type: ignore[arg-type]
     c = do.graph.GraphCache(_double_rows, max_size=4)

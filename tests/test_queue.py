@@ -247,9 +247,10 @@ def test_work_queue_bad_arguments(backend):
         WorkQueue(streams=2, capacity=0)
     with pytest.raises(do.UsageError, match="not a deviceop stream"):
         WorkQueue(streams=["s0"])
-    for q in (WorkQueue, ThreadedQueue):  # a bool is neither a count nor a list (was a TypeError)
-        with pytest.raises(do.UsageError, match="number of streams or a list"):
-            q(streams=True)
+    for q in (WorkQueue, ThreadedQueue):  # neither a count nor a list (were TypeErrors)
+        for bad in (True, 2.0, "s0"):
+            with pytest.raises(do.UsageError, match="number of streams or a list"):
+                q(streams=bad)
 
     async def put_outside():
         await WorkQueue(streams=1).put(lambda lane: None)
@@ -409,6 +410,29 @@ def test_on_done_hooks_run_per_item_in_their_lane(backend):
     assert sorted(seen_threads) == list(range(5))
     with pytest.raises(do.UsageError, match="on_done"):
         WorkQueue(streams=1, on_done=3)
+
+
+def test_a_plain_function_as_on_done_is_called_and_the_items_succeed(backend):
+    bufs = _lane_buffers(2)
+    seen = []
+
+    async def main():
+        return await WorkQueue(streams=2, on_done=lambda r: seen.append(r.index)).run(_items(bufs, 6))
+
+    res = anyio.run(main)
+    assert sorted(seen) == list(range(6)) and all(r.ok for r in res)
+
+
+def test_a_threaded_queue_refuses_to_block_a_running_loop(backend):
+    bufs = _lane_buffers(2)
+
+    async def main():
+        with pytest.raises(do.UsageError, match=r"block the running event loop.*WorkQueue.*to_thread"):
+            ThreadedQueue(streams=2).run(_items(bufs, 2))
+        q = ThreadedQueue(streams=2)
+        return await anyio.to_thread.run_sync(q.run, _items(bufs, 4))  # (the advice works)
+
+    assert all(r.ok for r in anyio.run(main))
 
 
 def test_poll_argument_is_checked(backend):

@@ -44,7 +44,7 @@ from .._errors import BackendError, BorrowError, CaptureError, SettingError, Usa
 
 __all__ = [
     "ExecutionContext", "Access", "enqueue", "abandon", "abandoned", "lost", "check_backend", "touch",
-    "in_flight", "held", "set_borrow_policy", "borrow_policy",
+    "in_flight", "every_in_flight", "held", "set_borrow_policy", "borrow_policy",
 ]
 
 # 0: order (default), 1: raise, 2: off
@@ -695,6 +695,18 @@ def in_flight(Buffer buf, Py_ssize_t lo, Py_ssize_t hi):
         if not ex.done and not ex.poll() and e.lo < hi and lo < e.hi:
             return ex
     return None
+
+
+def every_in_flight(Buffer buf, Py_ssize_t lo, Py_ssize_t hi):
+    """Every unfinished execution touching bytes [lo, hi) of ``buf``, reading or writing, once
+    each, in the order their accesses were registered."""
+    cdef Access e
+    cdef list found = []
+    for e in list(buf.accesses):
+        ex = e.cx
+        if not ex.done and e.lo < hi and lo < e.hi and not any(x is ex for x in found) and not ex.poll():
+            found.append(ex)
+    return found
 
 
 def held(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write):

@@ -34,7 +34,7 @@ from ._external import (
     seen,
     wrapper,
 )
-from ._ledger import in_flight
+from ._ledger import every_in_flight
 
 __all__ = ["access_of", "buffer_for", "export", "host_root", "inside_stream", "raw_view", "register", "span"]
 
@@ -348,11 +348,12 @@ def export(t: Any, stream: Any) -> Any:
             ev = be.new_event()  # another stream of the consumer: after our work so far
             mine.record(ev)
             be.foreign_wait(stream, ev)
-    else:
-        ex = in_flight(t.buffer, *t.span)
-        if ex is not None and stream != -1:
+    elif stream != -1:
+        # the consumer's stream waits for every execution in flight on the tensor, on any
+        # stream: it may read what one writes, or write what one still reads
+        for ex in every_in_flight(t.buffer, *t.span):
             with LOCK:
                 ev = ex.completion_event()
-            be.foreign_wait(stream, ev)  # the consumer's stream waits for the work in flight
+            be.foreign_wait(stream, ev)
     dev_type, dev_id = be.dlpack_device
     return capsule(t, t.ptr, t.shape, t.strides, t.dtype.dl_code, t.dtype.itemsize * 8, dev_type, dev_id)

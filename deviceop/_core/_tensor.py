@@ -11,6 +11,7 @@ import numpy as np
 from .._dtypes import DType
 from .._errors import BackendError, BorrowError, DTypeError, ShapeError, TensorIndexError
 from ._base import (
+    LOCK,
     PartitionBase,
     TensorBase,
     contiguous_strides,
@@ -19,7 +20,7 @@ from ._base import (
     remember_partition,
 )
 from ._guards import refuse_on_loop
-from ._ledger import in_flight, lost
+from ._ledger import every_in_flight, in_flight, lost
 from ._op import run_sync
 from ._regions import export
 from ._select import current, next_stream
@@ -209,15 +210,30 @@ class Tensor(TensorBase):
         if self.dtype.name == "bfloat16":
             raise DTypeError("__cuda_array_interface__ has no bfloat16 type; use DLPack (torch.from_dlpack(t))")
         it = self.dtype.itemsize
-        ex = in_flight(self.buffer, *self._span)
         return {
             "shape": self.shape,
             "typestr": self.dtype.np_dtype.str,
             "data": (self.ptr, False),
             "strides": None if self.is_contiguous() else tuple(s * it for s in self.strides),
             "version": 3,
-            "stream": ex.stream.handle_int if ex is not None else None,
+            "stream": self._producing_stream(),
         }
+
+    def _producing_stream(self) -> int | None:
+        """The stream a ``__cuda_array_interface__`` consumer synchronises with: the one of the
+        work in flight on this tensor; where that work runs on several streams, the last of them,
+        made to wait for the others' work so far (a consumer may read what any of it writes, or
+        write what any of it reads); None where nothing is in flight."""
+        found = every_in_flight(self.buffer, *self._span)
+        if not found:
+            return None
+        last = found[-1].stream
+        for ex in found[:-1]:
+            if ex.stream is not last:
+                with LOCK:
+                    ev = ex.completion_event()
+                last.wait(ev)
+        return int(last.handle_int)
 
     def __dlpack__(
         self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None

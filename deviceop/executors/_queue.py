@@ -14,6 +14,7 @@ while ``capacity`` items are queued or in flight.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import deque
 from collections.abc import AsyncIterable, Iterable, Sequence
@@ -58,9 +59,9 @@ class WorkQueue:
     buffers). An item's error is kept in its result and the queue goes on; ``cancel()`` stops
     the whole queue (work already on the GPU completes and keeps its buffers alive).
     ``on_done``: optional ``async f(result)`` awaited after each item (post-processing, host
-    work), in a task per completed batch that awaits its items' hooks in turn; until it
-    returns, that batch keeps its place among its stream's two in flight (a slow hook holds
-    its stream back, not the queue). Hooks of different batches run concurrently, so items may
+    work; a plain ``f(result)`` is called), in a task per completed batch that awaits its
+    items' hooks in turn; until it returns, that batch keeps its place among its stream's two
+    in flight (a slow hook holds its stream back, not the queue). Hooks of different batches run concurrently, so items may
     reach ``on_done`` out of order; ``result.index`` is the put order.
     ``poll``: seconds the queue polls for a completion in the loop (yielding to the other
     tasks between checks) before it parks on the completion reactor. Default None: up to 3x
@@ -99,7 +100,7 @@ class WorkQueue:
             raise UsageError(f"poll must be None (learned) or 0 to 1 seconds, got {poll!r}")
         self.poll = None if poll is None else float(poll)
         if on_done is not None and not callable(on_done):
-            raise UsageError(f"on_done must be an async callable f(result), got {type(on_done).__name__}")
+            raise UsageError(f"on_done must be a callable f(result) (async or not), got {type(on_done).__name__}")
         self.on_done = on_done
         self.streams = lanes_of(streams, devices)
         self.capacity = check_capacity(capacity, len(self.streams), self.batch)
@@ -328,7 +329,9 @@ class WorkQueue:
         try:
             for r in results:
                 try:
-                    await self.on_done(r)
+                    x = self.on_done(r)
+                    if inspect.isawaitable(x):  # (an async hook; a plain one has run already)
+                        await x
                 except Exception as e:  # kept with the item, like the op's own errors
                     r.error = r.error or e
                 except self._cancelled_exc as e:

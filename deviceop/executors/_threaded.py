@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable, Sequence, Sized
 from typing import Any
 
+from .._core._guards import refuse_on_loop
 from .._core._lanes import resolve, settle, start_batch, take_batch
 from .._core._op import run_sync
 from .._errors import UsageError
@@ -79,6 +80,14 @@ class ThreadedQueue:
         """
         if self._ran:
             raise UsageError("this ThreadedQueue has run; a queue runs once, make a new one")
+        try:
+            refuse_on_loop("ThreadedQueue.run()")
+        except UsageError:
+            raise UsageError(
+                "ThreadedQueue.run() would block the running event loop until every item is done, "
+                "stalling its other tasks. In a loop use WorkQueue ('await WorkQueue(...).run(items)'), "
+                "or run this one in a thread ('await asyncio.to_thread(q.run, items)')"
+            ) from None
         self._ran = True
         threads = [
             threading.Thread(target=self._worker, args=(lane, s), name=f"deviceop-queue-{lane}", daemon=True)

@@ -93,9 +93,11 @@ class GraphCache:
             if max_size is None:
                 raise UsageError("GraphCache needs buckets=[...] or max_size=N (buckets 1, 2, 4, ... N)")
             buckets = power_of_two_buckets(max_size)
-        bs = sorted(set(buckets))
-        if not bs or any(type(b) is not int or b < 1 for b in bs):
-            raise UsageError(f"buckets must be positive ints, got {list(buckets)!r}")
+        if not isinstance(buckets, (list, tuple, range)) or any(type(b) is not int or b < 1 for b in buckets):
+            raise UsageError(f"buckets must be a list of positive ints (batch sizes), got {buckets!r}")
+        bs: list[int] = sorted(set(buckets))
+        if not bs:
+            raise UsageError("buckets must be a list of positive ints (batch sizes), got an empty one")
         if type(copies) is not int or not 1 <= copies <= 64:
             raise UsageError(f"copies must be an int from 1 to 64 (recordings per bucket), got {copies!r}")
         self.buckets = bs
