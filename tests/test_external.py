@@ -473,8 +473,9 @@ def test_pool_streams_from_handle_and_protocol(backend):
     assert isinstance(s, do.Stream) and not isinstance(object(), do.Stream)
     if _cuda():
         assert s.__cuda_stream__() == (0, s.handle_int)
-    with pytest.raises(do.UsageError, match="not a stream"):
-        do.Stream.from_handle("s0")
+    for bad in ("s0", -1, 1 << 64):  # (a handle past 64 bits was a raw OverflowError on cuda)
+        with pytest.raises(do.UsageError, match="not a stream"):
+            do.Stream.from_handle(bad)
     with pytest.raises(do.UsageError):
         do.Stream()
     if not _cuda():

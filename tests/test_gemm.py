@@ -153,6 +153,45 @@ def test_gemm_in_a_graph(backend):
     _check(c.numpy(), _ref(a, b), do.float16, 32)
 
 
+def test_gemms_recorded_in_scopes_work_in_workspaces_of_their_own(backend):
+    """Scopes record one after another on the same capture streams, and their graphs replay on
+    any stream at once: each recording's GEMMs get a cuBLAS workspace of the recording's (never
+    a stream's, nor another live recording's), kept while its graph lives, then served to a
+    later recording."""
+    if backend == "host":
+        pytest.skip("the host backend has no cuBLAS workspaces")
+    import gc
+
+    from deviceop.kernels import _blas
+
+    rng = np.random.default_rng(3)
+    a, b = _rand(rng, (256, 512), do.float32), _rand(rng, (512, 384), do.float32)
+    da, db = do.from_numpy(a).sync(), do.from_numpy(b).sync()
+    s0, s1 = pool_of(2)[:2]
+    cs = [do.zeros((256, 384), do.float32).sync() for _ in range(3)]
+    graphs = []
+    for c, scope_kw in ((cs[0], {}), (cs[1], {}), (cs[2], {"stream": s0})):
+        with do.graph.scope(**scope_kw) as sc:
+            sc.record(K.gemm(c, da, db))
+        graphs.append(sc.graph)
+    ws = [[k.ptr for k in g._rec.keep if isinstance(k, _blas._Workspace)] for g in graphs]
+    assert all(len(w) == 1 for w in ws) and len({w[0] for w in ws}) == 3
+    assert not {w[0] for w in ws} & set(_blas._workspaces.values())
+    for _ in range(3):  # replayed at once on two streams, and beside s0's own GEMMs
+        f = [graphs[0].launch().submit(s0), graphs[1].launch().submit(s1), graphs[2].launch().submit(s1)]
+        K.gemm(do.zeros((256, 384), do.float32).sync(), da, db).sync_on(s0)
+        for x in f:
+            x.result(timeout=30)
+    for c in cs:
+        _check(c.numpy(), _ref(a, b), do.float32, 512)
+    del graphs, sc, f
+    gc.collect()
+    with do.graph.scope() as sc:
+        sc.record(K.gemm(cs[0], da, db))
+    again = [k.ptr for k in sc.graph._rec.keep if isinstance(k, _blas._Workspace)]
+    assert len(again) == 1 and again[0] in {w[0] for w in ws}  # (given back, served again)
+
+
 def test_gemm_streams_are_ordered_by_the_ledger(backend):
     # a GEMM reading y on one stream after a fill writing y on another stream
     x = do.from_numpy(np.eye(16, dtype=np.float32)).sync()

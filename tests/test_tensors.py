@@ -297,6 +297,23 @@ def test_view_shares_memory(backend):
     assert t.view((4, 128)).shape == (4, 128)
 
 
+def test_a_view_made_by_hand_must_stay_inside_its_buffer(backend):
+    """The constructor refuses a view reaching outside its buffer or with strides that do not
+    match its shape (kernels, copies and the ledger take a view's span as given)."""
+    from deviceop._core._tensor import Tensor
+
+    t = do.zeros(4, do.float32).sync()
+    for shape, strides, offset in [((256,), None, 0), ((2,), (1,), 12), ((4,), (-1,), 0), ((2, 2), (2, 1), 4)]:
+        with pytest.raises(do.ShapeError, match=r"reaches bytes \[-?\d+, \d+\) of a buffer of 16"):
+            Tensor(t.buffer, shape, do.float32, strides, offset)
+    with pytest.raises(do.ShapeError, match="needs 1 strides"):
+        Tensor(t.buffer, (4,), do.float32, (1, 1), 0)
+    assert Tensor(t.buffer, (4,), do.float32, (-1,), 12).span == (0, 16)  # (reversed: inside)
+    assert Tensor(t.buffer, (0,), do.float32, (1,), 16).size == 0
+    with pytest.raises(do.ShapeError, match="int or a tuple of ints"):
+        t.view("ab")
+
+
 def test_kernel_writes_through_a_row_slice(backend):
     t = do.zeros((8, 64), do.float32).sync()
     s = t[2:5]

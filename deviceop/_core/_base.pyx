@@ -24,7 +24,7 @@ from libc.stdlib cimport malloc, realloc, free
 from libc.string cimport memcpy
 from libc.stdint cimport uint64_t
 
-from .._errors import UsageError
+from .._errors import ShapeError, UsageError
 from .._process import CORE, at_fork_child
 
 cdef extern from "<unistd.h>" nogil:
@@ -448,6 +448,8 @@ cdef class TensorBase:
             self.hi = offset + size * it
         else:
             self.strides = <tuple?>strides
+            if len(self.strides) != len(shape):
+                raise ShapeError(f"a tensor of shape {shape} needs {len(shape)} strides, got {strides!r}")
             if size == 0:
                 self.lo = self.hi = offset
             else:
@@ -458,6 +460,13 @@ cdef class TensorBase:
                         hi += (n - 1) * st
                 self.lo = offset + lo * it
                 self.hi = offset + (hi + 1) * it
+        if size and (self.lo < 0 or self.hi > buffer.nbytes):
+            # (a view made by hand: kernels, copies and the ledger take its span as given)
+            raise ShapeError(
+                f"a tensor of shape {shape}, strides {self.strides} at byte offset {offset} reaches bytes "
+                f"[{self.lo}, {self.hi}) of a buffer of {buffer.nbytes}; make views with slicing, view() or "
+                "the transpose, which stay inside their buffer"
+            )
         # everything about the layout but the address itself (its alignment decides vectorized
         # access); the backend decides the device
         self._key = layout_id((buffer.backend, shape, self.strides, dtype, self.addr & 15))

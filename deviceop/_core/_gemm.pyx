@@ -714,7 +714,8 @@ cdef class GemmCall(DeviceOp):
             check_backend(cx, p.be, "gemm()")
         if p.m == 0 or p.n == 0:
             return args
-        if p.lt[0] != 0 and k.mode != 2 and cx.drv is not None:
+        if p.lt[0] != 0 and k.mode != 2 and cx.drv is not None and not cx.capturing:
+            # (recorded: the kernels layer gives the call the recording's own workspace)
             blas = k.blas.get(cx.sh)
             if blas is not None:
                 c = args[0]

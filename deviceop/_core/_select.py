@@ -345,7 +345,7 @@ def stream_of(obj: Any) -> Any:
         if version != 0:
             raise UsageError(f"{type(obj).__name__}.__cuda_stream__ speaks version {version}; deviceop reads version 0")
         obj = handle
-    if isinstance(obj, bool) or not isinstance(obj, int) or obj < 0:
+    if isinstance(obj, bool) or not isinstance(obj, int) or not 0 <= obj < 1 << 64:
         raise UsageError(
             f"{obj!r} is not a stream: pass a deviceop stream (do.next_stream()), an object with "
             "__cuda_stream__ (torch.cuda.Stream, cupy.cuda.Stream, cuda.core Stream) or a CUstream "

@@ -51,8 +51,8 @@ def as_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
 class Tensor(TensorBase):
     """A typed view of device memory: ``shape``, ``dtype``, element ``strides``, byte ``offset``.
 
-    ``Tensor(buffer, shape, dtype, strides=None, offset=0)``; ``addr`` is the first element's
-    address. Views (``view``, ``t[...]``) share the buffer. Tensors are produced by ops
+    ``Tensor(buffer, shape, dtype, strides=None, offset=0)`` (:class:`ShapeError` where the view
+    would reach outside ``buffer``); ``addr`` is the first element's address. Views (``view``, ``t[...]``) share the buffer. Tensors are produced by ops
     (``zeros``, ``from_numpy``...) and returned by ops that use them; while work that uses one is
     in flight, host access (``numpy()``) raises :class:`BorrowError`. The fields are read-only.
     """
@@ -103,7 +103,10 @@ class Tensor(TensorBase):
         """The same memory with another shape (one dimension may be -1). Needs a contiguous tensor."""
         if isinstance(shape, (int, np.integer)):
             shape = (int(shape),)
-        shape = tuple(int(s) for s in shape)
+        try:
+            shape = tuple(int(s) for s in shape)
+        except (TypeError, ValueError):
+            raise ShapeError(f"view shape must be an int or a tuple of ints, got {shape!r}") from None
         if shape.count(-1) > 1:
             raise ShapeError(f"view {shape}: at most one dimension may be -1")
         if -1 in shape:

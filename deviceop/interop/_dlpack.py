@@ -7,11 +7,12 @@ Unversioned ``dltensor`` capsules (dlpack.h), which every consumer accepts, read
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-from .._core._base import Buffer
+from .._core._base import Buffer, contiguous_strides
 from .._core._dlstructs import _USED, _api, _DLManagedTensor, _Imported
 from .._core._ledger import ExecutionContext, enqueue
 from .._core._regions import buffer_for, host_root, raw_view
@@ -59,22 +60,24 @@ def from_dlpack(obj: Any) -> Tensor:
     strides = tuple(dl.strides[i] for i in range(dl.ndim)) if dl.strides else None
     _api.PyCapsule_SetName(cap, _USED)
     owner = _Imported(addr, cap)
-    t0 = Tensor(Buffer(be, 0, 0, owner=owner), shape, dtype, strides)
-    if any(s < 0 for s in t0.strides):
+    # (the extent in elements, from the import's shape and strides: its memory is the producer's)
+    st = strides if strides is not None else contiguous_strides(shape)
+    if any(s < 0 for s in st):
         raise ShapeError("arrays with negative strides are not supported; make a contiguous copy first")
+    extent = 0 if math.prod(shape) == 0 else (sum((n - 1) * s for n, s in zip(shape, st)) + 1) * dtype.itemsize
     ptr = int(dl.data or 0) + int(dl.byte_offset)
     if not be.cuda_memory:
         it = dtype.itemsize
         arr = (
             np.lib.stride_tricks.as_strided(
-                raw_view(ptr, t0.span[1]).view(dtype.np_dtype), shape=shape, strides=tuple(s * it for s in t0.strides)
+                raw_view(ptr, extent).view(dtype.np_dtype), shape=shape, strides=tuple(s * it for s in st)
             )
-            if t0.span[1]
+            if extent
             else np.empty(shape, dtype.np_dtype)
         )
         return _wrap_host(be, arr, dtype, owner)
     # the allocation's region: the same memory wrapped twice is one region in the ledger
-    buf = buffer_for(be, ptr, ptr + t0.span[1], owner)
+    buf = buffer_for(be, ptr, ptr + extent, owner)
     t = Tensor(buf, shape, dtype, strides, ptr - buf.ptr)
     _register_import(stream, buf, t)
     return t

@@ -4,18 +4,25 @@ nvmath is imported on the first GEMM, not with deviceop: importing it costs abou
 A handle is bound to its stream once (``cublasSetStream``) and given a workspace of its own,
 so cuBLAS never allocates inside a call; that is what makes a GEMM legal in a graph recording.
 Handles and workspaces live as long as the backend (streams are never destroyed).
+
+A GEMM recorded in a graph scope uses a workspace of its recording instead
+(:func:`recording_workspace`): recordings are made on a few capture streams, one after the
+other, and their graphs are replayed on any stream, at once; with the capture stream's
+workspace, two replays (or a replay and that stream's own GEMMs) would share one, which
+cuBLAS's kernels use for partial sums.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 from .._core._capture import CAPTURE
 from .._errors import BackendError, CudaError
 from .._process import renew_at_fork
 
-__all__ = ["WORKSPACE_BYTES", "call", "cublas", "handle_for", "relaxed_capture", "workspace_of"]
+__all__ = ["WORKSPACE_BYTES", "call", "cublas", "handle_for", "recording_workspace", "relaxed_capture", "workspace_of"]
 
 # cuBLAS recommends 32 MiB on Hopper for its best kernels (cuBLAS docs, cublasSetWorkspace)
 WORKSPACE_BYTES = 32 << 20
@@ -25,6 +32,10 @@ renew_at_fork(globals(), _lock=threading.Lock)  # a thread may hold it at fork()
 _handles: dict[int, int] = {}  # stream handle -> cublasHandle_t
 _workspaces: dict[int, int] = {}  # stream handle -> its workspace (kept for the process's lifetime)
 _mod: list[Any] = []
+# recordings' workspaces: by recording scope while it records; by device (id of its backend),
+# those whose graphs are gone, for the next recordings (never freed: see _Workspace)
+_rec_ws: weakref.WeakKeyDictionary[Any, _Workspace] = weakref.WeakKeyDictionary()
+_idle_ws: dict[int, list[int]] = {}
 
 
 def cublas() -> Any:
@@ -59,6 +70,60 @@ def workspace_of(stream: Any) -> int:
     return _workspaces[stream.handle_int]
 
 
+class _Workspace:
+    """A recording's cuBLAS workspace, kept by its graph (``scope.keep``), so that it lives while
+    the graph can replay and while a replay runs (an execution keeps the graph it replays).
+    When the graph is gone it is given back for later recordings of its device: no driver
+    call, since a finaliser may run on a thread that records a graph."""
+
+    __slots__ = ("__weakref__", "key", "ptr")
+
+    def __init__(self, key: int, ptr: int) -> None:
+        self.key = key
+        self.ptr = ptr
+
+    def __del__(self) -> None:
+        idle = _idle_ws.get(self.key)
+        if idle is not None:  # (None: its backend is gone, and its memory with it)
+            idle.append(self.ptr)
+
+
+def recording_workspace(scope: Any, stream: Any) -> int:
+    """The workspace of the GEMMs ``scope`` records on ``stream`` (its capture stream): one of
+    the scope's own, kept by its graph; a workspace given back by a recording whose graph is
+    gone, else a new one."""
+    ws = _rec_ws.get(scope)
+    if ws is None:
+        be = stream.backend
+        key = id(be)
+        with _lock:
+            idle = _idle_ws.get(key)
+            if idle is None:
+                idle = _idle_ws[key] = []
+                weakref.finalize(be, _idle_ws.pop, key, None)
+            ptr = idle.pop() if idle else 0
+        if not ptr:
+            with relaxed_capture(), be.current():
+                ptr = _alloc_workspace()
+        ws = _rec_ws[scope] = _Workspace(key, ptr)
+        scope.keep(ws)
+    return ws.ptr
+
+
+def _alloc_workspace() -> int:
+    """A workspace on the current device (cuMemAlloc: call it where a recording allows it)."""
+    from cuda.bindings import driver as drv
+
+    err, ws = drv.cuMemAlloc(WORKSPACE_BYTES)
+    if err:
+        raise CudaError(
+            f"cuMemAlloc of the {WORKSPACE_BYTES >> 20} MiB cuBLAS workspace failed ({err.name}); free memory first",
+            err.name,
+            int(err),
+        )
+    return int(ws)
+
+
 class relaxed_capture:
     """Relaxed capture mode on this thread while it records (a no-op otherwise).
 
@@ -81,24 +146,19 @@ class relaxed_capture:
 
 
 def _create(stream: Any) -> int:
-    from cuda.bindings import driver as drv
-
     m = cublas()
     # a handle belongs to the device current when it is made, the workspace is allocated there:
     # the stream's device, whichever device's execution asks first
     with relaxed_capture(), stream.backend.current():
         h = call(m.create)
-        err, ws = drv.cuMemAlloc(WORKSPACE_BYTES)
-        if err:
+        try:
+            ws = _alloc_workspace()
+        except CudaError:
             call(m.destroy, h)
-            raise CudaError(
-                f"cuMemAlloc of the {WORKSPACE_BYTES >> 20} MiB cuBLAS workspace failed ({err.name}); free memory first",
-                err.name,
-                int(err),
-            )
-        _workspaces[stream.handle_int] = int(ws)
+            raise
+        _workspaces[stream.handle_int] = ws
         call(m.set_stream, h, stream.handle_int)
-        call(m.set_workspace, h, int(ws), WORKSPACE_BYTES)
+        call(m.set_workspace, h, ws, WORKSPACE_BYTES)
         call(m.set_pointer_mode, h, m.PointerMode.HOST)
     handle: int = h
     return handle

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core._capture import CAPTURE
 from .._core._gemm import GemmLauncher, GemmPlan, gemm_call
 from .._core._launch import PlanCache
 from .._core._ledger import check_backend, enqueue
@@ -20,7 +21,7 @@ from .._core._op import DeviceOp
 from .._core._tensor import Partition, Tensor
 from .._dtypes import DType, bfloat16, float16, float32
 from .._errors import DTypeError, ShapeError, UsageError
-from ._blas import WORKSPACE_BYTES, call, cublas, handle_for, workspace_of
+from ._blas import WORKSPACE_BYTES, call, cublas, handle_for, recording_workspace, workspace_of
 from ._blaslt import _lt, lt_handle, lt_plan, matmul_address, status_error
 from ._gemm_replay import BATCHES, Replays
 from ._kernel import check_scalar
@@ -126,8 +127,11 @@ class _Gemm(GemmLauncher):
         blas = self.blas.get(sh)
         if blas is None:
             blas = self.blas[sh] = (handle_for(stream), workspace_of(stream))
+        ws = blas[1]
+        if cx.capturing:  # (the recording's own: its replays may run on any stream, at once)
+            ws = recording_workspace(CAPTURE.scope, stream)
         if lt is not None and lt[0]:  # a plain cuBLASLt call: the compiled path
-            self.run_lt(cx, g, c, a, b, alpha, beta, blas[1])
+            self.run_lt(cx, g, c, a, b, alpha, beta, ws)
             return
         # column-major view of the row-major product: c^T (n x m) = op(b') op(a'); a column-major c
         # swaps a and b (see _geometry)
@@ -140,6 +144,15 @@ class _Gemm(GemmLauncher):
 
             def work() -> None:
                 al, be_ = ctypes.c_float(alpha), ctypes.c_float(beta)
+                if ws != blas[1]:  # recording: the handle works in the recording's workspace
+                    call(cublas().set_workspace, h, ws, WORKSPACE_BYTES)
+                try:
+                    _gemm_ex(al, be_)
+                finally:
+                    if ws != blas[1]:
+                        call(cublas().set_workspace, h, blas[1], WORKSPACE_BYTES)
+
+            def _gemm_ex(al: ctypes.c_float, be_: ctypes.c_float) -> None:
                 call(
                     cublas().gemm_ex,
                     h,
@@ -166,7 +179,6 @@ class _Gemm(GemmLauncher):
             enqueue(cx, accesses, work, self)
             return
         _, handle, desc, la, lb, lc, algo = lt
-        ws = blas[1]
 
         def work() -> None:  # type: ignore[no-redef]  # cublasLtMatmul's address is unknown: nvmath's binding calls it
             al, be_ = ctypes.c_float(alpha), ctypes.c_float(beta)
