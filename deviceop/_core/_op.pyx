@@ -337,9 +337,13 @@ cdef class _Once:
                 if self.error is not None:
                     raise self.error
                 return
-            self.error = _run_all(cbs)
-            if self.error is not None:
-                raise self.error
+            first = _run_all(cbs)
+            if first is None:
+                return
+            # a failed fill fails every consumer; an interrupt is this thread's alone
+            if isinstance(first, Exception):
+                self.error = first
+            raise first
 
 
 cdef object _run_all(list cbs):
