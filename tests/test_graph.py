@@ -534,6 +534,33 @@ def test_update_while_a_replay_is_in_flight(backend) -> None:
     assert np.all(y2.numpy() == 1)
 
 
+def test_a_replay_in_flight_keeps_what_its_recording_keeps_after_an_update(backend) -> None:
+    """What a recording keeps (scope.keep: another library's memory pool, a cuBLAS workspace)
+    lives while a replay of it runs, though an update dropped the recording meanwhile."""
+    import weakref
+
+    class Pool:
+        pass
+
+    x = do.full(256, 1.0, do.float32).sync()
+    y, y2 = do.zeros(256, do.float32).sync(), do.zeros(256, do.float32).sync()
+    pool = Pool()
+    ref = weakref.ref(pool)
+    with do.graph.scope() as sc:
+        sc.keep(pool)
+        sc.record(slow_copy(y, x, 0.3))
+    g = sc.graph
+    del pool, sc
+    fut = g.launch().submit()
+    assert g.update(slow_copy(y2, x, 0.0)) in ("updated", "reinstantiated")
+    gc.collect()
+    assert ref() is not None  # (the replay in flight holds it)
+    fut.result(timeout=30)
+    gc.collect()
+    assert ref() is None
+    assert np.all(y.numpy() == 1)
+
+
 def test_failed_update_keeps_the_old_graph(backend) -> None:
     x0, x, y = _data(256)
     g = K.scale(y.partition((128,)), x, 2.0).graph()
@@ -620,9 +647,11 @@ def test_cache_awaited(backend) -> None:
 def test_cache_bad_input(backend) -> None:
     with pytest.raises(do.UsageError, match=r"buckets=.*max_size"):
         do.graph.GraphCache(_double_rows)
-    for bad in ([0, 4], [1, "a"], 5, [[1]], [], [2.0]):  # (a few were raw TypeErrors)
+    for bad in ([0, 4], [1, "a"], 5, [[1]], [], [2.0], "12"):  # (a few were raw TypeErrors)
         with pytest.raises(do.UsageError, match="positive ints"):
             do.graph.GraphCache(_double_rows, buckets=bad)  # type: ignore[arg-type]
+    for ok, want in (({4, 1, 2}, [1, 2, 4]), (range(1, 5, 2), [1, 3]), (iter([2, 1]), [1, 2])):  # any iterable
+        assert do.graph.GraphCache(_double_rows, buckets=ok).buckets == want  # type: ignore[arg-type]
     with pytest.raises(do.UsageError, match="callable"):
         do.graph.GraphCache(3)  # type: ignore[arg-type]
     c = do.graph.GraphCache(_double_rows, max_size=4)

@@ -173,6 +173,28 @@ def test_a_shared_host_result_reaches_every_consumer_filled_when_the_first_finis
     np.testing.assert_array_equal(b, expect)
 
 
+def test_a_shared_fill_interrupted_fails_the_later_consumers(backend):
+    """An interrupt raised while the first consumer's finish fills a shared output reaches that
+    thread; a later consumer gets an error saying the output was not filled, not the array."""
+    from deviceop._core._op import DeviceOp
+
+    class Source(DeviceOp):
+        def _run(self, cx):
+            out = np.zeros(4)
+
+            def fill():
+                raise KeyboardInterrupt("during the fill")
+
+            cx.on_done(fill)
+            return out
+
+    sh = Source().shared()
+    with pytest.raises(KeyboardInterrupt, match="during the fill"):
+        sh.sync()
+    with pytest.raises(do.UsageError, match=r"output was not filled.*interrupted"):
+        sh.sync()
+
+
 def test_shared_first_run_from_threads_runs_once(backend):
     calls = []
     lock = threading.Lock()

@@ -251,6 +251,7 @@ def test_work_queue_bad_arguments(backend):
         for bad in (True, 2.0, "s0"):
             with pytest.raises(do.UsageError, match="number of streams or a list"):
                 q(streams=bad)
+        assert len(q(streams=iter(do.streams()[:1])).streams) == 1  # (any iterable of streams)
 
     async def put_outside():
         await WorkQueue(streams=1).put(lambda lane: None)

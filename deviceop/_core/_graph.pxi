@@ -70,7 +70,7 @@ class CudaGraph(GraphBase, Generic[T]):
         self._output: Any = outs[0] if len(outs) == 1 else tuple(outs)
         # what a replay reads (compiled fields, set together under the ledger lock): the
         # executable graph, the regions its work touches, the output
-        self._set_replay(ex, tuple(tuple(r) for r in rec.regions), self._output)
+        self._set_replay(ex, tuple(tuple(r) for r in rec.regions), self._output, rec.keep)
 
     @property
     def nodes(self) -> int:

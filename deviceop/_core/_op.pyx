@@ -340,9 +340,12 @@ cdef class _Once:
             first = _run_all(cbs)
             if first is None:
                 return
-            # a failed fill fails every consumer; an interrupt is this thread's alone
-            if isinstance(first, Exception):
-                self.error = first
+            # a failed fill fails every consumer; an interrupt is this thread's alone, and the
+            # others learn that the output was not filled
+            self.error = first if isinstance(first, Exception) else UsageError(
+                "this shared op's output was not filled: the thread filling it was interrupted "
+                f"({type(first).__name__}); build the op anew"
+            )
             raise first
 
 

@@ -12,6 +12,19 @@ cdef struct Span:
     bint write
 
 
+cdef class _Holds:
+    """A completion callback that does nothing: it holds what a replay's work needs alive
+    until the replay's execution finishes."""
+
+    cdef readonly tuple held
+
+    def __init__(self, tuple held):
+        self.held = held
+
+    def __call__(self):
+        pass
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 cdef class GraphBase:
@@ -31,14 +44,19 @@ cdef class GraphBase:
     cdef uint64_t reg_epoch
     cdef object reg_stream
     cdef tuple reg_entries
+    # what the recording's work needs alive besides its buffers (Recording.keep: another
+    # library's memory pool, a cuBLAS workspace), held by every replay's execution until it
+    # completes, whatever becomes of the graph (an update drops the recording); None: nothing
+    cdef object kept
 
     def __dealloc__(self):
         PyMem_Free(self.spans)
 
-    def _set_replay(self, ex, regions, output):
+    def _set_replay(self, ex, regions, output, kept=()):
         """Point replays at executable graph ``ex`` (call with the ledger lock held).
 
-        ``regions``: ``(Buffer, lo, hi, write)`` for every region the graph's work touches."""
+        ``regions``: ``(Buffer, lo, hi, write)`` for every region the graph's work touches;
+        ``kept``: what else its work needs alive (the recording's ``keep``)."""
         cdef tuple r
         cdef Py_ssize_t i, n
         cdef Span* sp
@@ -65,6 +83,7 @@ cdef class GraphBase:
         self.exec_obj = ex
         self.exec_handle = getattr(ex, "handle_int", 0) if ex is not None else 0
         self.out = output
+        self.kept = _Holds(tuple(kept)) if kept else None
 
     @cython.always_allow_keywords(False)  # (no arguments: the cheapest call)
     def launch(self):
@@ -118,6 +137,8 @@ cdef class GraphLaunch(DeviceOp):
                 # still cover every region, and what they waited for, this replay follows
                 _replay(g, d, cx, sh)
                 retarget(cx, g.reg_entries, g.bufs)
+                if g.kept is not None:
+                    cx.on_done(g.kept)
                 g.launches += 1
                 return g.out
             for i in range(n):
@@ -130,6 +151,8 @@ cdef class GraphLaunch(DeviceOp):
                     b = <Buffer>PyTuple_GET_ITEM(g.bufs, i)
                     register(cx, b, sp[i].lo, sp[i].hi, sp[i].write)
             _remember(g, cx)
+            if g.kept is not None:
+                cx.on_done(g.kept)
             g.launches += 1
             return g.out
         finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,7 +177,7 @@ def lanes_of(streams: int | Sequence[Any] | None, devices: Any = None) -> list[A
                 f"got streams={streams}; a few per device keep a GPU busy"
             )
         return _first(current(), streams)
-    if isinstance(streams, bool) or not isinstance(streams, (list, tuple)):
+    if isinstance(streams, (bool, str, bytes)) or not isinstance(streams, Iterable):
         raise UsageError(f"streams must be a number of streams or a list of streams, got {streams!r}")
     out = [as_stream(s) for s in streams]
     if not out:

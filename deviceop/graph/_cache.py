@@ -11,7 +11,7 @@ wait for each other on one recording's buffers.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,9 +93,10 @@ class GraphCache:
             if max_size is None:
                 raise UsageError("GraphCache needs buckets=[...] or max_size=N (buckets 1, 2, 4, ... N)")
             buckets = power_of_two_buckets(max_size)
-        if not isinstance(buckets, (list, tuple, range)) or any(type(b) is not int or b < 1 for b in buckets):
+        given = list(buckets) if isinstance(buckets, Iterable) and not isinstance(buckets, (str, bytes)) else None
+        if given is None or any(type(b) is not int or b < 1 for b in given):
             raise UsageError(f"buckets must be a list of positive ints (batch sizes), got {buckets!r}")
-        bs: list[int] = sorted(set(buckets))
+        bs: list[int] = sorted(set(given))
         if not bs:
             raise UsageError("buckets must be a list of positive ints (batch sizes), got an empty one")
         if type(copies) is not int or not 1 <= copies <= 64:
