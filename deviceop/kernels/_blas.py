@@ -71,10 +71,11 @@ def workspace_of(stream: Any) -> int:
 
 
 class _Workspace:
-    """A recording's cuBLAS workspace, kept by its graph (``scope.keep``), so that it lives while
-    the graph can replay and while a replay runs (an execution keeps the graph it replays).
-    When the graph is gone it is given back for later recordings of its device: no driver
-    call, since a finaliser may run on a thread that records a graph."""
+    """A recording's cuBLAS workspace, kept by its recording (``scope.keep``), which its graph
+    holds and every replay's execution holds until it finishes: it lives while the graph can
+    replay it and while a replay runs. Once all of them are gone it is given back for later
+    recordings of its device: no driver call, since a finaliser may run on a thread that
+    records a graph."""
 
     __slots__ = ("__weakref__", "key", "ptr")
 
