@@ -37,6 +37,7 @@ cdef class ExecutionContext:
 
 
 cdef ExecutionContext new_context(object stream, object label, object op)
+cdef object run_all(list cbs)
 cdef int order(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write, object what) except -1
 cdef int scan(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write, object what) except -1
 cdef int register(ExecutionContext cx, Buffer buf, Py_ssize_t lo, Py_ssize_t hi, bint write) except -1

@@ -107,6 +107,19 @@ cdef class Access:
 
 # (no freelist: a context taken from one would keep its predecessor's "finalised" mark, and its
 # own finaliser, which hands it to the watcher if it is dropped unfinished, would never run)
+cdef object run_all(list cbs):
+    """Call every callback of ``cbs`` (each may free memory: one raising, an interrupt too,
+    stops none of the others); return the first exception raised, or None."""
+    first = None
+    for cb in cbs:
+        try:
+            cb()
+        except BaseException as e:
+            if first is None:
+                first = e
+    return first
+
+
 cdef class ExecutionContext:
     """One execution of an op tree on one stream: the stream, the buffers it touches, what to do when done.
 
@@ -258,12 +271,9 @@ cdef class ExecutionContext:
                     if first is None:
                         first = e
             if cbs is not None:
-                for cb in cbs:
-                    try:
-                        cb()  # staging copies and releases: every one runs (each frees memory)
-                    except BaseException as e:  # (an interrupt too: raised once all have run)
-                        if first is None:
-                            first = e
+                err = run_all(cbs)  # staging copies and releases: every one runs (each frees memory)
+                if first is None:
+                    first = err
         finally:
             # the ledger entries stay, marked finished by ``done``: the next registration on each
             # buffer reuses or drops them (order), so finishing costs no lock and no list edits

@@ -18,7 +18,7 @@ from cpython.tuple cimport PyTuple_GET_ITEM
 from libc.stdint cimport uint64_t, uintptr_t
 
 from ._base cimport _LOCK as LOCK, Buffer, Driver, StreamBase, make_current, n_recording
-from ._ledger cimport Access, ExecutionContext, covering, epoch, new_context, register, retarget, scan
+from ._ledger cimport Access, ExecutionContext, covering, epoch, new_context, register, retarget, run_all, scan
 
 from ._guards cimport check_timeout, refuse_in_capture, refuse_on_loop
 
@@ -337,7 +337,7 @@ cdef class _Once:
                 if self.error is not None:
                     raise self.error
                 return
-            first = _run_all(cbs)
+            first = run_all(cbs)
             if first is None:
                 return
             # a failed fill fails every consumer; an interrupt is this thread's alone, and the
@@ -347,19 +347,6 @@ cdef class _Once:
                 f"({type(first).__name__}); build the op anew"
             )
             raise first
-
-
-cdef object _run_all(list cbs):
-    """Call every callback of ``cbs`` (each may free memory: one raising stops none of the
-    others); return the first exception raised, or None."""
-    first = None
-    for cb in cbs:
-        try:
-            cb()
-        except BaseException as e:
-            if first is None:
-                first = e
-    return first
 
 
 cdef _Once _take_callbacks(ExecutionContext cx, Py_ssize_t n0, Py_ssize_t c0):

@@ -249,8 +249,7 @@ class GraphCache:
 
         def copy_in() -> None:
             be.dtod(inp.buffer, 0, x.buffer, x._span[0], n * row, cx.stream)
-            if n < b:
-                be.memset(inp.buffer, n * row, (b - n) * row, b"\0", cx.stream)
+            _pad(be, inp, n, b, cx.stream)
 
         def copy_out(res: Tensor, out: Tensor) -> None:
             be.dtod(res.buffer, 0, out.buffer, out._span[0], res.nbytes, cx.stream)
@@ -286,13 +285,11 @@ class GraphCache:
             return to_numpy(self._eager(cx, from_numpy(x)._run(cx)))._run(cx)
         e = self._entry(cx, b, n, x.shape[1:], dtype)
         inp = e.inp
-        row = inp.nbytes // b
         be = cx.backend
 
         def upload() -> None:
             be.htod(inp.buffer, 0, x, cx.stream, cx)  # (a snapshot of x, taken now)
-            if n < b:
-                be.memset(inp.buffer, n * row, (b - n) * row, b"\0", cx.stream)
+            _pad(be, inp, n, b, cx.stream)
 
         # upload, replay and download are enqueued as one, as cache(x)'s copies: the download
         # reads the static output, so the next replay of this recording is ordered after it
@@ -300,6 +297,13 @@ class GraphCache:
             enqueue(cx, ((inp.buffer, 0, inp.nbytes, True),), upload, "GraphCache input upload")
             out = e.graph.launch()._run(cx)
             return to_numpy(out[:n] if n < b else out)._run(cx)
+
+
+def _pad(be: Any, inp: Tensor, n: int, b: int, stream: Any) -> None:
+    """Zero the padding rows ``n`` to ``b`` of bucket ``b``'s static input ``inp``."""
+    if n < b:
+        row = inp.nbytes // b
+        be.memset(inp.buffer, n * row, (b - n) * row, b"\0", stream)
 
 
 class _NumpyCall(DeviceOp[np.ndarray]):

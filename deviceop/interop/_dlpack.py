@@ -7,7 +7,6 @@ Unversioned ``dltensor`` capsules (dlpack.h), which every consumer accepts, read
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -15,7 +14,7 @@ import numpy as np
 from .._core._base import Buffer, contiguous_strides
 from .._core._dlstructs import _USED, _api, _DLManagedTensor, _Imported
 from .._core._ledger import ExecutionContext, enqueue
-from .._core._regions import buffer_for, host_root, raw_view
+from .._core._regions import buffer_for, host_root, raw_view, span
 from .._core._select import current, next_stream
 from .._core._tensor import Tensor
 from .._core._watch import give
@@ -60,17 +59,17 @@ def from_dlpack(obj: Any) -> Tensor:
     strides = tuple(dl.strides[i] for i in range(dl.ndim)) if dl.strides else None
     _api.PyCapsule_SetName(cap, _USED)
     owner = _Imported(addr, cap)
-    # (the extent in elements, from the import's shape and strides: its memory is the producer's)
     st = strides if strides is not None else contiguous_strides(shape)
     if any(s < 0 for s in st):
         raise ShapeError("arrays with negative strides are not supported; make a contiguous copy first")
-    extent = 0 if math.prod(shape) == 0 else (sum((n - 1) * s for n, s in zip(shape, st)) + 1) * dtype.itemsize
+    it = dtype.itemsize
+    byte_strides = tuple(s * it for s in st)
+    extent = span(0, shape, byte_strides, it)[1]  # (bytes from the first element: its memory is the producer's)
     ptr = int(dl.data or 0) + int(dl.byte_offset)
     if not be.cuda_memory:
-        it = dtype.itemsize
         arr = (
             np.lib.stride_tricks.as_strided(
-                raw_view(ptr, extent).view(dtype.np_dtype), shape=shape, strides=tuple(s * it for s in st)
+                raw_view(ptr, extent).view(dtype.np_dtype), shape=shape, strides=byte_strides
             )
             if extent
             else np.empty(shape, dtype.np_dtype)
